@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Installs what the demo and the test suite need on a Debian bookworm machine:
+# bookworm packages (runc, busybox-static, protoc, qemu, a kernel to boot under
+# qemu and its headers) and, from Debian trixie, containerd 1.7.24 plus the
+# NRI and CRI API protos -- those are only downloaded and extracted into
+# .cache/trixie, never installed over bookworm.  Idempotent; safe to re-run.
+set -euo pipefail
+
+top=$(cd "$(dirname "$0")/.." && pwd)
+cache="$top/.cache"
+trixie="$cache/trixie"
+mkdir -p "$cache" "$trixie"
+
+apt_get() {
+	DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 -y -q "$@"
+}
+
+need_root() {
+	if [ "$(id -u)" != 0 ]; then
+		echo "install-prereqs: must run as root (installs Debian packages)" >&2
+		exit 1
+	fi
+}
+
+# --- trixie apt source, pinned low so nothing is ever upgraded from it ---
+if [ ! -f /etc/apt/sources.list.d/gpushare-trixie.sources ]; then
+	need_root
+	mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+	mirror=${mirror:-http://deb.debian.org/debian}
+	cat >/etc/apt/sources.list.d/gpushare-trixie.sources <<SRC
+Types: deb
+URIs: $mirror
+Suites: trixie
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+	cat >/etc/apt/preferences.d/gpushare-trixie <<PREF
+Package: *
+Pin: release n=trixie
+Pin-Priority: 100
+PREF
+	rm -f "$cache/apt-updated"
+fi
+
+if [ ! -f "$cache/apt-updated" ]; then
+	need_root
+	apt_get update
+	touch "$cache/apt-updated"
+fi
+
+# --- bookworm packages ---
+pkgs=(runc busybox-static protobuf-compiler qemu-system-x86 cpio kmod
+      linux-image-amd64 linux-headers-amd64 iproute2)
+missing=()
+for p in "${pkgs[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+	need_root
+	apt_get install --no-install-recommends "${missing[@]}"
+fi
+
+# --- trixie packages, extracted only ---
+trixie_pkgs=(containerd golang-github-containerd-nri-dev golang-github-kubernetes-cri-api-dev)
+for p in "${trixie_pkgs[@]}"; do
+	if [ ! -f "$trixie/.$p.done" ]; then
+		(cd "$trixie" && rm -f "${p}"_*.deb && apt-get download -q -t trixie "$p")
+		dpkg-deb -x "$trixie/${p}"_*.deb "$trixie/root"
+		touch "$trixie/.$p.done"
+	fi
+done
+
+# --- Python virtual environment ---
+if [ ! -x "$top/.venv/bin/python" ]; then
+	python3 -m venv "$top/.venv"
+fi
+stamp="$top/.venv/.installed-$(sha256sum "$top/pyproject.toml" | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+	"$top/.venv/bin/pip" install -q -e "$top[test]"
+	touch "$stamp"
+fi
+echo "install-prereqs: ok"
