@@ -1,0 +1,87 @@
+"""The kernel-module client interface: what the share domain needs from gpushare.ko.
+
+The domain talks to the module only through `KernelModuleClient`.  Two
+implementations exist: the real one (procfs + ioctl, `nri_gpushare.kmod.procfs`)
+and an in-memory fake used by unit tests (`tests/fakes.py`).  Both follow the
+module's rules: a double registration is `AlreadyRegistered` (EEXIST), an
+unknown container is `NotRegistered` (ENOENT), over-commit is `OverCommitted`.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class GpuDeclaration:
+    """A physical GPU as the module knows it."""
+
+    index: int
+    memory_bytes: int
+
+
+@dataclass(frozen=True)
+class GpuQuota:
+    """One container's share of one GPU."""
+
+    gpu_index: int
+    memory_bytes: int
+    core_percent: int  # 0 = no compute limit requested
+    high_priority: bool = False
+
+
+@dataclass(frozen=True)
+class Registration:
+    container_id: str
+    quotas: tuple[GpuQuota, ...]
+
+
+class KmodError(Exception):
+    """A request the module refused; `errno` is the module's answer."""
+
+    errno: int = errno.EIO
+
+    def __init__(self, message: str, err: int | None = None) -> None:
+        super().__init__(message)
+        if err is not None:
+            self.errno = err
+
+
+class ModuleNotLoaded(KmodError):
+    errno = errno.ENODEV
+
+
+class AlreadyRegistered(KmodError):
+    errno = errno.EEXIST
+
+
+class NotRegistered(KmodError):
+    errno = errno.ENOENT
+
+
+class OverCommitted(KmodError):
+    errno = errno.ENOSPC
+
+
+class KernelModuleClient(Protocol):
+    def loaded(self) -> bool:
+        """True when the module is present and answering."""
+
+    def declare_gpus(self, gpus: Sequence[GpuDeclaration]) -> None:
+        """Tell the module which GPUs exist (idempotent)."""
+
+    def register(self, registration: Registration) -> None:
+        """Register a container on all its GPUs, all-or-nothing."""
+
+    def bind_cgroup(self, container_id: str, cgroup_path: str) -> None:
+        """Bind a registration to the container's cgroup (v2 path, relative
+        to the cgroup2 mount, or absolute)."""
+
+    def unregister(self, container_id: str) -> None:
+        """Remove a registration from every GPU; NotRegistered if unknown."""
+
+    def registrations(self) -> list[Registration]:
+        """Everything the module holds now."""
