@@ -1,0 +1,25 @@
+# The two commands of the README:
+#   make demo   a private containerd, the plugin on a simulated GPU inventory,
+#               and a pod that gets a GPU share
+#   make test   the whole test suite (unit, real containerd, real kernel in qemu)
+PYTHON := .venv/bin/python
+
+.PHONY: demo test prereqs kmod lint bench
+
+prereqs:
+	bash scripts/install-prereqs.sh
+
+kmod: prereqs
+	$(MAKE) -C kmod
+
+demo: prereqs
+	$(PYTHON) scripts/demo.py
+
+lint: prereqs
+	.venv/bin/ruff check .
+
+test: prereqs
+	bash scripts/test.sh
+
+bench: prereqs
+	$(PYTHON) bench/create_latency.py

@@ -1,0 +1,130 @@
+"""`nri-gpushare`: run the plugin, ask it for its status, unload the module."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+from nri_gpushare.config import DEFAULT_STATUS_SOCKET, Config, ConfigError, load_config
+
+
+def _run(args: argparse.Namespace) -> int:
+    from nri_gpushare.daemon import run_daemon
+
+    try:
+        config = load_config(args.config) if args.config else Config()
+    except ConfigError as exc:
+        print(f"nri-gpushare: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    prelaunched = os.environ.get("NRI_PLUGIN_SOCKET") == "3" and not args.socket
+    try:
+        return asyncio.run(run_daemon(config, socket_path=args.socket, prelaunched=prelaunched))
+    except ConfigError as exc:
+        print(f"nri-gpushare: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _format_bytes(value: int) -> str:
+    return f"{value / (1 << 20):.0f}Mi"
+
+
+def _print_status(status: dict[str, Any]) -> None:
+    print(f"kernel module: {status.get('kmod', 'unknown')}")
+    for gpu in status["gpus"]:
+        print(
+            f"GPU {gpu['index']} {gpu['uuid']} {gpu['name']}: "
+            f"memory {_format_bytes(gpu['memory_reserved'])} / "
+            f"{_format_bytes(gpu['memory_capacity'])} reserved, "
+            f"core {gpu['core_reserved']}%, {len(gpu['containers'])} container(s)"
+        )
+    allocations = status["allocations"]
+    if not allocations:
+        print("no allocations")
+        return
+    print(f"{'CONTAINER':14} {'POD':30} {'GPU':>3} {'MEMORY':>9} {'CORE':>5} PRIO")
+    for alloc in allocations:
+        pod = f"{alloc['pod_namespace']}/{alloc['pod_name']}"
+        for quota in alloc["quotas"]:
+            core = f"{quota['core_percent']}%" if quota["core_percent"] else "-"
+            print(
+                f"{alloc['container_id'][:13]:14} {pod[:30]:30} {quota['gpu_index']:>3} "
+                f"{_format_bytes(quota['memory_bytes']):>9} {core:>5} {alloc['priority']}"
+            )
+
+
+def _status(args: argparse.Namespace) -> int:
+    from nri_gpushare.status import query_status
+
+    path = args.status_socket
+    if args.config:
+        try:
+            path = load_config(args.config).status_socket
+        except ConfigError as exc:
+            print(f"nri-gpushare: {exc}", file=sys.stderr)
+            return 2
+    try:
+        status = query_status(path)
+    except OSError as exc:
+        print(
+            f"nri-gpushare: cannot reach the plugin at {path}: {exc.strerror or exc} "
+            "(is `nri-gpushare run` running?)",
+            file=sys.stderr,
+        )
+        return 1
+    if args.json:
+        print(json.dumps(status, indent=2))
+    else:
+        _print_status(status)
+    return 0
+
+
+def _uninstall(args: argparse.Namespace) -> int:
+    from nri_gpushare.kmod.admin import uninstall
+    from nri_gpushare.kmod.procfs import ProcfsKernelModule
+
+    code, message = uninstall(ProcfsKernelModule(args.kmod_root))
+    print(message, file=sys.stderr if code else sys.stdout)
+    return code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nri-gpushare", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the NRI plugin")
+    run.add_argument("--config", help="YAML node configuration")
+    run.add_argument("--socket", help="NRI socket (overrides nri.socket of the config)")
+    run.set_defaults(func=_run)
+
+    status = sub.add_parser("status", help="show GPUs and allocations of the running plugin")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    status.add_argument("--config", help="read status_socket from this config")
+    status.add_argument("--status-socket", default=DEFAULT_STATUS_SOCKET)
+    status.set_defaults(func=_status)
+
+    uninstall = sub.add_parser(
+        "uninstall", help="unload gpushare.ko (refused while containers are registered)"
+    )
+    uninstall.add_argument("--kmod-root", default="/proc/gpushare")
+    uninstall.set_defaults(func=_uninstall)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""Node configuration: the YAML file `nri-gpushare run --config FILE` reads.
+
+Every key is checked at start-up; an unknown key or a bad value stops the
+plugin with the file, the key and the reason, so a typo never silently turns
+into a default.  See `config/gpushare.yaml` for a commented example.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULT_SOCKET = "/var/run/nri/nri.sock"
+DEFAULT_STATUS_SOCKET = "/run/nri-gpushare/status.sock"
+
+_UNITS = {
+    "": 1 << 30,  # a bare number is GiB, as in the share requests
+    "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40,
+    "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+}
+_QUANTITY = re.compile(r"^\s*(\d+)\s*([KMGT]i?)?\s*$")
+_UUID = re.compile(r"^GPU-[0-9A-Za-z-]+$")
+
+
+class ConfigError(Exception):
+    """A bad configuration; the message names the file, the key and the reason."""
+
+
+@dataclass(frozen=True)
+class StaticGpu:
+    index: int
+    uuid: str
+    name: str
+    memory_bytes: int
+    minor: int
+
+
+@dataclass(frozen=True)
+class Config:
+    socket: str = DEFAULT_SOCKET
+    plugin_name: str = "gpushare"
+    plugin_index: str = "10"
+    status_socket: str = DEFAULT_STATUS_SOCKET
+    log_level: str = "info"
+    kmod: str = "optional"
+    kmod_root: str = "/proc/gpushare"
+    placement: str = "binpack"
+    memory_reserve_bytes: int = 0
+    max_inst: int = 16
+    max_high_priority_per_gpu: int = 1
+    use_nvml: bool = True
+    inventory: tuple[StaticGpu, ...] = field(default_factory=tuple)
+
+
+def parse_quantity(value: object) -> int:
+    """Bytes from `2Gi`, `3276Mi`, `512M` or a bare integer (GiB)."""
+    if isinstance(value, bool):
+        raise ValueError("expected a size such as 16Gi, 3276Mi or 512M")
+    if isinstance(value, int):
+        value = str(value)
+    match = _QUANTITY.match(str(value))
+    if not match:
+        raise ValueError(f"{value!r} is not a size such as 16Gi, 3276Mi or 512M")
+    return int(match.group(1)) * _UNITS[match.group(2) or ""]
+
+
+class _Reader:
+    """Walks one mapping, remembering which keys were used and where we are."""
+
+    def __init__(self, source: str, path: str, data: object) -> None:
+        self.source, self.path = source, path
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            self.fail(path or "<top>", f"expected a mapping, got {type(data).__name__}")
+        self.data: dict[str, Any] = data
+        self.used: set[str] = set()
+
+    def fail(self, key: str, reason: str) -> None:
+        raise ConfigError(f"{self.source}: {key}: {reason}")
+
+    def key(self, name: str) -> str:
+        return f"{self.path}.{name}" if self.path else name
+
+    def get(self, name: str, default: Any, kind: type | tuple[type, ...]) -> Any:
+        self.used.add(name)
+        if name not in self.data:
+            return default
+        value = self.data[name]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if isinstance(value, bool) and bool not in kinds:
+            self.fail(self.key(name), f"expected {kinds[0].__name__}, got {value!r}")
+        if not isinstance(value, kinds):
+            self.fail(self.key(name), f"expected {kinds[0].__name__}, got {value!r}")
+        return value
+
+    def choice(self, name: str, default: str, allowed: tuple[str, ...]) -> str:
+        value = self.get(name, default, str)
+        if value not in allowed:
+            self.fail(self.key(name), f"{value!r} is not one of {', '.join(allowed)}")
+        return value
+
+    def int_range(self, name: str, default: int, low: int, high: int) -> int:
+        value = self.get(name, default, int)
+        if not low <= value <= high:
+            self.fail(self.key(name), f"{value} is outside {low}..{high}")
+        return value
+
+    def quantity(self, name: str, default: int) -> int:
+        self.used.add(name)
+        if name not in self.data:
+            return default
+        try:
+            return parse_quantity(self.data[name])
+        except ValueError as exc:
+            self.fail(self.key(name), str(exc))
+            raise  # unreachable; fail() raises
+
+    def finish(self) -> None:
+        unknown = sorted(set(self.data) - self.used)
+        if unknown:
+            allowed = ", ".join(sorted(self.used))
+            self.fail(self.key(unknown[0]), f"unknown key (allowed here: {allowed})")
+
+
+def _parse_inventory(source: str, items: object) -> tuple[StaticGpu, ...]:
+    if items is None:
+        return ()
+    if not isinstance(items, list):
+        raise ConfigError(f"{source}: inventory: expected a list of GPUs")
+    gpus: list[StaticGpu] = []
+    for position, item in enumerate(items):
+        reader = _Reader(source, f"inventory[{position}]", item)
+        index = reader.int_range("index", position, 0, 1023)
+        uuid = reader.get("uuid", "", str)
+        if not _UUID.match(uuid):
+            reader.fail(reader.key("uuid"), f"{uuid!r} is not a GPU UUID such as GPU-8f6c...")
+        name = reader.get("name", "NVIDIA GPU", str)
+        if "memory" not in reader.data:
+            reader.fail(reader.key("memory"), "missing (the GPU's total memory, e.g. 80Gi)")
+        memory = reader.quantity("memory", 0)
+        if memory <= 0:
+            reader.fail(reader.key("memory"), "must be more than zero")
+        minor = reader.int_range("minor", index, 0, 254)
+        reader.finish()
+        gpus.append(StaticGpu(index, uuid, name, memory, minor))
+    for attr in ("index", "uuid", "minor"):
+        seen = [getattr(g, attr) for g in gpus]
+        duplicates = sorted({str(v) for v in seen if seen.count(v) > 1})
+        if duplicates:
+            raise ConfigError(f"{source}: inventory: duplicate {attr} {', '.join(duplicates)}")
+    return tuple(sorted(gpus, key=lambda g: g.index))
+
+
+def parse_config(data: object, source: str = "<config>") -> Config:
+    top = _Reader(source, "", data)
+    nri = _Reader(source, "nri", top.get("nri", {}, dict))
+    defaults = Config()
+    socket = nri.get("socket", defaults.socket, str)
+    plugin_name = nri.get("plugin_name", defaults.plugin_name, str)
+    raw_index = nri.get("plugin_index", defaults.plugin_index, (str, int))
+    plugin_index = f"{raw_index:02d}" if isinstance(raw_index, int) else raw_index
+    if not re.fullmatch(r"\d\d", plugin_index):
+        nri.fail(nri.key("plugin_index"), f"{raw_index!r} must be exactly two digits (00..99)")
+    nri.finish()
+
+    config = Config(
+        socket=socket,
+        plugin_name=plugin_name,
+        plugin_index=plugin_index,
+        status_socket=top.get("status_socket", defaults.status_socket, str),
+        log_level=top.choice("log_level", defaults.log_level,
+                             ("debug", "info", "warning", "error")),
+        kmod=top.choice("kmod", defaults.kmod, ("required", "optional", "off")),
+        kmod_root=top.get("kmod_root", defaults.kmod_root, str),
+        placement=top.choice("placement", defaults.placement, ("binpack", "spread")),
+        memory_reserve_bytes=top.quantity("memory_reserve", defaults.memory_reserve_bytes),
+        max_inst=top.int_range("max_inst", defaults.max_inst, 1, 25),
+        max_high_priority_per_gpu=top.int_range(
+            "max_high_priority_per_gpu", defaults.max_high_priority_per_gpu, 1, 25),
+        use_nvml=top.get("use_nvml", defaults.use_nvml, bool),
+        inventory=_parse_inventory(source, top.get("inventory", None, (list, type(None)))),
+    )
+    top.finish()
+    return config
+
+
+def load_config(path: str | Path) -> Config:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    return parse_config(data, str(path))

@@ -1,0 +1,156 @@
+"""The plugin API: a handler class that implements only the events it needs.
+
+Shaped like the NRI Go stub: subclass `Plugin`, override the event methods you
+care about, hand an instance to `nri_gpushare.stub.Stub`.  The event
+subscription sent to the runtime follows from which methods are overridden,
+so a plugin never receives (or pays for) an event it does not handle.
+
+Handlers get the generated NRI messages (`nri_gpushare.api.nri`).  Raising
+`PluginError` fails the request with that message; for CreateContainer the
+message reaches the CRI caller (`kubectl describe`), so write it for a human.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+
+from nri_gpushare.api import nri
+
+
+class Event(enum.IntEnum):
+    """NRI event numbers; the subscription mask bit is 1 << (event - 1)."""
+
+    RUN_POD_SANDBOX = 1
+    STOP_POD_SANDBOX = 2
+    REMOVE_POD_SANDBOX = 3
+    CREATE_CONTAINER = 4
+    POST_CREATE_CONTAINER = 5
+    START_CONTAINER = 6
+    POST_START_CONTAINER = 7
+    UPDATE_CONTAINER = 8
+    POST_UPDATE_CONTAINER = 9
+    STOP_CONTAINER = 10
+    REMOVE_CONTAINER = 11
+    UPDATE_POD_SANDBOX = 12
+    POST_UPDATE_POD_SANDBOX = 13
+    VALIDATE_CONTAINER_ADJUSTMENT = 14
+
+    @property
+    def bit(self) -> int:
+        return 1 << (self.value - 1)
+
+
+class PluginError(Exception):
+    """A refusal to report to the runtime with this message."""
+
+
+class Plugin:
+    """Base class for NRI plugins.  Every method is optional."""
+
+    # -- lifecycle (always delivered) --------------------------------------
+
+    async def configure(self, config: str, runtime_name: str, runtime_version: str) -> None:
+        """Called once per connection, before Synchronize."""
+
+    async def synchronize(
+        self, pods: list[nri.PodSandbox], containers: list[nri.Container]
+    ) -> list[nri.ContainerUpdate]:
+        """The runtime's current pods and containers, after every (re)connect."""
+        return []
+
+    async def shutdown(self) -> None:
+        """The runtime is shutting down (the connection will close)."""
+
+    # -- pod events ---------------------------------------------------------
+
+    async def run_pod_sandbox(self, pod: nri.PodSandbox) -> None: ...
+
+    async def stop_pod_sandbox(self, pod: nri.PodSandbox) -> None: ...
+
+    async def remove_pod_sandbox(self, pod: nri.PodSandbox) -> None: ...
+
+    # -- container events ---------------------------------------------------
+
+    async def create_container(
+        self, pod: nri.PodSandbox, container: nri.Container
+    ) -> nri.ContainerAdjustment | None: ...
+
+    async def post_create_container(self, pod: nri.PodSandbox, container: nri.Container) -> None: ...
+
+    async def start_container(self, pod: nri.PodSandbox, container: nri.Container) -> None: ...
+
+    async def post_start_container(self, pod: nri.PodSandbox, container: nri.Container) -> None: ...
+
+    async def update_container(
+        self, pod: nri.PodSandbox, container: nri.Container, resources: nri.LinuxResources
+    ) -> list[nri.ContainerUpdate]: ...
+
+    async def post_update_container(
+        self, pod: nri.PodSandbox, container: nri.Container
+    ) -> None: ...
+
+    async def stop_container(
+        self, pod: nri.PodSandbox, container: nri.Container
+    ) -> list[nri.ContainerUpdate]: ...
+
+    async def remove_container(self, pod: nri.PodSandbox, container: nri.Container) -> None: ...
+
+
+# Which handler method serves which event.
+HANDLERS: dict[Event, str] = {
+    Event.RUN_POD_SANDBOX: "run_pod_sandbox",
+    Event.STOP_POD_SANDBOX: "stop_pod_sandbox",
+    Event.REMOVE_POD_SANDBOX: "remove_pod_sandbox",
+    Event.CREATE_CONTAINER: "create_container",
+    Event.POST_CREATE_CONTAINER: "post_create_container",
+    Event.START_CONTAINER: "start_container",
+    Event.POST_START_CONTAINER: "post_start_container",
+    Event.UPDATE_CONTAINER: "update_container",
+    Event.POST_UPDATE_CONTAINER: "post_update_container",
+    Event.STOP_CONTAINER: "stop_container",
+    Event.REMOVE_CONTAINER: "remove_container",
+}
+
+
+def implemented_events(plugin: Plugin) -> set[Event]:
+    """The events whose handler the plugin's class overrides."""
+    cls = type(plugin)
+    return {
+        event
+        for event, method in HANDLERS.items()
+        if getattr(cls, method) is not getattr(Plugin, method)
+    }
+
+
+def _major_minor(version: str) -> tuple[int, int]:
+    match = re.match(r"v?(\d+)\.(\d+)", version)
+    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+
+
+def valid_event_mask(runtime_name: str, runtime_version: str, nri_version: str = "") -> int:
+    """The events this runtime accepts in a subscription.
+
+    Bits outside the runtime's set make Configure fail, so be conservative:
+    the validation-era events (12-14) only where the runtime is known to
+    speak NRI v0.10 or later (containerd 2.2+, or any runtime that reports
+    an NRI version, which only v0.12+ does).
+    """
+    legacy = (1 << 11) - 1  # events 1..11: NRI up to v0.8
+    modern = (1 << 14) - 1  # events 1..14: NRI v0.10+
+    if nri_version:
+        return modern
+    if runtime_name == "containerd" and _major_minor(runtime_version) >= (2, 2):
+        return modern
+    return legacy
+
+
+def subscription_mask(plugin: Plugin, valid_mask: int) -> int:
+    """The mask sent in ConfigureResponse; never 0, which would mean "all"."""
+    mask = 0
+    for event in implemented_events(plugin):
+        mask |= event.bit
+    mask &= valid_mask
+    if mask == 0:
+        raise PluginError("plugin handles no event this runtime can deliver")
+    return mask
