@@ -1,0 +1,87 @@
+import pytest
+
+from nri_gpushare.config import ConfigError, load_config, parse_config, parse_quantity
+
+UUID0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
+UUID1 = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
+
+
+def test_defaults():
+    config = parse_config({})
+    assert config.socket == "/var/run/nri/nri.sock"
+    assert config.plugin_index == "10"
+    assert config.kmod == "optional"
+    assert config.inventory == ()
+
+
+def test_full_config():
+    config = parse_config({
+        "nri": {"socket": "/tmp/nri.sock", "plugin_index": 5},
+        "kmod": "off",
+        "placement": "spread",
+        "memory_reserve": "512Mi",
+        "max_inst": 25,
+        "inventory": [
+            {"index": 1, "uuid": UUID1, "name": "B", "memory": "16Gi"},
+            {"index": 0, "uuid": UUID0, "memory": 32, "minor": 3},
+        ],
+    })
+    assert config.plugin_index == "05"
+    assert config.memory_reserve_bytes == 512 << 20
+    assert [g.index for g in config.inventory] == [0, 1]
+    assert config.inventory[0].memory_bytes == 32 << 30
+    assert config.inventory[0].minor == 3
+    assert config.inventory[1].minor == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("2Gi", 2 << 30), ("3276Mi", 3276 << 20), ("512M", 512 * 10**6), (4, 4 << 30), ("1Ki", 1024)],
+)
+def test_quantity(value, expected):
+    assert parse_quantity(value) == expected
+
+
+@pytest.mark.parametrize(
+    ("data", "fragment"),
+    [
+        ({"bogus": 1}, "bogus: unknown key"),
+        ({"nri": {"sockett": "x"}}, "nri.sockett: unknown key"),
+        ({"nri": {"plugin_index": "1"}}, "nri.plugin_index: '1' must be exactly two digits"),
+        ({"kmod": "maybe"}, "kmod: 'maybe' is not one of required, optional, off"),
+        ({"max_inst": 26}, "max_inst: 26 is outside 1..25"),
+        ({"max_inst": True}, "max_inst: expected int"),
+        ({"memory_reserve": "lots"}, "memory_reserve: 'lots' is not a size"),
+        ({"inventory": [{"index": 0, "uuid": "nope", "memory": "1Gi"}]}, "inventory[0].uuid"),
+        ({"inventory": [{"index": 0, "uuid": UUID0}]}, "inventory[0].memory: missing"),
+        (
+            {"inventory": [{"index": 0, "uuid": UUID0, "memory": 1},
+                           {"index": 0, "uuid": UUID1, "memory": 1}]},
+            "duplicate index 0",
+        ),
+        ({"inventory": {"index": 0}}, "inventory: expected list"),
+        ([1, 2], "expected a mapping"),
+    ],
+)
+def test_bad_values_name_the_key(data, fragment):
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "node.yaml")
+    assert str(info.value).startswith("node.yaml: ")
+    assert fragment in str(info.value)
+
+
+def test_load_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("nri: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_shipped_example_config_loads():
+    from pathlib import Path
+
+    example = Path(__file__).parents[2] / "config" / "gpushare.yaml"
+    config = load_config(example)
+    assert config.inventory[0].memory_bytes == 80 << 30
