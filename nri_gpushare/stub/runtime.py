@@ -163,7 +163,7 @@ class Stub:
     async def _dispatch(self, service: str, method: str, payload: bytes) -> bytes:
         if service != PLUGIN_SERVICE:
             raise TtrpcError(Code.UNIMPLEMENTED, f"unknown service {service}")
-        handler = self._methods.get(method)
+        handler = _METHODS.get(method)
         if handler is None:
             raise TtrpcError(Code.UNIMPLEMENTED, f"{method} is not implemented")
         started = time.perf_counter()
@@ -175,7 +175,9 @@ class Stub:
             raise
         except Exception as exc:
             log.exception("%s handler failed", method)
-            raise TtrpcError(Code.INTERNAL, f"{self.name}: internal error in {method}: {exc}")
+            raise TtrpcError(
+                Code.INTERNAL, f"{self.name}: internal error in {method}: {exc}"
+            ) from exc
         finally:
             elapsed = time.perf_counter() - started
             self.handler_seconds.setdefault(method, []).append(elapsed)
@@ -249,27 +251,28 @@ class Stub:
         else:
             await handler(pod, container)
 
-    def _event_rpc(event: Event) -> Callable[[Stub, bytes], Awaitable[betterproto.Message]]:
-        """A v0.12 per-event RPC: same payload shape as StateChange's pod and
-        container; unhandled events answer Unimplemented so the runtime falls
-        back to StateChange (which we then ignore)."""
 
-        async def serve(self: Stub, payload: bytes) -> betterproto.Message:
-            if event not in implemented_events(self.plugin):
-                raise TtrpcError(Code.UNIMPLEMENTED, f"{event.name} not handled")
-            request = nri.StateChangeEvent().parse(payload)
-            await self._notify(event, request.pod, request.container)
-            return nri.Empty()
+def _event_rpc(event: Event) -> Callable[[Stub, bytes], Awaitable[betterproto.Message]]:
+    """Serve a v0.12 per-event RPC; events the plugin does not handle answer
+    Unimplemented, so the runtime falls back to StateChange (which we ignore)."""
 
-        return serve
+    async def serve(stub: Stub, payload: bytes) -> betterproto.Message:
+        if event not in implemented_events(stub.plugin):
+            raise TtrpcError(Code.UNIMPLEMENTED, f"{event.name} not handled")
+        request = nri.StateChangeEvent().parse(payload)
+        await stub._notify(event, request.pod, request.container)
+        return nri.Empty()
 
-    _methods: dict[str, Callable[[Stub, bytes], Awaitable[betterproto.Message]]] = {
-        "Configure": _configure,
-        "Synchronize": _synchronize,
-        "Shutdown": _shutdown,
-        "CreateContainer": _create_container,
-        "UpdateContainer": _update_container,
-        "StopContainer": _stop_container,
-        "StateChange": _state_change,
-        **{name: _event_rpc(event) for name, event in _EVENT_RPCS.items()},
-    }
+    return serve
+
+
+_METHODS: dict[str, Callable[[Stub, bytes], Awaitable[betterproto.Message]]] = {
+    "Configure": Stub._configure,
+    "Synchronize": Stub._synchronize,
+    "Shutdown": Stub._shutdown,
+    "CreateContainer": Stub._create_container,
+    "UpdateContainer": Stub._update_container,
+    "StopContainer": Stub._stop_container,
+    "StateChange": Stub._state_change,
+    **{name: _event_rpc(event) for name, event in _EVENT_RPCS.items()},
+}
