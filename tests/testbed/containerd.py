@@ -1,0 +1,308 @@
+"""A real, private containerd 1.7 with CRI and NRI enabled, for integration tests.
+
+Everything lives under one short base dir (unix socket paths are limited to
+108 bytes): root, state, sockets, runc root, CNI dirs, NRI plugin dirs, the
+log.  Only the shim sockets escape (containerd 1.7 hard-codes
+/run/containerd/s/).  The process is started with setsid and only what it
+started is ever killed: its own PID and the shims that carry its address.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from tests.testbed.cri import CriClient
+from tests.testbed.images import BUSYBOX_BINARY, PAUSE_IMAGE, import_images, is_static_elf
+
+REPO = Path(__file__).resolve().parents[2]
+TRIXIE_BIN = REPO / ".cache" / "trixie" / "root" / "usr" / "bin"
+NRI_LOG_MARKER = "io.containerd.nri.v1.nri"
+SHIM_SOCKET_DIR = "/run/containerd/s"
+
+
+class ContainerdError(RuntimeError):
+    pass
+
+
+def missing_prerequisites(bin_dir: Path = TRIXIE_BIN) -> list[str]:
+    """Human-readable list of what the test bed lacks on this machine."""
+    missing = [
+        f"{bin_dir / b} (run scripts/install-prereqs.sh)"
+        for b in ("containerd", "containerd-shim-runc-v2", "ctr")
+        if not os.access(bin_dir / b, os.X_OK)
+    ]
+    if not shutil.which("runc"):
+        missing.append("runc (apt-get install runc)")
+    if not BUSYBOX_BINARY.exists() or not is_static_elf(BUSYBOX_BINARY):
+        missing.append(f"static {BUSYBOX_BINARY} (apt-get install busybox-static)")
+    if os.geteuid() != 0:
+        missing.append("root privileges")
+    return missing
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+class Containerd:
+    """One private containerd.  Use start()/stop() or as a context manager."""
+
+    def __init__(
+        self,
+        base: Path | str | None = None,
+        *,
+        bin_dir: Path = TRIXIE_BIN,
+        nri: bool = True,
+        plugin_registration_timeout: str = "5s",
+        plugin_request_timeout: str = "2s",
+        log_level: str = "info",
+        sandbox_image: str = PAUSE_IMAGE,
+        images: bool = True,
+    ) -> None:
+        self._own_base = base is None
+        self.base = Path(base or tempfile.mkdtemp(prefix="gpushare-tb-", dir="/tmp"))
+        self.bin_dir = bin_dir
+        self.nri = nri
+        self.plugin_registration_timeout = plugin_registration_timeout
+        self.plugin_request_timeout = plugin_request_timeout
+        self.log_level = log_level
+        self.sandbox_image = sandbox_image
+        self.images = images
+        self.cri_socket = self.base / "containerd.sock"
+        self.ttrpc_socket = self.base / "containerd.sock.ttrpc"
+        self.nri_socket = self.base / "nri.sock"
+        self.nri_plugin_dir = self.base / "nri" / "plugins"
+        self.nri_plugin_config_dir = self.base / "nri" / "conf"
+        self.pod_log_dir = self.base / "pod-logs"
+        self.runc_root = self.base / "runc"
+        self.config_path = self.base / "config.toml"
+        self.log_path = self.base / "containerd.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        if len(str(self.nri_socket)) > 100 or len(str(self.ttrpc_socket)) > 100:
+            raise ContainerdError(f"base dir {self.base} too long for unix sockets")
+
+    # -- paths and config -------------------------------------------------
+
+    @property
+    def ctr(self) -> Path:
+        return self.bin_dir / "ctr"
+
+    @property
+    def grpc_address(self) -> Path:
+        """containerd's gRPC socket; CRI is served on it too."""
+        return self.cri_socket
+
+    def config_text(self) -> str:
+        b = self.base
+        cri = 'plugins."io.containerd.grpc.v1.cri"'
+        runc = f"{cri}.containerd.runtimes.runc"
+        sections: dict[str, dict[str, object]] = {
+            "": {
+                "version": 2,
+                "root": b / "root",
+                "state": b / "state",
+                "disabled_plugins": [
+                    "io.containerd.snapshotter.v1.aufs",
+                    "io.containerd.snapshotter.v1.btrfs",
+                    "io.containerd.snapshotter.v1.devmapper",
+                    "io.containerd.snapshotter.v1.zfs",
+                ],
+            },
+            "grpc": {"address": self.cri_socket},
+            "ttrpc": {"address": self.ttrpc_socket},
+            "debug": {"level": self.log_level},
+            'plugins."io.containerd.internal.v1.opt"': {"path": b / "opt"},
+            cri: {
+                "disable_apparmor": True,
+                "restrict_oom_score_adj": True,
+                "sandbox_image": self.sandbox_image,
+                "stream_server_address": "127.0.0.1",
+                "stream_server_port": "0",
+            },
+            f"{cri}.containerd": {"snapshotter": "overlayfs", "default_runtime_name": "runc"},
+            runc: {"runtime_type": "io.containerd.runc.v2"},
+            f"{runc}.options": {"SystemdCgroup": False, "Root": self.runc_root},
+            f"{cri}.cni": {"bin_dir": b / "cni" / "bin", "conf_dir": b / "cni" / "conf"},
+            'plugins."io.containerd.nri.v1.nri"': {
+                "disable": not self.nri,
+                "socket_path": self.nri_socket,
+                "plugin_path": self.nri_plugin_dir,
+                "plugin_config_path": self.nri_plugin_config_dir,
+                "plugin_registration_timeout": self.plugin_registration_timeout,
+                "plugin_request_timeout": self.plugin_request_timeout,
+            },
+        }
+        lines: list[str] = []
+        for name, keys in sections.items():
+            if name:
+                lines.append(f"\n[{name}]")
+            lines += [f"{k} = {_toml(v)}" for k, v in keys.items()]
+        return "\n".join(lines) + "\n"
+
+    # -- lifecycle --------------------------------------------------------
+
+    def start(self, timeout: float = 30.0) -> Containerd:
+        if self.running:
+            return self
+        for d in (self.nri_plugin_dir, self.nri_plugin_config_dir, self.pod_log_dir,
+                  self.base / "cni" / "bin", self.base / "cni" / "conf"):
+            d.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(self.config_text())
+        env = dict(os.environ, PATH=f"{self.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [str(self.bin_dir / "containerd"), "--config", str(self.config_path)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                start_new_session=True,
+            )
+        self._wait_ready(timeout)
+        marker = self.base / "root" / ".gpushare-images"
+        if self.images and not marker.exists():
+            import_images(self.ctr, self.cri_socket)
+            marker.touch()
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise ContainerdError(
+                    f"containerd exited with {self.proc.returncode}:\n{self.log_tail()}")
+            probe = subprocess.run(
+                [str(self.ctr), "-a", str(self.cri_socket), "--timeout", "1s", "version"],
+                capture_output=True,
+            )
+            if probe.returncode == 0:
+                return
+            if time.monotonic() > deadline:
+                self.kill()
+                raise ContainerdError(f"containerd not ready in {timeout}s:\n{self.log_tail()}")
+            time.sleep(0.05)
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.running and self.proc else None
+
+    def _signal_wait(self, sig: int, timeout: float) -> bool:
+        """Send sig to our containerd (only its PID); True once it has exited."""
+        if self.proc is None:
+            return True
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                return False
+        return True
+
+    def restart(self, timeout: float = 30.0) -> Containerd:
+        """Stop containerd gracefully and start it again on the same dirs.
+
+        Shims and containers keep running, as across a real daemon restart.
+        """
+        if not self._signal_wait(signal.SIGTERM, 10.0):
+            self._signal_wait(signal.SIGKILL, 10.0)
+        self.proc = None
+        return self.start(timeout)
+
+    def stop(self, remove: bool = True) -> None:
+        """Kill every container and shim, stop containerd, unmount leftovers.
+
+        The base dir is deleted too if this object created it and remove is set.
+        """
+        self._kill_containers()
+        if not self._signal_wait(signal.SIGTERM, 10.0):
+            self._signal_wait(signal.SIGKILL, 10.0)
+        self._kill_shims()
+        self._cleanup_dirs(remove)
+
+    def kill(self) -> None:
+        """SIGKILL containerd only (shims and containers survive, dirs stay)."""
+        self._signal_wait(signal.SIGKILL, 10.0)
+
+    def __enter__(self) -> Containerd:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- cleanup of what this containerd started --------------------------
+
+    def _kill_containers(self) -> None:
+        """Force-delete every runc container under our private runc root."""
+        if not self.runc_root.is_dir():
+            return
+        for ns_root in self.runc_root.iterdir():
+            for cid in (p.name for p in ns_root.iterdir() if p.is_dir()):
+                subprocess.run(["runc", "--root", str(ns_root), "delete", "--force", cid],
+                               capture_output=True)
+
+    def _shims(self) -> dict[int, list[str]]:
+        """Shims started by this containerd (their argv names our address), by PID."""
+        shims = {}
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            except OSError:
+                continue
+            if argv[0].endswith("containerd-shim-runc-v2") and str(self.cri_socket) in argv:
+                shims[int(proc.name)] = argv
+        return shims
+
+    def _kill_shims(self) -> None:
+        """SIGKILL our shims and remove their sockets from /run/containerd/s."""
+        for pid, argv in self._shims().items():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            opts = dict(zip(argv[1::2], argv[2::2], strict=False))
+            if "-namespace" in opts and "-id" in opts:
+                # containerd 1.7 names the socket sha256(address/namespace/id).
+                key = f"{self.cri_socket}/{opts['-namespace']}/{opts['-id']}"
+                Path(SHIM_SOCKET_DIR, hashlib.sha256(key.encode()).hexdigest()).unlink(
+                    missing_ok=True)
+
+    def _cleanup_dirs(self, remove: bool) -> None:
+        """Unmount what containerd left mounted under base, then delete it."""
+        base = str(self.base) + "/"
+        with open("/proc/self/mountinfo") as f:
+            points = [line.split()[4] for line in f]
+        for point in sorted({p for p in points if p.startswith(base)}, key=len, reverse=True):
+            subprocess.run(["umount", "-l", point], capture_output=True)
+        if remove and self._own_base:
+            shutil.rmtree(self.base, ignore_errors=True)
+
+    def cri_client(self) -> CriClient:
+        """A CRI client on this containerd, logging pods under pod_log_dir."""
+        return CriClient(self.cri_socket, self.pod_log_dir)
+
+    # -- logs -------------------------------------------------------------
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
