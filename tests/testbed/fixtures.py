@@ -1,0 +1,84 @@
+"""pytest fixtures for the containerd test bed (loaded by tests/conftest.py).
+
+- containerd (module scope): a started private Containerd with NRI enabled and
+  the test images imported; restarted if a test left it stopped.
+- make_containerd (function scope): factory Containerd(**kwargs) for custom
+  settings (NRI timeouts, log level, nri=False); all are stopped after the test.
+- cri (function scope): a ready CriClient on `containerd`; every pod it
+  started is stopped and removed after the test.
+
+Missing prerequisites fail the test, unless GPUSHARE_ALLOW_SKIP=1 (and CI is
+not "true"), which turns them into skips.  GPUSHARE_KEEP_TESTBED=1 keeps the
+base dirs (config, log, pod logs) for inspection.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Callable, Iterator
+
+import pytest
+import pytest_asyncio
+
+from tests.testbed.containerd import Containerd, missing_prerequisites
+from tests.testbed.cri import CriClient
+
+
+def require_testbed() -> None:
+    """Fail (or, if allowed, skip) when the test bed cannot run here."""
+    missing = missing_prerequisites()
+    if not missing:
+        return
+    msg = "containerd test bed prerequisites missing: " + "; ".join(missing)
+    if os.environ.get("GPUSHARE_ALLOW_SKIP") == "1" and os.environ.get("CI") != "true":
+        pytest.skip(msg)
+    pytest.fail(msg)
+
+
+def _keep() -> bool:
+    return os.environ.get("GPUSHARE_KEEP_TESTBED") == "1"
+
+
+@pytest.fixture(scope="module")
+def containerd() -> Iterator[Containerd]:
+    require_testbed()
+    bed = Containerd().start()
+    try:
+        yield bed
+    finally:
+        bed.stop(remove=not _keep())
+
+
+@pytest.fixture
+def make_containerd() -> Iterator[Callable[..., Containerd]]:
+    started: list[Containerd] = []
+
+    def make(**kwargs: object) -> Containerd:
+        require_testbed()
+        bed = Containerd(**kwargs)  # type: ignore[arg-type]
+        started.append(bed)
+        return bed.start()
+
+    make.started = started  # type: ignore[attr-defined]
+    yield make
+    for bed in started:
+        bed.stop(remove=not _keep())
+
+
+@pytest_asyncio.fixture
+async def cri(containerd: Containerd) -> AsyncIterator[CriClient]:
+    if not containerd.running:
+        containerd.start()
+    async with containerd.cri_client() as client:
+        yield client
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    """Attach the tail of every test-bed containerd log to a failed test's report."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for name, value in getattr(item, "funcargs", {}).items():
+            for bed in [value] if isinstance(value, Containerd) else getattr(value, "started", []):
+                report.sections.append((f"{name} log {bed.log_path}", bed.log_tail(60)))
