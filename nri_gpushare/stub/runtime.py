@@ -39,16 +39,17 @@ RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
 PLUGIN_CONN = 1  # the runtime calls us here
 RUNTIME_CONN = 2  # we call the runtime here
 
-# v0.12 runtimes call one RPC per event; older ones send StateChange.
-_EVENT_RPCS: dict[str, Event] = {
-    "RunPodSandbox": Event.RUN_POD_SANDBOX,
-    "StopPodSandbox": Event.STOP_POD_SANDBOX,
-    "RemovePodSandbox": Event.REMOVE_POD_SANDBOX,
-    "PostCreateContainer": Event.POST_CREATE_CONTAINER,
-    "StartContainer": Event.START_CONTAINER,
-    "PostStartContainer": Event.POST_START_CONTAINER,
-    "PostUpdateContainer": Event.POST_UPDATE_CONTAINER,
-    "RemoveContainer": Event.REMOVE_CONTAINER,
+# v0.12 runtimes call one RPC per event (request {pod=1, container=2}, empty
+# reply); older ones send StateChange {event=1, pod=2, container=3}.
+_EVENT_RPCS: dict[str, tuple[Event, type[betterproto.Message]]] = {
+    "RunPodSandbox": (Event.RUN_POD_SANDBOX, nri.RunPodSandboxRequest),
+    "StopPodSandbox": (Event.STOP_POD_SANDBOX, nri.StopPodSandboxRequest),
+    "RemovePodSandbox": (Event.REMOVE_POD_SANDBOX, nri.RemovePodSandboxRequest),
+    "PostCreateContainer": (Event.POST_CREATE_CONTAINER, nri.PostCreateContainerRequest),
+    "StartContainer": (Event.START_CONTAINER, nri.StartContainerRequest),
+    "PostStartContainer": (Event.POST_START_CONTAINER, nri.PostStartContainerRequest),
+    "PostUpdateContainer": (Event.POST_UPDATE_CONTAINER, nri.PostUpdateContainerRequest),
+    "RemoveContainer": (Event.REMOVE_CONTAINER, nri.RemoveContainerRequest),
 }
 
 
@@ -144,6 +145,7 @@ class Stub:
                 log.info("NRI connection closed by the runtime")
         finally:
             self._connection = None
+            self.synchronized.clear()
             await connection.close()
 
     async def update_containers(
@@ -252,15 +254,17 @@ class Stub:
             await handler(pod, container)
 
 
-def _event_rpc(event: Event) -> Callable[[Stub, bytes], Awaitable[betterproto.Message]]:
+def _event_rpc(
+    event: Event, request_type: type[betterproto.Message]
+) -> Callable[[Stub, bytes], Awaitable[betterproto.Message]]:
     """Serve a v0.12 per-event RPC; events the plugin does not handle answer
     Unimplemented, so the runtime falls back to StateChange (which we ignore)."""
 
     async def serve(stub: Stub, payload: bytes) -> betterproto.Message:
         if event not in implemented_events(stub.plugin):
             raise TtrpcError(Code.UNIMPLEMENTED, f"{event.name} not handled")
-        request = nri.StateChangeEvent().parse(payload)
-        await stub._notify(event, request.pod, request.container)
+        request = request_type().parse(payload)
+        await stub._notify(event, request.pod, getattr(request, "container", None))
         return nri.Empty()
 
     return serve
@@ -274,5 +278,5 @@ _METHODS: dict[str, Callable[[Stub, bytes], Awaitable[betterproto.Message]]] = {
     "UpdateContainer": Stub._update_container,
     "StopContainer": Stub._stop_container,
     "StateChange": Stub._state_change,
-    **{name: _event_rpc(event) for name, event in _EVENT_RPCS.items()},
+    **{name: _event_rpc(*spec) for name, spec in _EVENT_RPCS.items()},
 }

@@ -1,0 +1,192 @@
+"""The daemon: the only place where NRI messages meet the share domain.
+
+`GpuShareHandler` is an NRI plugin (stub API) that turns NRI pods and
+containers into `ContainerInfo` values, asks the `ShareService`, and turns its
+`InjectionPlan` into a ContainerAdjustment.  `run_daemon` wires config,
+inventory, kernel module, status socket and the NRI stub, and shuts down
+cleanly on SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from nri_gpushare.api import nri
+from nri_gpushare.config import Config, ConfigError
+from nri_gpushare.kmod.client import KernelModuleClient
+from nri_gpushare.share.devices import HostDevices
+from nri_gpushare.share.inventory import load_inventory
+from nri_gpushare.share.model import (
+    ContainerInfo,
+    Gpu,
+    InjectionPlan,
+    NodePolicy,
+    ShareRefused,
+)
+from nri_gpushare.share.service import ShareService
+from nri_gpushare.status import StatusServer
+from nri_gpushare.stub import Plugin, PluginError, Stub
+
+log = logging.getLogger(__name__)
+
+
+def container_info(pod: nri.PodSandbox | None, container: nri.Container) -> ContainerInfo:
+    """The domain's view of an NRI container (labels, annotations, env, cgroup)."""
+    env: dict[str, str] = {}
+    for entry in container.env:
+        key, _, value = entry.partition("=")
+        env[key] = value
+    cgroups_path = container.linux.cgroups_path if container.linux else ""
+    return ContainerInfo(
+        id=container.id,
+        name=container.name,
+        pod_name=pod.name if pod else "",
+        pod_namespace=pod.namespace if pod else "",
+        pod_uid=pod.uid if pod else "",
+        pod_annotations=dict(pod.annotations) if pod else {},
+        annotations=dict(container.annotations),
+        labels=dict(container.labels),
+        env=env,
+        cgroups_path=cgroups_path,
+    )
+
+
+def adjustment(plan: InjectionPlan) -> nri.ContainerAdjustment:
+    """An NRI ContainerAdjustment carrying the plan's devices, env, mounts, annotations."""
+    devices = [
+        nri.LinuxDevice(
+            path=d.path,
+            type=d.type,
+            major=d.major,
+            minor=d.minor,
+            file_mode=nri.OptionalFileMode(value=d.mode),
+        )
+        for d in plan.devices
+    ]
+    return nri.ContainerAdjustment(
+        annotations=dict(plan.annotations),
+        mounts=[
+            nri.Mount(
+                destination=m.destination, type=m.type, source=m.source, options=list(m.options)
+            )
+            for m in plan.mounts
+        ],
+        env=[nri.KeyValue(key=k, value=v) for k, v in plan.env.items()],
+        linux=nri.LinuxContainerAdjustment(devices=devices) if devices else None,
+    )
+
+
+class GpuShareHandler(Plugin):
+    """NRI events -> share domain."""
+
+    def __init__(self, service: ShareService) -> None:
+        self.service = service
+
+    async def synchronize(
+        self, pods: list[nri.PodSandbox], containers: list[nri.Container]
+    ) -> list[nri.ContainerUpdate]:
+        by_id = {p.id: p for p in pods}
+        live = [container_info(by_id.get(c.pod_sandbox_id), c) for c in containers]
+        self.service.synchronize(live)
+        log.info(
+            "synchronized: %d pod(s), %d container(s), %d GPU allocation(s)",
+            len(pods), len(containers), len(self.service.allocations),
+        )
+        return []
+
+    async def create_container(
+        self, pod: nri.PodSandbox, container: nri.Container
+    ) -> nri.ContainerAdjustment | None:
+        try:
+            plan = self.service.create_container(container_info(pod, container))
+        except ShareRefused as exc:
+            log.warning("refused %s/%s: %s", pod.namespace, container.name, exc)
+            raise PluginError(str(exc)) from None
+        return adjustment(plan) if plan is not None else None
+
+    async def start_container(self, pod: nri.PodSandbox, container: nri.Container) -> None:
+        try:
+            self.service.start_container(container_info(pod, container))
+        except ShareRefused as exc:
+            raise PluginError(str(exc)) from None
+
+    async def stop_container(
+        self, pod: nri.PodSandbox, container: nri.Container
+    ) -> list[nri.ContainerUpdate]:
+        self.service.release(container.id)
+        return []
+
+    async def remove_container(self, pod: nri.PodSandbox, container: nri.Container) -> None:
+        self.service.release(container.id)
+
+
+def _kmod_client(config: Config) -> KernelModuleClient | None:
+    if config.kmod == "off":
+        return None
+    from nri_gpushare.kmod.procfs import ProcfsKernelModule
+
+    return ProcfsKernelModule(config.kmod_root)
+
+
+def build_service(config: Config, kmod: KernelModuleClient | None = None) -> ShareService:
+    static = [
+        Gpu(g.index, g.uuid, g.name, g.memory_bytes, g.minor) for g in config.inventory
+    ]
+    gpus = load_inventory(static) if config.use_nvml else static  # config checked duplicates
+    if not gpus:
+        raise ConfigError("no GPUs: NVML found none and the config has no `inventory:`")
+    policy = NodePolicy(
+        memory_reserve_bytes=config.memory_reserve_bytes,
+        max_inst=config.max_inst,
+        default_placement=config.placement,
+        max_high_priority_per_gpu=config.max_high_priority_per_gpu,
+        kmod_mode=config.kmod,
+    )
+    kmod = kmod if kmod is not None else _kmod_client(config)
+    service = ShareService(gpus, policy, kmod, HostDevices())
+    if config.kmod == "required" and not service.status()["kmod"]["loaded"]:
+        raise ConfigError(
+            f"kmod: required, but the gpushare kernel module is not loaded "
+            f"({config.kmod_root} missing): run `modprobe gpushare` or set kmod: optional"
+        )
+    return service
+
+
+async def run_daemon(
+    config: Config, *, socket_path: str | None = None, prelaunched: bool = False
+) -> int:
+    service = build_service(config)
+    handler = GpuShareHandler(service)
+    if prelaunched:
+        stub = Stub.from_environment(handler)
+    else:
+        stub = Stub(
+            handler,
+            name=config.plugin_name,
+            index=config.plugin_index,
+            socket_path=socket_path or config.socket,
+        )
+
+    def snapshot() -> dict[str, object]:
+        nri_state = {"connected": stub.synchronized.is_set(), "sessions": stub.sessions}
+        return {**service.status(), "nri": nri_state}
+
+    status = StatusServer(config.status_socket, snapshot)
+    await status.start()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, lambda: asyncio.ensure_future(stub.stop()))
+    log.info(
+        "nri-gpushare: %d GPU(s), NRI socket %s, status socket %s",
+        len(service.gpus), stub.socket_path or "fd 3", config.status_socket,
+    )
+    try:
+        await stub.run()
+    finally:
+        await status.close()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+    log.info("nri-gpushare: stopped")
+    return 0

@@ -1,0 +1,113 @@
+"""The NRI plugin against a real containerd 1.7.24 with CRI pods."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from nri_gpushare.stub import Plugin, Stub
+from tests.integration.plugin import gpu_inventory
+from tests.testbed.cri import GRPCError
+
+UUID0 = gpu_inventory(1, "16Gi")[0]["uuid"]
+
+
+def env_of(lines: list[str]) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in lines if "=" in line)
+
+
+async def test_plugin_registers_and_containerd_sees_it(containerd, start_plugin):
+    plugin = start_plugin(containerd)
+    status = plugin.status()
+    assert status["nri"] == {"connected": True, "sessions": 1}
+    log = containerd.log_text()
+    assert "10-gpushare" in log, log[-2000:]
+
+
+async def test_pod_annotation_gets_injected_environment(containerd, start_plugin, cri):
+    start_plugin(containerd)
+    run = await cri.run_container_env(pod_annotations={"gpushare.io/gpu-memory": "2Gi"})
+    env = env_of(run.lines)
+    assert run.exit_code == 0
+    assert env["GPUSHARE_MEMORY_LIMIT"] == "2147483648"
+    assert env["NVIDIA_VISIBLE_DEVICES"] == UUID0
+
+
+async def test_container_without_request_is_left_alone(containerd, start_plugin, cri):
+    start_plugin(containerd)
+    run = await cri.run_container_env(env={"FOO": "bar"})
+    env = env_of(run.lines)
+    assert env["FOO"] == "bar"
+    assert not any(key.startswith("GPUSHARE_") for key in env)
+
+
+async def test_refusal_message_reaches_the_cri_caller(containerd, start_plugin, cri):
+    plugin = start_plugin(containerd)
+    pod_id = await cri.run_pod("refused", annotations={"gpushare.io/gpu-memory": "lots"})
+    with pytest.raises(GRPCError) as info:
+        await cri.create_container(pod_id, "c", command=["true"])
+    message = info.value.message or ""
+    assert "gpushare.io/gpu-memory" in message and "lots" in message, message
+    assert plugin.status()["allocations"] == []
+
+
+async def test_plugin_reconnects_after_containerd_restart(make_containerd, start_plugin):
+    bed = make_containerd()
+    plugin = start_plugin(bed)
+    bed.kill()
+    bed.start()
+    back = time.monotonic()
+    connected = plugin.wait_connected(sessions=2)
+    assert connected - back < 2.0, f"reconnected after {connected - back:.2f} s"
+    async with bed.cri_client() as client:
+        run = await client.run_container_env(pod_annotations={"gpushare.io/gpu-memory": "1Gi"})
+    assert env_of(run.lines)["GPUSHARE_MEMORY_LIMIT"] == str(1 << 30)
+
+
+async def test_plugin_sigterm_exits_cleanly(containerd, start_plugin):
+    plugin = start_plugin(containerd)
+    assert plugin.stop() == 0
+    assert "nri-gpushare: stopped" in plugin.log()
+
+
+class Recorder(Plugin):
+    """A minimal plugin that records what Synchronize hands back."""
+
+    def __init__(self) -> None:
+        self.synchronized: list[set[str]] = []
+
+    async def synchronize(self, pods, containers):
+        self.synchronized.append({c.id for c in containers})
+        return []
+
+    async def stop_container(self, pod, container):
+        return []
+
+
+async def run_stub(socket: str) -> tuple[Recorder, Stub, asyncio.Task[None]]:
+    recorder = Recorder()
+    stub = Stub(recorder, name="recorder", index="20", socket_path=socket)
+    task = asyncio.create_task(stub.run())
+    await asyncio.wait_for(stub.synchronized.wait(), 10)
+    return recorder, stub, task
+
+
+async def test_synchronize_hands_back_running_containers(containerd, cri):
+    first, stub, task = await run_stub(str(containerd.nri_socket))
+    ids = []
+    for name in ("one", "two"):
+        pod_id = await cri.run_pod(name)
+        cid = await cri.create_container(pod_id, name, command=["sleep", "300"])
+        await cri.start(cid)
+        ids.append(cid)
+    await stub.stop()
+    await task
+
+    second, stub, task = await run_stub(str(containerd.nri_socket))
+    try:
+        assert set(ids) <= second.synchronized[-1]
+    finally:
+        await stub.stop()
+        await task
