@@ -1,0 +1,364 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * gpushare core: quota arithmetic and inst_ctl command parsing.
+ *
+ * Nothing here sleeps, allocates or touches kernel state: callers hold
+ * whatever lock protects the accounting they pass in.
+ */
+#include "gs_core.h"
+
+const char *const gs_gpu_files[] = {
+	"free_weight", "major", "max_inst", "policy", "prio_ratio",
+	"total_memsize", "free_memsize", "nr_inst", NULL
+};
+
+/* A decimal number, digits only, that fits in 64 bits. */
+int gs_parse_u64(const char *s, u64 *val)
+{
+	u64 v = 0;
+
+	if (!*s)
+		return -EINVAL;
+	for (; *s; s++) {
+		unsigned int d = *s - '0';
+
+		if (d > 9 || v > (U64_MAX - d) / 10)
+			return -EINVAL;
+		v = v * 10 + d;
+	}
+	*val = v;
+	return 0;
+}
+
+/* The body of a single-value procfs write: a number, optionally '\n'. */
+int gs_parse_value(char *buf, u64 *val)
+{
+	size_t len = strlen(buf);
+
+	if (len && buf[len - 1] == '\n')
+		buf[len - 1] = '\0';
+	return gs_parse_u64(buf, val);
+}
+
+bool gs_valid_id(const char *id)
+{
+	const char *const *name;
+	size_t len = strlen(id);
+	size_t i;
+
+	if (len < 1 || len > GPUSHARE_ID_MAX)
+		return false;
+	if (!strcmp(id, ".") || !strcmp(id, ".."))
+		return false;
+	for (i = 0; i < len; i++) {
+		char c = id[i];
+
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+		      (c >= '0' && c <= '9') || c == '_' || c == '.' ||
+		      c == '-'))
+			return false;
+	}
+	for (name = gs_gpu_files; *name; name++)
+		if (!strcmp(id, *name))
+			return false;
+	return true;
+}
+
+int gs_check_weight(u64 val)
+{
+	return val <= GPUSHARE_WEIGHT_MAX ? 0 : -EINVAL;
+}
+
+int gs_check_highprio(u64 val)
+{
+	return val <= 1 ? 0 : -EINVAL;
+}
+
+int gs_check_policy(u64 val)
+{
+	return val <= GPUSHARE_POLICY_MAX ? 0 : -EINVAL;
+}
+
+int gs_check_prio_ratio(u64 val)
+{
+	return val >= GPUSHARE_PRIO_RATIO_MIN &&
+	       val <= GPUSHARE_PRIO_RATIO_MAX ? 0 : -EINVAL;
+}
+
+/* Split off the next token separated by blanks; NULL at the end. */
+static char *gs_token(char **s)
+{
+	char *start = *s;
+
+	while (*start == ' ' || *start == '\t')
+		start++;
+	if (!*start) {
+		*s = start;
+		return NULL;
+	}
+	*s = start;
+	while (**s && **s != ' ' && **s != '\t')
+		(*s)++;
+	if (**s)
+		*(*s)++ = '\0';
+	return start;
+}
+
+/* Split off the next field ending at @sep; NULL at the end. */
+static char *gs_field(char **s, char sep)
+{
+	char *start = *s;
+
+	if (!start)
+		return NULL;
+	while (**s && **s != sep)
+		(*s)++;
+	if (**s)
+		*(*s)++ = '\0';
+	else
+		*s = NULL;
+	return start;
+}
+
+static int gs_parse_u32(const char *s, u32 max, u32 *val)
+{
+	u64 v;
+
+	if (gs_parse_u64(s, &v) || v > max)
+		return -EINVAL;
+	*val = v;
+	return 0;
+}
+
+static int gs_parse_id(const char *s, struct gs_cmd *cmd)
+{
+	if (!s || !gs_valid_id(s))
+		return -EINVAL;
+	strcpy(cmd->id, s);
+	return 0;
+}
+
+/* <gpu>:<memsize>[:<weight>[:<highprio>]] */
+static int gs_parse_quota(char *s, struct gs_quota *q)
+{
+	char *gpu = gs_field(&s, ':');
+	char *mem = gs_field(&s, ':');
+	char *weight = gs_field(&s, ':');
+	char *highprio = gs_field(&s, ':');
+
+	if (!mem || s)
+		return -EINVAL;
+	if (gs_parse_u32(gpu, GPUSHARE_MAX_GPUS - 1, &q->gpu) ||
+	    gs_parse_u64(mem, &q->memsize))
+		return -EINVAL;
+	if (weight && gs_parse_u32(weight, GPUSHARE_WEIGHT_MAX, &q->weight))
+		return -EINVAL;
+	if (highprio && gs_parse_u32(highprio, 1, &q->highprio))
+		return -EINVAL;
+	return 0;
+}
+
+static int gs_parse_quotas(char *s, struct gs_cmd *cmd)
+{
+	u32 seen = 0;
+	char *item;
+
+	if (!s)
+		return -EINVAL;
+	while ((item = gs_field(&s, ','))) {
+		struct gs_quota *q = &cmd->quota[cmd->nquota];
+
+		if (cmd->nquota == GPUSHARE_MAX_GPUS || gs_parse_quota(item, q))
+			return -EINVAL;
+		if (seen & (1U << q->gpu))
+			return -EINVAL;		/* the same GPU twice */
+		seen |= 1U << q->gpu;
+		cmd->nquota++;
+	}
+	return 0;
+}
+
+static int gs_parse_bind(const char *s, struct gs_cmd *cmd)
+{
+	if (!s)
+		return -EINVAL;
+	if (s[0] == '/') {
+		cmd->cgroup_path = s;
+		return 0;
+	}
+	return gs_parse_u64(s, &cmd->cgroup_id);
+}
+
+/*
+ * Parse one inst_ctl command (see kmod/README.md) in @buf, which is
+ * modified: cmd->cgroup_path points into it.  Returns 0 or -EINVAL.
+ */
+int gs_parse_cmd(char *buf, struct gs_cmd *cmd)
+{
+	size_t len = strlen(buf);
+	char *s = buf;
+	char *verb;
+	int ret;
+
+	memset(cmd, 0, sizeof(*cmd));
+	if (len && buf[len - 1] == '\n')
+		buf[len - 1] = '\0';
+	verb = gs_token(&s);
+	if (!verb)
+		return -EINVAL;
+
+	if (!strcmp(verb, "gpu")) {
+		cmd->op = GS_OP_GPU;
+		ret = -EINVAL;
+		verb = gs_token(&s);
+		if (verb && !gs_parse_u32(verb, GPUSHARE_MAX_GPUS - 1, &cmd->gpu)) {
+			verb = gs_token(&s);
+			if (verb && !gs_parse_u64(verb, &cmd->total_mem) &&
+			    cmd->total_mem)
+				ret = 0;
+		}
+	} else if (!strcmp(verb, "add")) {
+		cmd->op = GS_OP_ADD;
+		ret = gs_parse_id(gs_token(&s), cmd);
+		if (!ret)
+			ret = gs_parse_quotas(gs_token(&s), cmd);
+	} else if (!strcmp(verb, "del")) {
+		cmd->op = GS_OP_DEL;
+		ret = gs_parse_id(gs_token(&s), cmd);
+	} else if (!strcmp(verb, "bind")) {
+		cmd->op = GS_OP_BIND;
+		ret = gs_parse_id(gs_token(&s), cmd);
+		if (!ret)
+			ret = gs_parse_bind(gs_token(&s), cmd);
+	} else {
+		ret = -EINVAL;
+	}
+	if (!ret && gs_token(&s))
+		ret = -EINVAL;			/* trailing words */
+	return ret;
+}
+
+void gs_acct_init(struct gs_acct *a, u64 total_mem)
+{
+	memset(a, 0, sizeof(*a));
+	a->total_mem = total_mem;
+	a->max_inst = GPUSHARE_MAX_INST_DEFAULT;
+}
+
+u64 gs_acct_free_mem(const struct gs_acct *a)
+{
+	return a->total_mem - a->used_mem;
+}
+
+u32 gs_acct_free_weight(const struct gs_acct *a)
+{
+	return GPUSHARE_WEIGHT_MAX - a->used_weight;
+}
+
+/* Would one more container with @mem and @weight fit?  0 or -ENOSPC. */
+int gs_acct_fits(const struct gs_acct *a, u64 mem, u32 weight)
+{
+	if (a->ninst >= a->max_inst || mem > gs_acct_free_mem(a) ||
+	    weight > gs_acct_free_weight(a))
+		return -ENOSPC;
+	return 0;
+}
+
+/*
+ * Change one container's share of this GPU to @mem and @weight, if it
+ * still fits; otherwise leave everything as it was.  0 or -ENOSPC.
+ */
+int gs_acct_change(struct gs_acct *a, struct gs_quota *q, u64 mem, u32 weight)
+{
+	if (mem > gs_acct_free_mem(a) + q->memsize ||
+	    weight > gs_acct_free_weight(a) + q->weight)
+		return -ENOSPC;
+	a->used_mem = a->used_mem - q->memsize + mem;
+	a->used_weight = a->used_weight - q->weight + weight;
+	q->memsize = mem;
+	q->weight = weight;
+	return 0;
+}
+
+int gs_acct_set_total(struct gs_acct *a, u64 total_mem)
+{
+	if (!total_mem)
+		return -EINVAL;
+	if (total_mem < a->used_mem)
+		return -ENOSPC;
+	a->total_mem = total_mem;
+	return 0;
+}
+
+int gs_acct_set_max_inst(struct gs_acct *a, u64 max_inst)
+{
+	if (max_inst < GPUSHARE_MAX_INST_MIN || max_inst > GPUSHARE_MAX_INST_MAX)
+		return -EINVAL;
+	if (max_inst < a->ninst)
+		return -ENOSPC;
+	a->max_inst = max_inst;
+	return 0;
+}
+
+/* Give quotas that asked for memsize 0 the default; -EINVAL if none. */
+int gs_resolve_default(struct gs_quota *q, u32 n, u64 default_mem)
+{
+	u32 i;
+
+	for (i = 0; i < n; i++) {
+		if (q[i].memsize)
+			continue;
+		if (!default_mem)
+			return -EINVAL;
+		q[i].memsize = default_mem;
+	}
+	return 0;
+}
+
+/*
+ * Would every quota fit on its GPU?  Checks all before anything is
+ * charged, so a refusal leaves nothing to roll back.  The GPUs in @q are
+ * distinct (gs_parse_cmd refuses duplicates).  0, -ENXIO (a GPU is not
+ * declared) or -ENOSPC.
+ */
+int gs_admit(struct gs_acct *const accts[GPUSHARE_MAX_GPUS],
+	     const struct gs_quota *q, u32 n)
+{
+	u32 i;
+
+	for (i = 0; i < n; i++)
+		if (q[i].gpu >= GPUSHARE_MAX_GPUS || !accts[q[i].gpu])
+			return -ENXIO;
+	for (i = 0; i < n; i++)
+		if (gs_acct_fits(accts[q[i].gpu], q[i].memsize, q[i].weight))
+			return -ENOSPC;
+	return 0;
+}
+
+void gs_charge(struct gs_acct *const accts[GPUSHARE_MAX_GPUS],
+	       const struct gs_quota *q, u32 n)
+{
+	u32 i;
+
+	for (i = 0; i < n; i++) {
+		struct gs_acct *a = accts[q[i].gpu];
+
+		a->used_mem += q[i].memsize;
+		a->used_weight += q[i].weight;
+		a->ninst++;
+	}
+}
+
+void gs_uncharge(struct gs_acct *const accts[GPUSHARE_MAX_GPUS],
+		 const struct gs_quota *q, u32 n)
+{
+	u32 i;
+
+	for (i = 0; i < n; i++) {
+		struct gs_acct *a = accts[q[i].gpu];
+
+		a->used_mem -= q[i].memsize;
+		a->used_weight -= q[i].weight;
+		a->ninst--;
+	}
+}

@@ -1,0 +1,84 @@
+/* SPDX-License-Identifier: GPL-2.0-only */
+/*
+ * gpushare core: quota arithmetic and inst_ctl command parsing.  Needs no
+ * kernel service, so the same gs_core.c is also linked into a user-space
+ * unit-test binary (see tests/ushim.h).
+ */
+#ifndef _GS_CORE_H
+#define _GS_CORE_H
+
+#ifdef __KERNEL__
+#include <linux/errno.h>
+#include <linux/limits.h>
+#include <linux/string.h>
+#include <linux/types.h>
+#else
+#include "ushim.h"
+#endif
+
+#include <gpushare.h>
+
+/* Accounting of one GPU. */
+struct gs_acct {
+	u64 total_mem;		/* declared memory, bytes */
+	u64 used_mem;		/* sum of the containers' memsize */
+	u32 used_weight;	/* sum of the containers' weight, percent */
+	u32 ninst;		/* containers on this GPU */
+	u32 max_inst;		/* most containers allowed */
+};
+
+struct gs_quota {
+	u64 memsize;		/* 0 in an add command: default_memsize */
+	u32 gpu;
+	u32 weight;
+	u32 highprio;
+};
+
+enum gs_op {
+	GS_OP_GPU,		/* gpu <index> <total-bytes> */
+	GS_OP_ADD,		/* add <id> <gpu>:<mem>[:<weight>[:<highprio>]],... */
+	GS_OP_DEL,		/* del <id> */
+	GS_OP_BIND,		/* bind <id> <cgroup-id>|<cgroup-path> */
+};
+
+struct gs_cmd {
+	enum gs_op op;
+	char id[GPUSHARE_ID_MAX + 1];
+	u32 gpu;		/* GS_OP_GPU */
+	u64 total_mem;		/* GS_OP_GPU */
+	u32 nquota;		/* GS_OP_ADD */
+	struct gs_quota quota[GPUSHARE_MAX_GPUS];
+	u64 cgroup_id;		/* GS_OP_BIND by id (0 unbinds) */
+	const char *cgroup_path;	/* GS_OP_BIND by path, points into the buffer */
+};
+
+/* Names of the files in a GPU's directory: no container may take them. */
+extern const char *const gs_gpu_files[];
+
+int gs_parse_u64(const char *s, u64 *val);
+int gs_parse_value(char *buf, u64 *val);
+bool gs_valid_id(const char *id);
+int gs_parse_cmd(char *buf, struct gs_cmd *cmd);
+
+int gs_check_weight(u64 val);
+int gs_check_highprio(u64 val);
+int gs_check_policy(u64 val);
+int gs_check_prio_ratio(u64 val);
+
+void gs_acct_init(struct gs_acct *a, u64 total_mem);
+u64 gs_acct_free_mem(const struct gs_acct *a);
+u32 gs_acct_free_weight(const struct gs_acct *a);
+int gs_acct_fits(const struct gs_acct *a, u64 mem, u32 weight);
+int gs_acct_change(struct gs_acct *a, struct gs_quota *q, u64 mem, u32 weight);
+int gs_acct_set_total(struct gs_acct *a, u64 total_mem);
+int gs_acct_set_max_inst(struct gs_acct *a, u64 max_inst);
+
+int gs_resolve_default(struct gs_quota *q, u32 n, u64 default_mem);
+int gs_admit(struct gs_acct *const accts[GPUSHARE_MAX_GPUS],
+	     const struct gs_quota *q, u32 n);
+void gs_charge(struct gs_acct *const accts[GPUSHARE_MAX_GPUS],
+	       const struct gs_quota *q, u32 n);
+void gs_uncharge(struct gs_acct *const accts[GPUSHARE_MAX_GPUS],
+		 const struct gs_quota *q, u32 n);
+
+#endif /* _GS_CORE_H */

@@ -1,0 +1,412 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * The /proc/gpushare tree (cGPU layout, see kmod/README.md):
+ *
+ *   version, default_memsize, inst_ctl
+ *   <gpu>/free_weight, major, max_inst, policy, prio_ratio,
+ *         total_memsize, free_memsize, nr_inst
+ *   <gpu>/<container-id>/id, memsize, weight, highprio, meminfo, cgroup
+ *
+ * Every attribute file holds one decimal number or string.  Writes are
+ * for CAP_SYS_ADMIN only; a value out of range is refused with EINVAL
+ * and one that would over-commit the GPU with ENOSPC, changing nothing.
+ */
+#include <linux/capability.h>
+#include <linux/miscdevice.h>
+#include <linux/slab.h>
+#include <linux/uaccess.h>
+
+#include "gs_kmod.h"
+
+/* One kind of attribute file; show and store run under gs_lock. */
+struct gs_attr {
+	const char *name;
+	int (*show)(struct seq_file *m, void *obj);
+	int (*store)(void *obj, u64 val);	/* NULL: read-only */
+};
+
+static struct proc_dir_entry *gs_proc_root;
+
+/* ---- top level ---- */
+
+static int version_show(struct seq_file *m, void *obj)
+{
+	seq_puts(m, GPUSHARE_VERSION "\n");
+	return 0;
+}
+
+static int default_memsize_show(struct seq_file *m, void *obj)
+{
+	seq_printf(m, "%llu\n", gs_default_mem);
+	return 0;
+}
+
+static int default_memsize_store(void *obj, u64 val)
+{
+	gs_default_mem = val;
+	return 0;
+}
+
+static const struct gs_attr gs_top_attrs[] = {
+	{ "version", version_show, NULL },
+	{ "default_memsize", default_memsize_show, default_memsize_store },
+};
+
+static struct gs_file gs_top_files[ARRAY_SIZE(gs_top_attrs)];
+
+/* ---- per GPU ---- */
+
+static int free_weight_show(struct seq_file *m, void *obj)
+{
+	seq_printf(m, "%u\n", gs_acct_free_weight(&((struct gs_gpu *)obj)->acct));
+	return 0;
+}
+
+static int major_show(struct seq_file *m, void *obj)
+{
+	seq_printf(m, "%d\n", MISC_MAJOR);
+	return 0;
+}
+
+static int max_inst_show(struct seq_file *m, void *obj)
+{
+	seq_printf(m, "%u\n", ((struct gs_gpu *)obj)->acct.max_inst);
+	return 0;
+}
+
+static int max_inst_store(void *obj, u64 val)
+{
+	return gs_acct_set_max_inst(&((struct gs_gpu *)obj)->acct, val);
+}
+
+static int policy_show(struct seq_file *m, void *obj)
+{
+	seq_printf(m, "%u\n", ((struct gs_gpu *)obj)->policy);
+	return 0;
+}
+
+static int policy_store(void *obj, u64 val)
+{
+	int ret = gs_check_policy(val);
+
+	if (!ret)
+		((struct gs_gpu *)obj)->policy = val;
+	return ret;
+}
+
+static int prio_ratio_show(struct seq_file *m, void *obj)
+{
+	seq_printf(m, "%u\n", ((struct gs_gpu *)obj)->prio_ratio);
+	return 0;
+}
+
+static int prio_ratio_store(void *obj, u64 val)
+{
+	int ret = gs_check_prio_ratio(val);
+
+	if (!ret)
+		((struct gs_gpu *)obj)->prio_ratio = val;
+	return ret;
+}
+
+static int total_memsize_show(struct seq_file *m, void *obj)
+{
+	seq_printf(m, "%llu\n", ((struct gs_gpu *)obj)->acct.total_mem);
+	return 0;
+}
+
+static int free_memsize_show(struct seq_file *m, void *obj)
+{
+	seq_printf(m, "%llu\n", gs_acct_free_mem(&((struct gs_gpu *)obj)->acct));
+	return 0;
+}
+
+static int nr_inst_show(struct seq_file *m, void *obj)
+{
+	seq_printf(m, "%u\n", ((struct gs_gpu *)obj)->acct.ninst);
+	return 0;
+}
+
+/* The names must be those in gs_gpu_files[], which no container may take. */
+static const struct gs_attr gs_gpu_attrs[GS_GPU_NATTR] = {
+	{ "free_weight", free_weight_show, NULL },
+	{ "major", major_show, NULL },
+	{ "max_inst", max_inst_show, max_inst_store },
+	{ "policy", policy_show, policy_store },
+	{ "prio_ratio", prio_ratio_show, prio_ratio_store },
+	{ "total_memsize", total_memsize_show, NULL },
+	{ "free_memsize", free_memsize_show, NULL },
+	{ "nr_inst", nr_inst_show, NULL },
+};
+
+/* ---- per container and GPU ---- */
+
+static struct gs_acct *gs_share_acct(struct gs_share *share)
+{
+	return gs_accts[share->quota->gpu];
+}
+
+static int id_show(struct seq_file *m, void *obj)
+{
+	seq_printf(m, "%s\n", ((struct gs_share *)obj)->ctr->id);
+	return 0;
+}
+
+static int memsize_show(struct seq_file *m, void *obj)
+{
+	seq_printf(m, "%llu\n", ((struct gs_share *)obj)->quota->memsize);
+	return 0;
+}
+
+static int memsize_store(void *obj, u64 val)
+{
+	struct gs_share *share = obj;
+
+	if (!val)
+		return -EINVAL;
+	return gs_acct_change(gs_share_acct(share), share->quota, val,
+			      share->quota->weight);
+}
+
+static int weight_show(struct seq_file *m, void *obj)
+{
+	seq_printf(m, "%u\n", ((struct gs_share *)obj)->quota->weight);
+	return 0;
+}
+
+static int weight_store(void *obj, u64 val)
+{
+	struct gs_share *share = obj;
+	int ret = gs_check_weight(val);
+
+	if (ret)
+		return ret;
+	return gs_acct_change(gs_share_acct(share), share->quota,
+			      share->quota->memsize, val);
+}
+
+static int highprio_show(struct seq_file *m, void *obj)
+{
+	seq_printf(m, "%u\n", ((struct gs_share *)obj)->quota->highprio);
+	return 0;
+}
+
+static int highprio_store(void *obj, u64 val)
+{
+	int ret = gs_check_highprio(val);
+
+	if (!ret)
+		((struct gs_share *)obj)->quota->highprio = val;
+	return ret;
+}
+
+/* cGPU format: free bytes, then one "PID: <pid> Mem: <bytes>" per process. */
+static int meminfo_show(struct seq_file *m, void *obj)
+{
+	seq_printf(m, "Free: %llu\n", ((struct gs_share *)obj)->quota->memsize);
+	return 0;
+}
+
+static int cgroup_show(struct seq_file *m, void *obj)
+{
+	seq_printf(m, "%llu\n", ((struct gs_share *)obj)->ctr->cgroup_id);
+	return 0;
+}
+
+static const struct gs_attr gs_ctr_attrs[GS_CTR_NATTR] = {
+	{ "id", id_show, NULL },
+	{ "memsize", memsize_show, memsize_store },
+	{ "weight", weight_show, weight_store },
+	{ "highprio", highprio_show, highprio_store },
+	{ "meminfo", meminfo_show, NULL },
+	{ "cgroup", cgroup_show, NULL },
+};
+
+/* ---- one set of file operations for every attribute file ---- */
+
+static bool gs_is_ctr_attr(const struct gs_attr *attr)
+{
+	return attr >= gs_ctr_attrs && attr < gs_ctr_attrs + GS_CTR_NATTR;
+}
+
+/* A container's files answer ENOENT unless it is registered. */
+static bool gs_file_gone(const struct gs_file *f)
+{
+	return gs_is_ctr_attr(f->attr) && !((struct gs_share *)f->obj)->ctr->live;
+}
+
+static int gs_attr_show(struct seq_file *m, void *v)
+{
+	const struct gs_file *f = m->private;
+	int ret = -ENOENT;
+
+	mutex_lock(&gs_lock);
+	if (!gs_file_gone(f))
+		ret = f->attr->show(m, f->obj);
+	mutex_unlock(&gs_lock);
+	return ret;
+}
+
+static int gs_attr_open(struct inode *inode, struct file *file)
+{
+	return single_open(file, gs_attr_show, pde_data(inode));
+}
+
+static ssize_t gs_attr_write(struct file *file, const char __user *ubuf,
+			     size_t count, loff_t *ppos)
+{
+	const struct gs_file *f = ((struct seq_file *)file->private_data)->private;
+	char buf[32];
+	u64 val;
+	int ret;
+
+	if (!f->attr->store)
+		return -EACCES;
+	if (!capable(CAP_SYS_ADMIN))
+		return -EPERM;
+	if (!count || count >= sizeof(buf))
+		return -EINVAL;
+	if (copy_from_user(buf, ubuf, count))
+		return -EFAULT;
+	buf[count] = '\0';
+	if (gs_parse_value(buf, &val))
+		return -EINVAL;
+
+	mutex_lock(&gs_lock);
+	ret = gs_file_gone(f) ? -ENOENT : f->attr->store(f->obj, val);
+	mutex_unlock(&gs_lock);
+	return ret ? ret : count;
+}
+
+static const struct proc_ops gs_attr_ops = {
+	.proc_open = gs_attr_open,
+	.proc_read = seq_read,
+	.proc_write = gs_attr_write,
+	.proc_lseek = seq_lseek,
+	.proc_release = single_release,
+};
+
+static int gs_create_files(struct proc_dir_entry *dir,
+			   const struct gs_attr *attrs, struct gs_file *files,
+			   unsigned int n, void *obj)
+{
+	unsigned int i;
+
+	for (i = 0; i < n; i++) {
+		files[i].attr = &attrs[i];
+		files[i].obj = obj;
+		if (!proc_create_data(attrs[i].name, attrs[i].store ? 0644 : 0444,
+				      dir, &gs_attr_ops, &files[i]))
+			return -ENOMEM;
+	}
+	return 0;
+}
+
+/* ---- inst_ctl ---- */
+
+static int inst_ctl_show(struct seq_file *m, void *v)
+{
+	gs_dump(m);
+	return 0;
+}
+
+static int inst_ctl_open(struct inode *inode, struct file *file)
+{
+	return single_open(file, inst_ctl_show, NULL);
+}
+
+static ssize_t inst_ctl_write(struct file *file, const char __user *ubuf,
+			      size_t count, loff_t *ppos)
+{
+	struct gs_cmd *cmd;
+	char *buf;
+	int ret;
+
+	if (!capable(CAP_SYS_ADMIN))
+		return -EPERM;
+	if (!count || count > GPUSHARE_CMD_MAX)
+		return -EINVAL;
+	buf = memdup_user_nul(ubuf, count);
+	if (IS_ERR(buf))
+		return PTR_ERR(buf);
+	cmd = kmalloc(sizeof(*cmd), GFP_KERNEL);
+	ret = cmd ? gs_parse_cmd(buf, cmd) : -ENOMEM;
+	if (!ret) {
+		mutex_lock(&gs_cfg_lock);
+		ret = gs_exec(cmd);
+		mutex_unlock(&gs_cfg_lock);
+	}
+	kfree(cmd);
+	kfree(buf);
+	return ret ? ret : count;
+}
+
+static const struct proc_ops gs_inst_ctl_ops = {
+	.proc_open = inst_ctl_open,
+	.proc_read = seq_read,
+	.proc_write = inst_ctl_write,
+	.proc_lseek = seq_lseek,
+	.proc_release = single_release,
+};
+
+/* ---- directories ---- */
+
+int gs_proc_add_gpu(struct gs_gpu *gpu)
+{
+	char name[12];
+	int ret;
+
+	snprintf(name, sizeof(name), "%u", gpu->index);
+	gpu->dir = proc_mkdir(name, gs_proc_root);
+	if (!gpu->dir)
+		return -ENOMEM;
+	ret = gs_create_files(gpu->dir, gs_gpu_attrs, gpu->files,
+			      GS_GPU_NATTR, gpu);
+	if (ret)
+		proc_remove(gpu->dir);
+	return ret;
+}
+
+int gs_proc_add_share(struct gs_share *share)
+{
+	int ret;
+
+	share->dir = proc_mkdir(share->ctr->id,
+				gs_gpus[share->quota->gpu]->dir);
+	if (!share->dir)
+		return -ENOMEM;
+	ret = gs_create_files(share->dir, gs_ctr_attrs, share->files,
+			      GS_CTR_NATTR, share);
+	if (ret) {
+		proc_remove(share->dir);
+		share->dir = NULL;
+	}
+	return ret;
+}
+
+int gs_proc_init(void)
+{
+	unsigned int i;
+	int ret;
+
+	for (i = 0; i < GS_GPU_NATTR; i++)
+		if (WARN_ON(gs_valid_id(gs_gpu_attrs[i].name)))
+			return -EINVAL;
+
+	gs_proc_root = proc_mkdir("gpushare", NULL);
+	if (!gs_proc_root)
+		return -ENOMEM;
+	ret = gs_create_files(gs_proc_root, gs_top_attrs, gs_top_files,
+			      ARRAY_SIZE(gs_top_attrs), NULL);
+	if (!ret && !proc_create("inst_ctl", 0644, gs_proc_root,
+				 &gs_inst_ctl_ops))
+		ret = -ENOMEM;
+	if (ret)
+		proc_remove(gs_proc_root);
+	return ret;
+}
+
+void gs_proc_exit(void)
+{
+	proc_remove(gs_proc_root);
+}

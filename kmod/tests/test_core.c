@@ -1,0 +1,320 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * User-space unit tests of gs_core.c, the quota arithmetic and inst_ctl
+ * parsing that gpushare.ko runs.  Prints "N passed, M failed" and exits
+ * non-zero on any failure.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "gs_core.h"
+
+static int passed, failed;
+
+#define CHECK(cond) check((cond), #cond, __LINE__)
+
+static void check(bool ok, const char *what, int line)
+{
+	if (ok) {
+		passed++;
+		return;
+	}
+	failed++;
+	fprintf(stderr, "test_core.c:%d: FAILED: %s\n", line, what);
+}
+
+/* Parse a copy of @text; the command lands in @cmd. */
+static int parse(const char *text, struct gs_cmd *cmd)
+{
+	static char buf[GPUSHARE_CMD_MAX + 1];
+
+	snprintf(buf, sizeof(buf), "%s", text);
+	return gs_parse_cmd(buf, cmd);
+}
+
+static void test_numbers(void)
+{
+	char buf[32];
+	u64 v = 7;
+
+	CHECK(gs_parse_u64("0", &v) == 0 && v == 0);
+	CHECK(gs_parse_u64("18446744073709551615", &v) == 0 && v == U64_MAX);
+	CHECK(gs_parse_u64("18446744073709551616", &v) == -EINVAL);
+	CHECK(gs_parse_u64("99999999999999999999", &v) == -EINVAL);
+	CHECK(gs_parse_u64("", &v) == -EINVAL);
+	CHECK(gs_parse_u64("-1", &v) == -EINVAL);
+	CHECK(gs_parse_u64("+1", &v) == -EINVAL);
+	CHECK(gs_parse_u64("0x10", &v) == -EINVAL);
+	CHECK(gs_parse_u64("1 ", &v) == -EINVAL);
+	CHECK(gs_parse_u64("12a", &v) == -EINVAL);
+
+	strcpy(buf, "42\n");
+	CHECK(gs_parse_value(buf, &v) == 0 && v == 42);
+	strcpy(buf, "42");
+	CHECK(gs_parse_value(buf, &v) == 0 && v == 42);
+	strcpy(buf, "42\n\n");
+	CHECK(gs_parse_value(buf, &v) == -EINVAL);
+	strcpy(buf, "\n");
+	CHECK(gs_parse_value(buf, &v) == -EINVAL);
+	strcpy(buf, " 42");
+	CHECK(gs_parse_value(buf, &v) == -EINVAL);
+}
+
+static void test_ids(void)
+{
+	char id[GPUSHARE_ID_MAX + 2];
+
+	memset(id, 'a', sizeof(id));
+	id[GPUSHARE_ID_MAX] = '\0';
+	CHECK(gs_valid_id(id));
+	id[GPUSHARE_ID_MAX] = 'a';
+	id[GPUSHARE_ID_MAX + 1] = '\0';
+	CHECK(!gs_valid_id(id));
+	CHECK(gs_valid_id("a"));
+	CHECK(gs_valid_id("Ab9_.-x"));
+	CHECK(gs_valid_id("..."));
+	CHECK(!gs_valid_id(""));
+	CHECK(!gs_valid_id("."));
+	CHECK(!gs_valid_id(".."));
+	CHECK(!gs_valid_id("a/b"));
+	CHECK(!gs_valid_id("a b"));
+	CHECK(!gs_valid_id("a:b"));
+	CHECK(!gs_valid_id("a\n"));
+	CHECK(!gs_valid_id("free_weight"));
+	CHECK(!gs_valid_id("max_inst"));
+	CHECK(!gs_valid_id("nr_inst"));
+}
+
+static void test_parse_ok(void)
+{
+	struct gs_cmd c;
+
+	CHECK(parse("gpu 3 16000000000\n", &c) == 0);
+	CHECK(c.op == GS_OP_GPU && c.gpu == 3 && c.total_mem == 16000000000ULL);
+	CHECK(parse("  gpu\t15   1  ", &c) == 0 && c.gpu == 15 && c.total_mem == 1);
+
+	CHECK(parse("add c1 0:1024", &c) == 0);
+	CHECK(c.op == GS_OP_ADD && !strcmp(c.id, "c1") && c.nquota == 1);
+	CHECK(c.quota[0].gpu == 0 && c.quota[0].memsize == 1024);
+	CHECK(c.quota[0].weight == 0 && c.quota[0].highprio == 0);
+
+	CHECK(parse("add c2 2:100:30:1,0:0:100,15:5:0:0\n", &c) == 0);
+	CHECK(c.nquota == 3);
+	CHECK(c.quota[0].gpu == 2 && c.quota[0].memsize == 100 &&
+	      c.quota[0].weight == 30 && c.quota[0].highprio == 1);
+	CHECK(c.quota[1].gpu == 0 && c.quota[1].memsize == 0 &&
+	      c.quota[1].weight == 100 && c.quota[1].highprio == 0);
+	CHECK(c.quota[2].gpu == 15 && c.quota[2].memsize == 5);
+
+	CHECK(parse("add c3 0:1,1:1,2:1,3:1,4:1,5:1,6:1,7:1,8:1,9:1,10:1,11:1,12:1,13:1,14:1,15:1",
+		    &c) == 0 && c.nquota == 16);
+
+	CHECK(parse("del c1\n", &c) == 0 && c.op == GS_OP_DEL && !strcmp(c.id, "c1"));
+
+	CHECK(parse("bind c1 4242", &c) == 0);
+	CHECK(c.op == GS_OP_BIND && c.cgroup_id == 4242 && !c.cgroup_path);
+	CHECK(parse("bind c1 0", &c) == 0 && c.cgroup_id == 0);
+	CHECK(parse("bind c1 /k8s.io/abc\n", &c) == 0);
+	CHECK(c.cgroup_path && !strcmp(c.cgroup_path, "/k8s.io/abc"));
+	CHECK(parse("bind c1 /", &c) == 0 && !strcmp(c.cgroup_path, "/"));
+}
+
+static void test_parse_bad(void)
+{
+	static const char *const bad[] = {
+		"", "\n", " ", "nop", "GPU 0 1", "gpu", "gpu 0", "gpu 0 0",
+		"gpu 16 1", "gpu -1 1", "gpu 0 1 2", "gpu 0 1x", "gpu 0 1\n\n",
+		"add", "add c1", "add c1 0", "add c1 0:", "add c1 :5", "add c1 0:5:",
+		"add c1 0:5:101", "add c1 0:5:1:2", "add c1 0:5:1:1:0",
+		"add c1 16:5", "add c1 0:5,0:6", "add c1 0:5,", "add c1 ,0:5",
+		"add c1 0:5,,1:5", "add c1 0:5 1:5", "add c1 0:-5",
+		"add c1 0:18446744073709551616", "add . 0:1", "add a/b 0:1",
+		"add policy 0:1",
+		"add c1 0:1,1:1,2:1,3:1,4:1,5:1,6:1,7:1,8:1,9:1,10:1,11:1,12:1,13:1,14:1,15:1,16:1",
+		"del", "del c1 c2", "del ..", "bind", "bind c1", "bind c1 x",
+		"bind c1 -1", "bind c1 /a /b", "bind c1 12 3", "add c1 0:5\nadd c2 0:5",
+		"del c1\r\n",
+	};
+	struct gs_cmd c;
+	size_t i;
+
+	for (i = 0; i < ARRAY_SIZE(bad); i++) {
+		int ret = parse(bad[i], &c);
+
+		if (ret != -EINVAL)
+			fprintf(stderr, "accepted: \"%s\"\n", bad[i]);
+		CHECK(ret == -EINVAL);
+	}
+}
+
+static void test_acct(void)
+{
+	struct gs_acct a;
+	struct gs_quota q = { .memsize = 600, .weight = 30 };
+
+	gs_acct_init(&a, 1000);
+	CHECK(a.max_inst == GPUSHARE_MAX_INST_DEFAULT);
+	CHECK(gs_acct_free_mem(&a) == 1000 && gs_acct_free_weight(&a) == 100);
+	CHECK(gs_acct_fits(&a, 1000, 100) == 0);
+	CHECK(gs_acct_fits(&a, 1001, 0) == -ENOSPC);
+	CHECK(gs_acct_fits(&a, U64_MAX, 0) == -ENOSPC);
+	CHECK(gs_acct_fits(&a, 0, 101) == -ENOSPC);
+
+	a.used_mem = 600;
+	a.used_weight = 30;
+	a.ninst = 1;
+	CHECK(gs_acct_fits(&a, 400, 70) == 0);
+	CHECK(gs_acct_fits(&a, 401, 70) == -ENOSPC);
+	CHECK(gs_acct_fits(&a, 400, 71) == -ENOSPC);
+
+	/* Resize the one container in place. */
+	CHECK(gs_acct_change(&a, &q, 1000, 100) == 0);
+	CHECK(a.used_mem == 1000 && a.used_weight == 100);
+	CHECK(q.memsize == 1000 && q.weight == 100);
+	CHECK(gs_acct_change(&a, &q, 1001, 100) == -ENOSPC);
+	CHECK(gs_acct_change(&a, &q, 1000, 101) == -ENOSPC);
+	CHECK(gs_acct_change(&a, &q, U64_MAX, 0) == -ENOSPC);
+	CHECK(a.used_mem == 1000 && q.memsize == 1000 && q.weight == 100);
+	CHECK(gs_acct_change(&a, &q, 1, 0) == 0);
+	CHECK(a.used_mem == 1 && a.used_weight == 0);
+
+	CHECK(gs_acct_set_total(&a, 0) == -EINVAL);
+	CHECK(gs_acct_set_total(&a, 1) == 0 && a.total_mem == 1);
+	a.used_mem = 2;
+	CHECK(gs_acct_set_total(&a, 1) == -ENOSPC);
+
+	CHECK(gs_acct_set_max_inst(&a, 0) == -EINVAL);
+	CHECK(gs_acct_set_max_inst(&a, 26) == -EINVAL);
+	CHECK(gs_acct_set_max_inst(&a, 25) == 0 && a.max_inst == 25);
+	CHECK(gs_acct_set_max_inst(&a, 1) == 0 && a.max_inst == 1);
+	CHECK(gs_acct_fits(&a, 0, 0) == -ENOSPC);	/* one instance, taken */
+	a.ninst = 2;
+	CHECK(gs_acct_set_max_inst(&a, 1) == -ENOSPC && a.max_inst == 1);
+
+	CHECK(gs_check_weight(100) == 0 && gs_check_weight(101) == -EINVAL);
+	CHECK(gs_check_highprio(1) == 0 && gs_check_highprio(2) == -EINVAL);
+	CHECK(gs_check_policy(5) == 0 && gs_check_policy(6) == -EINVAL);
+	CHECK(gs_check_prio_ratio(19) == -EINVAL && gs_check_prio_ratio(20) == 0);
+	CHECK(gs_check_prio_ratio(99) == 0 && gs_check_prio_ratio(100) == -EINVAL);
+}
+
+/* SEEDS cases 4, 5 and 7: all-or-nothing over several GPUs. */
+static void test_admit(void)
+{
+	struct gs_acct g0, g2, *accts[GPUSHARE_MAX_GPUS] = { 0 };
+	struct gs_quota q[3] = {
+		{ .gpu = 0, .memsize = 20 }, { .gpu = 2, .memsize = 20 },
+	};
+
+	gs_acct_init(&g0, 32);
+	gs_acct_init(&g2, 32);
+	accts[0] = &g0;
+	accts[2] = &g2;
+
+	CHECK(gs_admit(accts, q, 2) == 0);
+	gs_charge(accts, q, 2);
+	CHECK(g0.used_mem == 20 && g2.used_mem == 20 && g0.ninst == 1);
+
+	/* 20 + 40 on the second GPU: refused, the first untouched. */
+	q[0].memsize = 10;
+	q[1].memsize = 40;
+	CHECK(gs_admit(accts, q, 2) == -ENOSPC);
+	CHECK(g0.used_mem == 20 && g0.ninst == 1);
+
+	q[2].gpu = 1;
+	q[2].memsize = 1;
+	CHECK(gs_admit(accts, q, 3) == -ENXIO);
+
+	/* Compute: 25 + 25 + 50 fills the GPU, 10 more is refused. */
+	q[0].memsize = 1;
+	q[0].weight = 25;
+	CHECK(gs_admit(accts, q, 1) == 0);
+	gs_charge(accts, q, 1);
+	gs_charge(accts, q, 1);
+	q[0].weight = 50;
+	gs_charge(accts, q, 1);
+	CHECK(g0.used_weight == 100 && gs_acct_free_weight(&g0) == 0);
+	q[0].weight = 10;
+	CHECK(gs_admit(accts, q, 1) == -ENOSPC);
+	q[0].weight = 0;
+	CHECK(gs_admit(accts, q, 1) == 0);
+
+	q[0].weight = 25;
+	gs_uncharge(accts, q, 1);
+	CHECK(g0.used_weight == 75 && g0.ninst == 3);
+
+	q[0].memsize = 0;
+	q[1].memsize = 7;
+	CHECK(gs_resolve_default(q, 2, 0) == -EINVAL);
+	CHECK(gs_resolve_default(q, 2, 5) == 0);
+	CHECK(q[0].memsize == 5 && q[1].memsize == 7);
+}
+
+/* Random charges and releases never over-commit and always balance. */
+static void test_random(void)
+{
+	struct gs_acct g[4], *accts[GPUSHARE_MAX_GPUS] = { 0 };
+	struct gs_quota live[64][4];
+	u32 nlive[64] = { 0 };
+	bool ok = true;
+	int i, j, k;
+
+	srand(1234);
+	for (i = 0; i < 4; i++) {
+		gs_acct_init(&g[i], 1000);
+		accts[i] = &g[i];
+	}
+	for (i = 0; i < 20000; i++) {
+		int slot = rand() % 64;
+
+		if (nlive[slot]) {
+			gs_uncharge(accts, live[slot], nlive[slot]);
+			nlive[slot] = 0;
+		} else {
+			u32 n = 1 + rand() % 4, first = rand() % 4;
+
+			for (j = 0; j < (int)n; j++) {
+				live[slot][j].gpu = (first + j) % 4;
+				live[slot][j].memsize = rand() % 400;
+				live[slot][j].weight = rand() % 60;
+			}
+			if (!gs_admit(accts, live[slot], n)) {
+				gs_charge(accts, live[slot], n);
+				nlive[slot] = n;
+			}
+		}
+		for (j = 0; j < 4; j++) {
+			u64 mem = 0;
+			u32 weight = 0, ninst = 0;
+
+			for (k = 0; k < 64; k++) {
+				u32 m;
+
+				for (m = 0; m < nlive[k]; m++) {
+					if (live[k][m].gpu != (u32)j)
+						continue;
+					mem += live[k][m].memsize;
+					weight += live[k][m].weight;
+					ninst++;
+				}
+			}
+			ok = ok && mem == g[j].used_mem && mem <= g[j].total_mem &&
+			     weight == g[j].used_weight && weight <= 100 &&
+			     ninst == g[j].ninst && ninst <= g[j].max_inst;
+		}
+	}
+	CHECK(ok);
+}
+
+int main(void)
+{
+	test_numbers();
+	test_ids();
+	test_parse_ok();
+	test_parse_bad();
+	test_acct();
+	test_admit();
+	test_random();
+	printf("%d passed, %d failed\n", passed, failed);
+	return failed ? 1 : 0;
+}
