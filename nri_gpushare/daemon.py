@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Iterable
 
 from nri_gpushare.api import nri
 from nri_gpushare.config import Config, ConfigError
@@ -154,6 +155,18 @@ def build_service(config: Config, kmod: KernelModuleClient | None = None) -> Sha
     return service
 
 
+def _summary(samples: Iterable[float]) -> dict[str, float]:
+    """Count, median and p99 of recent handler times, in milliseconds."""
+    ordered = sorted(samples)
+    if not ordered:
+        return {"count": 0}
+
+    def pick(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 3)
+
+    return {"count": len(ordered), "p50": pick(0.5), "p99": pick(0.99)}
+
+
 async def run_daemon(
     config: Config, *, socket_path: str | None = None, prelaunched: bool = False
 ) -> int:
@@ -170,7 +183,13 @@ async def run_daemon(
         )
 
     def snapshot() -> dict[str, object]:
-        nri_state = {"connected": stub.synchronized.is_set(), "sessions": stub.sessions}
+        nri_state = {
+            "connected": stub.synchronized.is_set(),
+            "sessions": stub.sessions,
+            "handler_ms": {
+                method: _summary(samples) for method, samples in stub.handler_seconds.items()
+            },
+        }
         return {**service.status(), "nri": nri_state}
 
     status = StatusServer(config.status_socket, snapshot)

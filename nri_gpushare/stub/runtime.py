@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 
 import betterproto
@@ -38,6 +39,7 @@ PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
 RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
 PLUGIN_CONN = 1  # the runtime calls us here
 RUNTIME_CONN = 2  # we call the runtime here
+_TIMING_SAMPLES = 4096  # handler timings kept per method, for `status`
 
 # v0.12 runtimes call one RPC per event (request {pod=1, container=2}, empty
 # reply); older ones send StateChange {event=1, pod=2, container=3}.
@@ -81,8 +83,8 @@ class Stub:
         self.synchronized = asyncio.Event()
         #: How many connections reached Synchronize (for tests and logs).
         self.sessions = 0
-        #: Time spent inside the plugin's handlers, per RPC method (seconds).
-        self.handler_seconds: dict[str, list[float]] = {}
+        #: Recent time spent inside the plugin's handlers, per RPC method (seconds).
+        self.handler_seconds: dict[str, deque[float]] = {}
 
     @classmethod
     def from_environment(cls, plugin: Plugin, **kwargs: object) -> Stub:
@@ -182,7 +184,7 @@ class Stub:
             ) from exc
         finally:
             elapsed = time.perf_counter() - started
-            self.handler_seconds.setdefault(method, []).append(elapsed)
+            self.handler_seconds.setdefault(method, deque(maxlen=_TIMING_SAMPLES)).append(elapsed)
         return bytes(reply)
 
     async def _configure(self, payload: bytes) -> betterproto.Message:

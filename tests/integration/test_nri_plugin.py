@@ -21,9 +21,11 @@ def env_of(lines: list[str]) -> dict[str, str]:
 async def test_plugin_registers_and_containerd_sees_it(containerd, start_plugin):
     plugin = start_plugin(containerd)
     status = plugin.status()
-    assert status["nri"] == {"connected": True, "sessions": 1}
+    assert status["nri"]["connected"] and status["nri"]["sessions"] == 1
+    assert status["nri"]["handler_ms"]["Configure"]["count"] == 1
     log = containerd.log_text()
-    assert "10-gpushare" in log, log[-2000:]
+    assert 'registered as \\"10-gpushare\\"' in log, log[-2000:]
+    assert 'plugin \\"10-gpushare\\" connected' in log, log[-2000:]
 
 
 async def test_pod_annotation_gets_injected_environment(containerd, start_plugin, cri):
