@@ -1,0 +1,25 @@
+"""NRI wire layer: sans-IO mux and ttrpc codecs plus a thin asyncio transport."""
+
+from .errors import Code, ConnectionClosed, MessageTooLarge, ProtocolError, TtrpcError, WireError
+from .mux import PLUGIN_CONN, RUNTIME_CONN, MuxDecoder, encode_frames
+from .transport import Handler, MuxConnection, TtrpcClient
+from .ttrpc import Request, Response, TtrpcConnection
+
+__all__ = [
+    "PLUGIN_CONN",
+    "RUNTIME_CONN",
+    "Code",
+    "ConnectionClosed",
+    "Handler",
+    "MessageTooLarge",
+    "MuxConnection",
+    "MuxDecoder",
+    "ProtocolError",
+    "Request",
+    "Response",
+    "TtrpcClient",
+    "TtrpcConnection",
+    "TtrpcError",
+    "WireError",
+    "encode_frames",
+]

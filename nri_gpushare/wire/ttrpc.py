@@ -1,0 +1,326 @@
+"""Sans-IO ttrpc: message framing, Request/Response envelopes, per-connection state.
+
+A ttrpc message is a 10-byte big-endian header (uint32 payload length, uint32
+stream id, uint8 type, uint8 flags) followed by the payload. Unary calls use a
+request (type 1) answered by a response (type 2) on the same stream id; client
+stream ids are odd and increase (gaps allowed). Streaming (type 3) is not used
+by NRI and is refused.
+
+Size limits: we send at most 4 MiB of payload per message (ttrpc's limit). We
+accept bigger messages, because runtimes do send them (a 6 MB Synchronize has
+been seen), up to MAX_RECEIVE_MESSAGE (64 MiB), beyond which the declared length
+is taken as garbage. That bounds the buffer on malformed input.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+
+from . import pb
+from .errors import Code, MessageTooLarge, ProtocolError, WireError, as_code
+
+HEADER = struct.Struct(">IIBB")
+MAX_SEND_MESSAGE = 4 << 20
+MAX_RECEIVE_MESSAGE = 64 << 20
+_MAX_STREAM_ID = 0xFFFFFFFF
+
+
+class MessageType(IntEnum):
+    REQUEST = 1
+    RESPONSE = 2
+    DATA = 3
+
+
+@dataclass(frozen=True)
+class Message:
+    stream_id: int
+    type: int
+    payload: bytes
+    flags: int = 0
+
+
+def encode_message(
+    stream_id: int,
+    type: int,
+    payload: bytes,
+    flags: int = 0,
+    *,
+    max_length: int = MAX_SEND_MESSAGE,
+) -> bytes:
+    """Header plus payload of one ttrpc message; refuses payloads over `max_length`."""
+    if len(payload) > max_length:
+        raise MessageTooLarge(
+            f"ttrpc message of {len(payload)} bytes exceeds the {max_length}-byte limit"
+        )
+    return HEADER.pack(len(payload), stream_id, type, flags) + payload
+
+
+class MessageDecoder:
+    """Reassembles ttrpc messages from a byte stream."""
+
+    def __init__(self, max_length: int = MAX_RECEIVE_MESSAGE) -> None:
+        self.max_length = max_length
+        self._buf = bytearray()
+        self._error: ProtocolError | None = None
+
+    def feed(self, data: bytes) -> list[Message]:
+        if self._error:
+            raise self._error
+        self._buf += data
+        out = []
+        while len(self._buf) >= HEADER.size:
+            length, stream_id, type, flags = HEADER.unpack_from(self._buf)
+            if length > self.max_length:
+                self._error = ProtocolError(
+                    f"ttrpc message on stream {stream_id} declares {length} bytes,"
+                    f" more than the limit of {self.max_length}"
+                )
+                raise self._error
+            end = HEADER.size + length
+            if len(self._buf) < end:
+                break
+            out.append(Message(stream_id, type, bytes(self._buf[HEADER.size : end]), flags))
+            del self._buf[:end]
+        return out
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    def close(self) -> None:
+        """Signal end of input; raise ProtocolError if it cut a message short."""
+        if self._buf:
+            raise ProtocolError(
+                f"connection ended inside a ttrpc message ({len(self._buf)} bytes buffered)"
+            )
+
+
+@dataclass(frozen=True)
+class Request:
+    """ttrpc Request {service=1, method=2, payload=3, timeout_nano=4, metadata=5}."""
+
+    service: str
+    method: str
+    payload: bytes = b""
+    timeout_nano: int = 0
+    metadata: tuple[tuple[str, str], ...] = ()
+
+    def encode(self) -> bytes:
+        return b"".join(
+            [
+                pb.string_field(1, self.service),
+                pb.string_field(2, self.method),
+                pb.bytes_field(3, self.payload),
+                pb.varint_field(4, self.timeout_nano),
+                *(
+                    pb.bytes_field(5, pb.string_field(1, k) + pb.string_field(2, v), always=True)
+                    for k, v in self.metadata
+                ),
+            ]
+        )
+
+    @classmethod
+    def decode(cls, data: bytes) -> Request:
+        what = "ttrpc Request"
+        service = method = ""
+        payload = b""
+        timeout = 0
+        metadata: list[tuple[str, str]] = []
+        for field, wire_type, value in pb.fields(data, what):
+            if field in (1, 2, 3, 5):
+                pb.expect(what, field, wire_type, pb.LEN)
+                assert isinstance(value, bytes)
+                if field == 1:
+                    service = pb.text(what, field, value)
+                elif field == 2:
+                    method = pb.text(what, field, value)
+                elif field == 3:
+                    payload = value
+                else:
+                    metadata.append(_decode_key_value(value))
+            elif field == 4:
+                pb.expect(what, field, wire_type, pb.VARINT)
+                assert isinstance(value, int)
+                timeout = pb.signed(value, 64)
+        return cls(service, method, payload, timeout, tuple(metadata))
+
+
+def _decode_key_value(data: bytes) -> tuple[str, str]:
+    what = "ttrpc KeyValue"
+    key = value = ""
+    for field, wire_type, raw in pb.fields(data, what):
+        if field in (1, 2):
+            pb.expect(what, field, wire_type, pb.LEN)
+            assert isinstance(raw, bytes)
+            if field == 1:
+                key = pb.text(what, field, raw)
+            else:
+                value = pb.text(what, field, raw)
+    return key, value
+
+
+@dataclass(frozen=True)
+class Response:
+    """ttrpc Response {status=1 {code=1, message=2}, payload=2}."""
+
+    code: int = Code.OK
+    message: str = ""
+    payload: bytes = b""
+
+    def encode(self) -> bytes:
+        # Like ttrpc's Go server, always include the status, even for OK.
+        status = pb.varint_field(1, int(self.code)) + pb.string_field(2, self.message)
+        return pb.bytes_field(1, status, always=True) + pb.bytes_field(2, self.payload)
+
+    @classmethod
+    def decode(cls, data: bytes) -> Response:
+        what = "ttrpc Response"
+        code: int = Code.OK
+        message = ""
+        payload = b""
+        for field, wire_type, value in pb.fields(data, what):
+            if field in (1, 2):
+                pb.expect(what, field, wire_type, pb.LEN)
+                assert isinstance(value, bytes)
+                if field == 1:
+                    code, message = _decode_status(value)
+                else:
+                    payload = value
+        return cls(code, message, payload)
+
+
+def _decode_status(data: bytes) -> tuple[int, str]:
+    what = "ttrpc Status"
+    code: int = Code.OK
+    message = ""
+    for field, wire_type, value in pb.fields(data, what):
+        if field == 1:
+            pb.expect(what, field, wire_type, pb.VARINT)
+            assert isinstance(value, int)
+            code = as_code(pb.signed(value, 32))
+        elif field == 2:
+            pb.expect(what, field, wire_type, pb.LEN)
+            assert isinstance(value, bytes)
+            message = pb.text(what, field, value)
+        # field 3 (details, repeated Any) is skipped
+    return code, message
+
+
+@dataclass(frozen=True)
+class RequestReceived:
+    stream_id: int
+    request: Request
+
+
+@dataclass(frozen=True)
+class ResponseReceived:
+    stream_id: int
+    response: Response
+
+
+Event = RequestReceived | ResponseReceived
+
+
+class TtrpcConnection:
+    """State of one ttrpc byte stream, in both roles at once.
+
+    As a client it allocates stream ids and matches responses to requests; as a
+    server it checks the peer's stream ids and tracks which requests still owe
+    a response. It never touches a socket: feed it bytes, send what it returns.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_send: int = MAX_SEND_MESSAGE,
+        max_receive: int = MAX_RECEIVE_MESSAGE,
+    ) -> None:
+        self.max_send = max_send
+        self._decoder = MessageDecoder(max_receive)
+        self._next_id = 1
+        self._awaiting: set[int] = set()  # our requests without a response yet
+        self._abandoned: set[int] = set()  # our requests whose response we ignore
+        self._last_peer_id = 0
+        self._unanswered: set[int] = set()  # peer requests we still owe a response
+
+    # client role
+
+    def send_request(self, request: Request) -> tuple[int, bytes]:
+        """Allocate a stream id for `request`; return it and the bytes to send."""
+        if self._next_id > _MAX_STREAM_ID:
+            raise WireError("ttrpc stream ids exhausted on this connection")
+        data = encode_message(
+            self._next_id, MessageType.REQUEST, request.encode(), max_length=self.max_send
+        )
+        stream_id = self._next_id
+        self._next_id += 2
+        self._awaiting.add(stream_id)
+        return stream_id, data
+
+    def abandon(self, stream_id: int) -> None:
+        """Stop waiting for a response (e.g. timed out); a late one is then ignored."""
+        if stream_id in self._awaiting:
+            self._awaiting.discard(stream_id)
+            self._abandoned.add(stream_id)
+
+    @property
+    def awaiting(self) -> frozenset[int]:
+        return frozenset(self._awaiting)
+
+    # server role
+
+    def send_response(self, stream_id: int, response: Response) -> bytes:
+        """Bytes answering the peer's request `stream_id` (exactly once)."""
+        if stream_id not in self._unanswered:
+            raise ValueError(f"no unanswered request on stream {stream_id}")
+        data = encode_message(
+            stream_id, MessageType.RESPONSE, response.encode(), max_length=self.max_send
+        )
+        self._unanswered.discard(stream_id)
+        return data
+
+    @property
+    def unanswered(self) -> frozenset[int]:
+        return frozenset(self._unanswered)
+
+    # input
+
+    def receive_data(self, data: bytes) -> list[Event]:
+        """Consume stream bytes; return the complete requests and responses in them."""
+        return [
+            event
+            for message in self._decoder.feed(data)
+            if (event := self._receive(message)) is not None
+        ]
+
+    def receive_eof(self) -> None:
+        """The stream ended; raise ProtocolError if it ended inside a message."""
+        self._decoder.close()
+
+    def _receive(self, message: Message) -> Event | None:
+        sid = message.stream_id
+        if message.type == MessageType.REQUEST:
+            if sid % 2 == 0:
+                raise ProtocolError(f"ttrpc request on even stream id {sid}; must be odd")
+            if sid <= self._last_peer_id:
+                raise ProtocolError(
+                    f"ttrpc request on stream {sid}, not above the previous {self._last_peer_id}"
+                )
+            request = Request.decode(message.payload)
+            self._last_peer_id = sid
+            self._unanswered.add(sid)
+            return RequestReceived(sid, request)
+        if message.type == MessageType.RESPONSE:
+            if sid in self._awaiting:
+                self._awaiting.discard(sid)
+                return ResponseReceived(sid, Response.decode(message.payload))
+            if sid in self._abandoned:
+                self._abandoned.discard(sid)
+                Response.decode(message.payload)  # still refuse garbage
+                return None
+            raise ProtocolError(f"ttrpc response for unknown stream id {sid}")
+        if message.type == MessageType.DATA:
+            raise ProtocolError(f"unexpected ttrpc data message on stream {sid} (no streaming)")
+        raise ProtocolError(f"unknown ttrpc message type {message.type} on stream {sid}")
