@@ -1,0 +1,168 @@
+"""Plain values of the share domain: GPUs, node policy, containers, plans, refusals.
+
+Nothing here knows NRI, protobuf or YAML; the daemon builds these from its
+messages and config and turns an `InjectionPlan` into a ContainerAdjustment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+PREFIX = "gpushare.io/"
+ASSIGNED = PREFIX + "assigned"
+
+PLACEMENTS = ("binpack", "spread")
+PRIORITIES = ("normal", "high")
+ISOLATIONS = ("full", "memory", "none")
+KMOD_MODES = ("required", "optional", "off")
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One physical GPU of the node."""
+
+    index: int
+    uuid: str
+    name: str
+    memory_bytes: int
+    minor: int
+
+
+@dataclass(frozen=True)
+class DeviceNode:
+    """A character device to create in the container (same path as on the host)."""
+
+    path: str
+    type: str
+    major: int
+    minor: int
+    mode: int = 0o666
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: str
+    destination: str
+    type: str = "bind"
+    options: tuple[str, ...] = ("rbind", "ro")
+
+
+@dataclass(frozen=True)
+class NodePolicy:
+    """The node's sharing rules (from the daemon's config).
+
+    memory_reserve_bytes: kept free on every GPU (driver, other users).
+    max_inst: most containers on one GPU, 1..25.
+    default_placement: binpack | spread, for requests that name none.
+    max_high_priority_per_gpu: most high-priority containers on one GPU
+        (0 forbids high priority).
+    kmod_mode: required | optional | off.
+    """
+
+    memory_reserve_bytes: int = 0
+    max_inst: int = 16
+    default_placement: str = "binpack"
+    max_high_priority_per_gpu: int = 1
+    kmod_mode: str = "optional"
+
+    def __post_init__(self) -> None:
+        if self.memory_reserve_bytes < 0:
+            raise ValueError(f"memory reserve must be >= 0, got {self.memory_reserve_bytes}")
+        if not 1 <= self.max_inst <= 25:
+            raise ValueError(f"max_inst must be between 1 and 25, got {self.max_inst}")
+        if self.default_placement not in PLACEMENTS:
+            raise ValueError(
+                f"default placement must be one of {', '.join(PLACEMENTS)}, "
+                f"got {self.default_placement!r}"
+            )
+        if self.max_high_priority_per_gpu < 0:
+            raise ValueError(
+                f"max high-priority containers per GPU must be >= 0, "
+                f"got {self.max_high_priority_per_gpu}"
+            )
+        if self.kmod_mode not in KMOD_MODES:
+            raise ValueError(f"kmod must be one of {', '.join(KMOD_MODES)}, got {self.kmod_mode!r}")
+
+
+@dataclass(frozen=True)
+class ContainerInfo:
+    """What the domain needs to know about a container (pod fields empty outside
+    Kubernetes)."""
+
+    id: str
+    name: str
+    pod_name: str = ""
+    pod_namespace: str = ""
+    pod_uid: str = ""
+    pod_annotations: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    cgroups_path: str = ""
+
+    def describe(self) -> str:
+        pod = f" (pod {self.pod_namespace}/{self.pod_name})" if self.pod_name else ""
+        return f"container '{self.name or self.id}'{pod}"
+
+
+@dataclass(frozen=True)
+class InjectionPlan:
+    """What to add to a container: the daemon turns it into a ContainerAdjustment."""
+
+    devices: tuple[DeviceNode, ...]
+    env: Mapping[str, str]
+    annotations: Mapping[str, str]
+    mounts: tuple[Mount, ...] = ()
+
+
+@dataclass(frozen=True)
+class GpuShare:
+    """One container's share of one GPU."""
+
+    index: int
+    uuid: str
+    memory_bytes: int
+    core_percent: int  # 0 = no compute limit
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A managed container and the shares it holds, in the container's GPU order."""
+
+    container_id: str
+    name: str
+    pod: str  # "namespace/name", "" outside Kubernetes
+    shares: tuple[GpuShare, ...]
+    priority: str = "normal"
+    isolation: str = "full"
+
+    @property
+    def high_priority(self) -> bool:
+        return self.priority == "high"
+
+
+class ShareRefused(Exception):
+    """A request the domain will not serve; str() is a message for a person.
+
+    reason: "invalid" (bad value), "conflict" (sources disagree), "capacity"
+    (does not fit), "kmod" (the kernel module refused or is missing).
+    key: the key or variable to change, when one is to blame.
+    """
+
+    def __init__(self, message: str, reason: str = "invalid", key: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.key = key
+
+
+def format_bytes(n: int) -> str:
+    """Bytes in the unit people write in requests: Mi when whole, else Ki, else bytes."""
+    if n % MiB == 0:
+        return f"{n // MiB}Mi"
+    if n % 1024 == 0:
+        return f"{n // 1024}Ki"
+    return f"{n}B"

@@ -1,0 +1,149 @@
+"""In-memory fakes for unit tests.
+
+FakeKernelModule implements nri_gpushare.kmod.client.KernelModuleClient with
+the module's rules: EEXIST on a double registration, ENOENT for an unknown
+container, ENODEV when not loaded, and it refuses over-commit on its own (per
+GPU: memory sum <= the declared memory, compute percent sum <= 100, at most
+max_inst containers), all-or-nothing over a registration's GPUs.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Sequence
+
+from nri_gpushare.kmod.client import (
+    AlreadyRegistered,
+    GpuDeclaration,
+    KmodError,
+    ModuleNotLoaded,
+    NotRegistered,
+    OverCommitted,
+    Registration,
+)
+from nri_gpushare.share import DeviceNode, Gpu
+
+
+class FakeKernelModule:
+    def __init__(self, loaded: bool = True, max_inst: int = 16) -> None:
+        self.is_loaded = loaded
+        self.max_inst = max_inst
+        self.gpus: dict[int, int] = {}  # index -> memory bytes
+        self.regs: dict[str, Registration] = {}
+        self.cgroups: dict[str, str] = {}
+        self.fail_next: dict[str, KmodError] = {}  # method name -> error to raise once
+        self.calls: list[tuple[str, object]] = []
+
+    def _enter(self, method: str, arg: object = None) -> None:
+        self.calls.append((method, arg))
+        if (error := self.fail_next.pop(method, None)) is not None:
+            raise error
+        if not self.is_loaded:
+            raise ModuleNotLoaded("gpushare: module not loaded")
+
+    # -- KernelModuleClient ---------------------------------------------------------
+
+    def loaded(self) -> bool:
+        return self.is_loaded
+
+    def declare_gpus(self, gpus: Sequence[GpuDeclaration]) -> None:
+        self._enter("declare_gpus", tuple(gpus))
+        for g in gpus:
+            self.gpus[g.index] = g.memory_bytes
+
+    def register(self, registration: Registration) -> None:
+        self._enter("register", registration)
+        cid = registration.container_id
+        if cid in self.regs:
+            raise AlreadyRegistered(f"{cid}: already registered")
+        for q in registration.quotas:
+            if q.gpu_index not in self.gpus:
+                raise KmodError(f"GPU {q.gpu_index} not declared", errno.ENODEV)
+            if not 0 <= q.core_percent <= 100 or q.memory_bytes <= 0:
+                raise KmodError(f"bad quota {q}", errno.EINVAL)
+            memory, core, count = self.usage(q.gpu_index)
+            if memory + q.memory_bytes > self.gpus[q.gpu_index]:
+                raise OverCommitted(f"GPU {q.gpu_index}: memory over-committed")
+            if core + q.core_percent > 100:
+                raise OverCommitted(f"GPU {q.gpu_index}: compute over-committed")
+            if count + 1 > self.max_inst:
+                raise OverCommitted(f"GPU {q.gpu_index}: more than {self.max_inst} containers")
+        if len({q.gpu_index for q in registration.quotas}) != len(registration.quotas):
+            raise KmodError(f"{cid}: a GPU appears twice", errno.EINVAL)
+        self.regs[cid] = registration
+
+    def bind_cgroup(self, container_id: str, cgroup_path: str) -> None:
+        self._enter("bind_cgroup", (container_id, cgroup_path))
+        if container_id not in self.regs:
+            raise NotRegistered(f"{container_id}: not registered")
+        self.cgroups[container_id] = cgroup_path
+
+    def unregister(self, container_id: str) -> None:
+        self._enter("unregister", container_id)
+        if container_id not in self.regs:
+            raise NotRegistered(f"{container_id}: not registered")
+        del self.regs[container_id]
+        self.cgroups.pop(container_id, None)
+
+    def registrations(self) -> list[Registration]:
+        self._enter("registrations")
+        return list(self.regs.values())
+
+    # -- test helpers -----------------------------------------------------------------
+
+    def usage(self, index: int) -> tuple[int, int, int]:
+        """(memory bytes, compute percent, containers) registered on GPU `index`."""
+        quotas = [q for r in self.regs.values() for q in r.quotas if q.gpu_index == index]
+        return (
+            sum(q.memory_bytes for q in quotas),
+            sum(q.core_percent for q in quotas),
+            len(quotas),
+        )
+
+    def unload(self) -> None:
+        """Like rmmod: every registration and declaration is gone."""
+        self.is_loaded = False
+        self.gpus.clear()
+        self.regs.clear()
+        self.cgroups.clear()
+
+    def load(self) -> None:
+        self.is_loaded = True
+
+
+# -- share-domain helpers ---------------------------------------------------------------
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+def make_gpus(count: int = 4, memory_bytes: int = 32 * GiB) -> list[Gpu]:
+    """`count` identical GPUs with UUIDs GPU-<index>-..., minor = index."""
+    return [
+        Gpu(i, f"GPU-{i:08d}-0000-0000-0000-000000000000", "Fake GPU", memory_bytes, i)
+        for i in range(count)
+    ]
+
+
+class FakeDevices:
+    """A DeviceLookup without a host: nvidiactl 195:255, GPU nodes 195:<minor>;
+    the uvm nodes and the control device only when `uvm` / `control` are set."""
+
+    def __init__(self, uvm: bool = False, control: bool = True) -> None:
+        self.uvm = uvm
+        self.has_control = control
+
+    def common(self) -> tuple[DeviceNode, ...]:
+        nodes = [DeviceNode("/dev/nvidiactl", "c", 195, 255)]
+        if self.uvm:
+            nodes += [
+                DeviceNode("/dev/nvidia-uvm", "c", 510, 0),
+                DeviceNode("/dev/nvidia-uvm-tools", "c", 510, 1),
+            ]
+        return tuple(nodes)
+
+    def gpu(self, minor: int) -> DeviceNode:
+        return DeviceNode(f"/dev/nvidia{minor}", "c", 195, minor)
+
+    def control(self) -> DeviceNode | None:
+        return DeviceNode("/dev/gpushare", "c", 240, 0) if self.has_control else None
