@@ -40,26 +40,28 @@ def _format_bytes(value: int) -> str:
 
 
 def _print_status(status: dict[str, Any]) -> None:
-    print(f"kernel module: {status.get('kmod', 'unknown')}")
+    kmod = status["kmod"]
+    enforced = "loaded" if kmod["loaded"] else "not loaded: isolation not enforced"
+    print(f"kernel module: {kmod['mode']}, {enforced}")
     for gpu in status["gpus"]:
         print(
             f"GPU {gpu['index']} {gpu['uuid']} {gpu['name']}: "
-            f"memory {_format_bytes(gpu['memory_reserved'])} / "
-            f"{_format_bytes(gpu['memory_capacity'])} reserved, "
-            f"core {gpu['core_reserved']}%, {len(gpu['containers'])} container(s)"
+            f"memory {_format_bytes(gpu['memory_allocated'])} allocated, "
+            f"{_format_bytes(gpu['memory_free'])} free of {_format_bytes(gpu['memory_total'])}; "
+            f"core {gpu['core_allocated']}%; {len(gpu['containers'])} container(s)"
         )
     allocations = status["allocations"]
     if not allocations:
         print("no allocations")
         return
-    print(f"{'CONTAINER':14} {'POD':30} {'GPU':>3} {'MEMORY':>9} {'CORE':>5} PRIO")
+    print(f"{'CONTAINER':14} {'POD':30} {'GPU':>3} {'MEMORY':>9} {'CORE':>5} PRIORITY")
     for alloc in allocations:
-        pod = f"{alloc['pod_namespace']}/{alloc['pod_name']}"
-        for quota in alloc["quotas"]:
-            core = f"{quota['core_percent']}%" if quota["core_percent"] else "-"
+        for share in alloc["gpus"]:
+            core = f"{share['core']}%" if share["core"] else "-"
             print(
-                f"{alloc['container_id'][:13]:14} {pod[:30]:30} {quota['gpu_index']:>3} "
-                f"{_format_bytes(quota['memory_bytes']):>9} {core:>5} {alloc['priority']}"
+                f"{alloc['container_id'][:13]:14} {(alloc['pod'] or '-')[:30]:30} "
+                f"{share['index']:>3} {_format_bytes(share['memory']):>9} {core:>5} "
+                f"{alloc['priority']}"
             )
 
 
