@@ -1,0 +1,256 @@
+"""The plugin stub against a scripted fake runtime over a real unix socket.
+
+The fake runtime uses the same wire layer in the other roles: it serves the
+runtime service on conn 2 and calls the plugin on conn 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+
+from nri_gpushare.api import nri
+from nri_gpushare.stub import Event, Plugin, PluginError, Stub
+from nri_gpushare.stub.plugin import implemented_events, subscription_mask, valid_event_mask
+from nri_gpushare.wire import Code, MuxConnection, TtrpcError
+
+PLUGIN = "nri.pkg.api.v1alpha1.Plugin"
+RUNTIME = "nri.pkg.api.v1alpha1.Runtime"
+ALL_LEGACY = (1 << 11) - 1
+
+
+class FakeRuntime:
+    """Accepts plugin connections and records their registrations."""
+
+    def __init__(self) -> None:
+        self.registered: asyncio.Queue[tuple[MuxConnection, nri.RegisterPluginRequest]] = (
+            asyncio.Queue()
+        )
+
+    async def serve(self, path: str) -> asyncio.AbstractServer:
+        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            conn = MuxConnection(reader, writer)
+
+            async def runtime_service(service: str, method: str, payload: bytes) -> bytes:
+                assert service == RUNTIME
+                if method == "RegisterPlugin":
+                    await self.registered.put((conn, nri.RegisterPluginRequest().parse(payload)))
+                    return b""
+                raise TtrpcError(Code.UNIMPLEMENTED, method)
+
+            conn.serve(2, runtime_service)
+
+        return await asyncio.start_unix_server(accept, path=path)
+
+    async def next_plugin(self) -> tuple[MuxConnection, nri.RegisterPluginRequest]:
+        return await asyncio.wait_for(self.registered.get(), 5)
+
+
+async def call(conn: MuxConnection, method: str, message: object) -> bytes:
+    return await conn.client(1).call(PLUGIN, method, bytes(message), timeout=5)
+
+
+class Recorder(Plugin):
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.synced: list[list[str]] = []
+
+    async def configure(self, config, runtime_name, runtime_version):
+        self.calls.append(("configure", runtime_version))
+
+    async def synchronize(self, pods, containers):
+        self.synced.append([c.id for c in containers])
+        return []
+
+    async def create_container(self, pod, container):
+        self.calls.append(("create", container.id))
+        if container.name == "bad":
+            raise PluginError("gpushare.io/gpu-memory=lots: not a size")
+        if container.name == "boom":
+            raise RuntimeError("kaboom")
+        return nri.ContainerAdjustment(env=[nri.KeyValue(key="INJECTED", value="1")])
+
+    async def stop_container(self, pod, container):
+        self.calls.append(("stop", container.id))
+        return []
+
+    async def remove_container(self, pod, container):
+        self.calls.append(("remove", container.id))
+
+
+@contextlib.asynccontextmanager
+async def connected(tmp_path, plugin: Plugin) -> AsyncIterator[tuple[FakeRuntime, MuxConnection,
+                                                                     Stub]]:
+    runtime = FakeRuntime()
+    path = str(tmp_path / "nri.sock")
+    server = await runtime.serve(path)
+    stub = Stub(plugin, name="test", index="42", socket_path=path,
+                reconnect_delays=(0.01,))
+    task = asyncio.create_task(stub.run())
+    try:
+        conn, _ = await runtime.next_plugin()
+        yield runtime, conn, stub
+    finally:
+        await stub.stop()
+        await asyncio.wait_for(task, 5)
+        server.close()
+
+
+def container(cid: str, name: str = "c") -> nri.Container:
+    return nri.Container(id=cid, name=name, pod_sandbox_id="pod1")
+
+
+# -- masks ---------------------------------------------------------------------
+
+
+def test_mask_follows_implemented_handlers():
+    assert implemented_events(Recorder()) == {
+        Event.CREATE_CONTAINER, Event.STOP_CONTAINER, Event.REMOVE_CONTAINER
+    }
+    mask = subscription_mask(Recorder(), ALL_LEGACY)
+    assert mask == (1 << 3) | (1 << 9) | (1 << 10)
+
+
+def test_mask_is_never_zero():
+    with pytest.raises(PluginError):
+        subscription_mask(Plugin(), ALL_LEGACY)
+
+
+@pytest.mark.parametrize(
+    ("name", "version", "nri_version", "expected"),
+    [
+        ("containerd", "1.7.24~ds1", "", ALL_LEGACY),
+        ("containerd", "v2.0.0", "", ALL_LEGACY),
+        ("containerd", "v2.1.3", "", ALL_LEGACY),
+        ("containerd", "v2.2.0", "", (1 << 14) - 1),
+        ("containerd", "2.3.0", "", (1 << 14) - 1),
+        ("cri-o", "1.31.0", "", ALL_LEGACY),
+        ("cri-o", "1.35.0", "v0.12.0", (1 << 14) - 1),
+        ("containerd", "garbage", "", ALL_LEGACY),
+    ],
+)
+def test_valid_mask_by_runtime(name, version, nri_version, expected):
+    assert valid_event_mask(name, version, nri_version) == expected
+
+
+def test_index_must_be_two_digits():
+    with pytest.raises(ValueError, match="two digits"):
+        Stub(Recorder(), index="7")
+
+
+# -- protocol --------------------------------------------------------------------
+
+
+async def test_register_configure_synchronize_and_events(tmp_path):
+    plugin = Recorder()
+    async with connected(tmp_path, plugin) as (_, conn, stub):
+        reply = nri.ConfigureResponse().parse(await call(conn, "Configure", nri.ConfigureRequest(
+            runtime_name="containerd", runtime_version="1.7.24")))
+        assert reply.events == (1 << 3) | (1 << 9) | (1 << 10)
+        await call(conn, "Synchronize", nri.SynchronizeRequest(containers=[container("a")]))
+        assert stub.synchronized.is_set() and plugin.synced == [["a"]]
+
+        reply = nri.CreateContainerResponse().parse(await call(
+            conn, "CreateContainer", nri.CreateContainerRequest(container=container("b"))))
+        assert [(kv.key, kv.value) for kv in reply.adjust.env] == [("INJECTED", "1")]
+        await call(conn, "StopContainer", nri.StopContainerRequest(container=container("b")))
+        await call(conn, "StateChange", nri.StateChangeEvent(
+            event=nri.Event.REMOVE_CONTAINER, container=container("b")))
+        # Events the plugin does not handle are accepted and ignored.
+        await call(conn, "StateChange", nri.StateChangeEvent(
+            event=nri.Event.START_CONTAINER, container=container("b")))
+        assert plugin.calls == [("configure", "1.7.24"), ("create", "b"), ("stop", "b"),
+                                ("remove", "b")]
+        assert len(stub.handler_seconds["CreateContainer"]) == 1
+
+
+async def test_registration_carries_name_and_index(tmp_path):
+    runtime = FakeRuntime()
+    path = str(tmp_path / "nri.sock")
+    server = await runtime.serve(path)
+    stub = Stub(Recorder(), name="gpushare", index="07", socket_path=path)
+    task = asyncio.create_task(stub.run())
+    _, request = await runtime.next_plugin()
+    assert (request.plugin_name, request.plugin_idx) == ("gpushare", "07")
+    await stub.stop()
+    await task
+    server.close()
+
+
+async def test_chunked_synchronize_delivers_everything_once(tmp_path):
+    plugin = Recorder()
+    async with connected(tmp_path, plugin) as (_, conn, _stub):
+        await call(conn, "Configure", nri.ConfigureRequest(runtime_name="containerd",
+                                                           runtime_version="2.1.0"))
+        for chunk in (["a", "b"], ["c"]):
+            reply = nri.SynchronizeResponse().parse(await call(conn, "Synchronize",
+                nri.SynchronizeRequest(containers=[container(i) for i in chunk], more=True)))
+            assert reply.more and not reply.update
+        reply = nri.SynchronizeResponse().parse(await call(
+            conn, "Synchronize", nri.SynchronizeRequest(containers=[container("d")])))
+        assert not reply.more
+        assert plugin.synced == [["a", "b", "c", "d"]]
+
+
+async def test_handler_errors_become_statuses(tmp_path):
+    async with connected(tmp_path, Recorder()) as (_, conn, _stub):
+        with pytest.raises(TtrpcError) as refused:
+            await call(conn, "CreateContainer",
+                       nri.CreateContainerRequest(container=container("x", "bad")))
+        assert refused.value.code == Code.UNKNOWN
+        assert refused.value.message == "gpushare.io/gpu-memory=lots: not a size"
+        with pytest.raises(TtrpcError) as crashed:
+            await call(conn, "CreateContainer",
+                       nri.CreateContainerRequest(container=container("y", "boom")))
+        assert crashed.value.code == Code.INTERNAL and "kaboom" in crashed.value.message
+        # The connection survives both.
+        await call(conn, "CreateContainer", nri.CreateContainerRequest(container=container("z")))
+
+
+async def test_unknown_and_unhandled_methods_are_unimplemented(tmp_path):
+    async with connected(tmp_path, Recorder()) as (_, conn, _stub):
+        for method, message in (
+            ("NoSuchMethod", nri.Empty()),
+            ("StartContainer", nri.StartContainerRequest(container=container("a"))),
+        ):
+            with pytest.raises(TtrpcError) as info:
+                await call(conn, method, message)
+            assert info.value.code == Code.UNIMPLEMENTED
+
+
+async def test_v012_per_event_rpc_reaches_the_handler(tmp_path):
+    plugin = Recorder()
+    async with connected(tmp_path, plugin) as (_, conn, _stub):
+        await call(conn, "RemoveContainer", nri.RemoveContainerRequest(
+            pod=nri.PodSandbox(id="pod1"), container=container("v12")))
+        assert ("remove", "v12") in plugin.calls
+
+
+async def test_reconnects_after_the_runtime_drops_it(tmp_path):
+    plugin = Recorder()
+    async with connected(tmp_path, plugin) as (runtime, conn, stub):
+        await call(conn, "Configure", nri.ConfigureRequest(runtime_name="containerd",
+                                                           runtime_version="1.7.24"))
+        await call(conn, "Synchronize", nri.SynchronizeRequest())
+        await conn.close()
+        conn2, _ = await runtime.next_plugin()
+        await call(conn2, "Configure", nri.ConfigureRequest(runtime_name="containerd",
+                                                            runtime_version="1.7.24"))
+        await call(conn2, "Synchronize", nri.SynchronizeRequest(containers=[container("a")]))
+        assert stub.sessions == 2 and plugin.synced == [[], ["a"]]
+
+
+async def test_keeps_trying_while_the_runtime_is_away(tmp_path):
+    path = str(tmp_path / "nri.sock")
+    stub = Stub(Recorder(), socket_path=path, reconnect_delays=(0.01,))
+    task = asyncio.create_task(stub.run())
+    await asyncio.sleep(0.1)  # no socket yet: connection refused, retried
+    runtime = FakeRuntime()
+    server = await runtime.serve(path)
+    await runtime.next_plugin()
+    await stub.stop()
+    await asyncio.wait_for(task, 5)
+    server.close()
