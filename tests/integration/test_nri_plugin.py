@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -113,3 +116,26 @@ async def test_synchronize_hands_back_running_containers(containerd, cri):
     finally:
         await stub.stop()
         await task
+
+
+async def test_status_cli_text_and_json(containerd, start_plugin, cri):
+    plugin = start_plugin(containerd)
+    pod_id = await cri.run_pod("shown", annotations={"gpushare.io/gpu-memory": "3Gi"})
+    cid = await cri.create_container(pod_id, "main", command=["sleep", "3600"])
+    await cri.start(cid)
+    base = [sys.executable, "-m", "nri_gpushare.cli", "status", "--config",
+            str(plugin.config_path)]
+    text = subprocess.run(base, capture_output=True, text=True, check=True).stdout
+    assert "3072Mi" in text and cid[:13] in text and "default/shown" in text
+    data = json.loads(subprocess.run(base + ["--json"], capture_output=True, text=True,
+                                     check=True).stdout)
+    assert data["allocations"][0]["container_id"] == cid
+    assert data["gpus"][0]["memory_allocated"] == 3 << 30
+
+
+def test_status_cli_without_a_plugin_says_so(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "nri_gpushare.cli", "status", "--status-socket",
+         str(tmp_path / "none.sock")], capture_output=True, text=True)
+    assert result.returncode == 1
+    assert "cannot reach the plugin" in result.stderr and "nri-gpushare run" in result.stderr
