@@ -199,7 +199,9 @@ async def run_daemon(
         loop.add_signal_handler(signum, lambda: asyncio.ensure_future(stub.stop()))
     log.info(
         "nri-gpushare: %d GPU(s), NRI socket %s, status socket %s",
-        len(service.gpus), stub.socket_path or "fd 3", config.status_socket,
+        len(service.gpus),
+        stub.socket_path or "fd 3 (pre-launched by the runtime)",
+        config.status_socket,
     )
     try:
         await stub.run()

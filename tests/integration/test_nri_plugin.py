@@ -9,9 +9,12 @@ import sys
 import time
 
 import pytest
+import yaml
 
 from nri_gpushare.stub import Plugin, Stub
-from tests.integration.plugin import gpu_inventory
+from tests.integration.plugin import ROOT, gpu_inventory
+from tests.testbed.containerd import Containerd
+from tests.testbed.fixtures import require_testbed
 from tests.testbed.cri import GRPCError
 
 UUID0 = gpu_inventory(1, "16Gi")[0]["uuid"]
@@ -139,3 +142,33 @@ def test_status_cli_without_a_plugin_says_so(tmp_path):
          str(tmp_path / "none.sock")], capture_output=True, text=True)
     assert result.returncode == 1
     assert "cannot reach the plugin" in result.stderr and "nri-gpushare run" in result.stderr
+
+
+async def test_plugin_launched_by_containerd_uses_fd3(tmp_path):
+    """containerd starts plugins found in its plugin_path and hands them fd 3."""
+    require_testbed()
+    bed = Containerd()
+    config = tmp_path / "gpushare.yaml"
+    config.write_text(yaml.safe_dump({
+        "status_socket": str(tmp_path / "status.sock"),
+        "kmod": "off", "use_nvml": False, "inventory": gpu_inventory(1, "8Gi"),
+    }))
+    bed.nri_plugin_dir.mkdir(parents=True, exist_ok=True)
+    launcher = bed.nri_plugin_dir / "10-gpushare"
+    launcher.write_text(
+        f"#!/bin/sh\ncd {ROOT}\nexec {sys.executable} -m nri_gpushare.cli run "
+        f"--config {config} 2>>{tmp_path / 'plugin.log'}\n"
+    )
+    launcher.chmod(0o755)
+    try:
+        bed.start()
+        async with bed.cri_client() as client:
+            deadline = time.monotonic() + 15
+            while 'registered as \\"10-gpushare\\"' not in bed.log_text():
+                assert time.monotonic() < deadline, bed.log_tail(40)
+                await asyncio.sleep(0.05)
+            run = await client.run_container_env(pod_annotations={"gpushare.io/gpu-memory": "1Gi"})
+        assert env_of(run.lines)["GPUSHARE_MEMORY_LIMIT"] == str(1 << 30)
+        assert "pre-launched" in (tmp_path / "plugin.log").read_text()
+    finally:
+        bed.stop()
