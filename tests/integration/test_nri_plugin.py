@@ -14,8 +14,8 @@ import yaml
 from nri_gpushare.stub import Plugin, Stub
 from tests.integration.plugin import ROOT, gpu_inventory
 from tests.testbed.containerd import Containerd
-from tests.testbed.fixtures import require_testbed
 from tests.testbed.cri import GRPCError
+from tests.testbed.fixtures import require_testbed
 
 UUID0 = gpu_inventory(1, "16Gi")[0]["uuid"]
 
