@@ -1,0 +1,77 @@
+#!/bin/sh
+# /init of the test guest (runs under busybox in the initramfs built by vm.py).
+#
+# Mounts the host's / (9p tag "hostroot", read-only) as the lower layer of an
+# overlay root with a tmpfs upper, mounts the caller's writable 9p shares over
+# their own paths, chroots, runs the job script the host wrote, and hands the
+# job's exit status back through qemu's isa-debug-exit port (0xf4).
+#
+# The kernel passes `gsjob=DIR` (an unknown command-line word) to us as an
+# environment variable: DIR holds job.sh and mounts ("TAG PATH" lines).
+
+export PATH=/bin
+say() { echo "gpushare-guest: $*"; }
+
+# Wait until the serial port has sent everything written to the console so
+# far (tcdrain: TCSBRK with argument 1); qemu exits the moment we report.
+drain() {
+	chroot /newroot /usr/bin/perl -e 'ioctl(STDOUT, 0x5409, 1) or die' 2>/dev/null ||
+		sleep 1
+}
+
+# A setup failure ends the machine without a status: the host reports it.
+fail() {
+	say "setup failed: $*"
+	drain
+	reboot -f
+	sleep 5
+}
+
+mnt() { mount "$@" || fail "mount $*"; }
+
+mnt -t proc proc /proc
+mnt -t sysfs sysfs /sys
+mnt -t devtmpfs devtmpfs /dev
+
+while read -r mod; do
+	insmod "/lib/modules/$mod.ko" || fail "insmod $mod"
+done </etc/modules
+
+p9=trans=virtio,version=9p2000.L,msize=512000
+mnt -t 9p -o "$p9,cache=loose,ro" hostroot /mnt/lower
+mnt -t tmpfs -o mode=0755 tmpfs /mnt/rw
+mkdir -p /mnt/rw/upper /mnt/rw/work
+mnt -t overlay -o lowerdir=/mnt/lower,upperdir=/mnt/rw/upper,workdir=/mnt/rw/work \
+	overlay /newroot
+
+r=/newroot
+mnt -t proc proc $r/proc
+mnt -t sysfs sysfs $r/sys
+mnt -t cgroup2 cgroup2 $r/sys/fs/cgroup
+mnt -t debugfs debugfs $r/sys/kernel/debug
+mnt -t devtmpfs devtmpfs $r/dev
+mkdir -p $r/dev/pts $r/dev/shm
+mnt -t devpts -o newinstance,ptmxmode=0666 devpts $r/dev/pts
+mnt -t tmpfs -o mode=1777 tmpfs $r/dev/shm
+
+[ -n "${gsjob:-}" ] && [ -f "$r$gsjob/job.sh" ] || fail "no job (gsjob=${gsjob:-})"
+while read -r tag path; do
+	mkdir -p "$r$path"
+	mnt -t 9p -o "$p9,rw" "$tag" "$r$path"
+done <"$r$gsjob/mounts"
+
+say "running"
+chroot $r /usr/bin/env -i /bin/sh "$gsjob/job.sh" </dev/null
+rc=$?
+
+taint=$(cat /proc/sys/kernel/tainted)
+if [ $((taint & 512)) -ne 0 ]; then
+	say "kernel warning (taint $taint), kernel log follows"
+	dmesg | tail -n 100
+fi
+sync
+say "exit status $rc"
+drain
+# qemu exits with (byte << 1) | 1.
+printf "\\$(printf %03o "$rc")" | dd of=/dev/port bs=1 seek=244 count=1 2>/dev/null
+fail "isa-debug-exit did not stop the machine"

@@ -1,0 +1,167 @@
+"""Self-test of the qemu guest harness (tests/guest/harness), run from the host.
+
+Tests marked `guest` boot Debian's 6.1 kernel under qemu (a few seconds each
+under TCG); the others check the harness's pure parts without booting.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.guest.harness import (
+    GuestCrashed,
+    GuestUnavailable,
+    Kernel,
+    in_guest,
+    junit_counts,
+    pytest_in_guest,
+    require_guest,
+    run_in_guest,
+    vm,
+)
+
+pytestmark = pytest.mark.skipif(in_guest(), reason="host-side test: it boots the guest itself")
+
+CLI = str(vm.REPO / "scripts" / "run-in-guest.sh")
+
+
+@pytest.fixture
+def kernel() -> Kernel:
+    return require_guest()
+
+
+def report(r: vm.GuestResult) -> None:
+    print(f"[harness] status {r.status}, command after {r.boot_s:.1f} s, total {r.total_s:.1f} s")
+
+
+@pytest.mark.guest
+def test_true_exits_zero(kernel: Kernel) -> None:
+    r = run_in_guest(["true"], cwd=vm.REPO)
+    report(r)
+    assert r.status == 0
+    assert "gpushare-guest: exit status 0" in r.console
+    assert r.serial_log.read_text() == r.console
+    assert not r.kernel_warned
+
+
+@pytest.mark.guest
+def test_cli_passes_exit_status_through(kernel: Kernel) -> None:
+    p = subprocess.run([CLI, "--", "exit 3"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 3, p.stdout + p.stderr
+    assert "status 3" in p.stderr
+
+
+@pytest.mark.guest
+def test_kernel_environment_cwd_and_module(kernel: Kernel, tmp_path: Path) -> None:
+    dummy = kernel.modules / "kernel/drivers/net/dummy.ko"
+    value = "a 'b' \"c\" $HOME `x`"
+    script = (
+        'cat /proc/version; echo "cwd=$(pwd)"; printf "v=%s\\n" "$VALUE"; '
+        'echo "py=$(command -v python)"; echo "autoload=$PYTEST_DISABLE_PLUGIN_AUTOLOAD"; '
+        'test -d /sys/module/dummy && echo dummy=loaded; '
+        'grep -q " /sys/fs/cgroup cgroup2 " /proc/mounts && echo cgroup2=mounted; '
+        'python -c "import sys; print(\'prefix=\' + sys.prefix)"'
+    )
+    r = run_in_guest(["sh", "-c", script], cwd=tmp_path, env={"VALUE": value}, modules=[dummy])
+    report(r)
+    assert r.status == 0
+    out = r.console.splitlines()
+    assert any(line.startswith(f"Linux version {kernel.version} ") for line in out)
+    assert kernel.version.startswith("6.1.")
+    assert f"cwd={tmp_path}" in out
+    assert f"v={value}" in out
+    assert f"py={vm.VENV_BIN}/python" in out
+    assert "autoload=1" in out
+    assert "dummy=loaded" in out
+    assert "cgroup2=mounted" in out
+    assert f"prefix={vm.REPO}/.venv" in out
+
+
+@pytest.mark.guest
+def test_rwdir_writes_reach_the_host_and_nothing_else_does(kernel: Kernel, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    r = run_in_guest("echo hello > out/file; id -u > out/uid; echo leak > leaked",
+                     cwd=tmp_path, rwdirs=[out])
+    assert r.status == 0
+    assert (out / "file").read_text() == "hello\n"
+    assert (out / "uid").read_text() == "0\n"
+    assert not (tmp_path / "leaked").exists()  # the guest's / is a throwaway layer
+
+
+@pytest.mark.guest
+def test_pytest_runs_inside_the_guest(kernel: Kernel, tmp_path: Path) -> None:
+    (tmp_path / "test_inner.py").write_text(textwrap.dedent("""\
+        import os
+
+        def test_in_guest_kernel():
+            assert os.environ["GPUSHARE_IN_GUEST"] == "1"
+            assert open("/proc/version").read().startswith("Linux version 6.1.")
+
+        def test_expected_to_fail():
+            assert False, "this failure must reach the host"
+    """))
+    junit = tmp_path / "out" / "junit.xml"
+    r = pytest_in_guest(["-v", "test_inner.py"], junit=junit, cwd=tmp_path)
+    report(r)
+    assert r.status == 1  # pytest: some tests failed
+    assert junit_counts(junit) == {"tests": 2, "failures": 1, "errors": 0, "skipped": 0}
+    assert "test_inner.py::test_in_guest_kernel PASSED" in r.console
+    assert "this failure must reach the host" in r.console
+
+
+@pytest.mark.guest
+def test_kernel_crash_is_a_failure(kernel: Kernel) -> None:
+    with pytest.raises(GuestCrashed, match="panicked") as e:
+        run_in_guest("echo c > /proc/sysrq-trigger; exit 0", cwd="/")
+    assert "sysrq" in e.value.console
+
+
+@pytest.mark.guest
+def test_timeout_is_a_failure(kernel: Kernel) -> None:
+    p = subprocess.run([CLI, "--timeout", "3", "--", "sleep 600"], capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 124, p.stdout + p.stderr
+    assert "did not finish within 3 s" in p.stderr
+
+
+# --- no boot --------------------------------------------------------------
+
+
+def test_missing_prerequisite_skips_or_fails_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vm, "QEMU", "qemu-system-missing")
+    with pytest.raises(GuestUnavailable, match="qemu-system-missing"):
+        vm.check_prereqs()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="qemu-system-missing.*CI=true"):
+        require_guest()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="qemu-system-missing"):
+        require_guest()
+
+
+def test_module_order_puts_dependencies_first(tmp_path: Path) -> None:
+    dep = tmp_path / "modules.dep"
+    dep.write_text(textwrap.dedent("""\
+        kernel/fs/9p/9p.ko: kernel/fs/netfs/netfs.ko kernel/net/9p/9pnet.ko kernel/fs/fscache.ko
+        kernel/fs/fscache.ko: kernel/fs/netfs/netfs.ko
+        kernel/fs/netfs/netfs.ko:
+        kernel/net/9p/9pnet.ko:
+        kernel/net/9p/9pnet_virtio.ko: kernel/drivers/virtio_ring.ko kernel/net/9p/9pnet.ko
+        kernel/drivers/virtio_ring.ko:
+    """))
+    (tmp_path / "modules.builtin").write_text("kernel/fs/overlayfs/overlay.ko\n")
+    order = vm.module_order(dep, ["9pnet_virtio", "9p", "overlay"])
+    names = [Path(m).name for m in order]
+    assert names == ["virtio_ring.ko", "9pnet.ko", "9pnet_virtio.ko", "netfs.ko",
+                     "fscache.ko", "9p.ko"]
+    with pytest.raises(GuestUnavailable, match="nosuch"):
+        vm.module_order(dep, ["nosuch"])
+
+
+def test_job_script_rejects_bad_environment_names() -> None:
+    with pytest.raises(ValueError, match="bad environment variable"):
+        vm.job_script("true", "/", {"A B": "x"}, [])
