@@ -54,7 +54,7 @@ mkdir -p $r/dev/pts $r/dev/shm
 mnt -t devpts -o newinstance,ptmxmode=0666 devpts $r/dev/pts
 mnt -t tmpfs -o mode=1777 tmpfs $r/dev/shm
 
-[ -n "${gsjob:-}" ] && [ -f "$r$gsjob/job.sh" ] || fail "no job (gsjob=${gsjob:-})"
+[ -f "$r${gsjob:-/nonexistent}/job.sh" ] || fail "no job (gsjob=${gsjob:-})"
 while read -r tag path; do
 	mkdir -p "$r$path"
 	mnt -t 9p -o "$p9,rw" "$tag" "$r$path"
@@ -72,6 +72,7 @@ fi
 sync
 say "exit status $rc"
 drain
-# qemu exits with (byte << 1) | 1.
+# qemu exits with (byte << 1) | 1.  The octal escape must be in the format.
+# shellcheck disable=SC2059
 printf "\\$(printf %03o "$rc")" | dd of=/dev/port bs=1 seek=244 count=1 2>/dev/null
 fail "isa-debug-exit did not stop the machine"
