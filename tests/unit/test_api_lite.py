@@ -1,0 +1,547 @@
+"""The hot-path codec (nri_gpushare.api.lite) against betterproto: views decode
+what betterproto decodes, encoders emit exactly betterproto's bytes, and
+malformed input only ever raises DecodeError."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nri_gpushare.api import lite, nri
+from nri_gpushare.api.lite import Adjustment, DecodeError, Device, MountSpec
+
+PAYLOAD = (Path(__file__).parent / "data" / "create_container_request.bin").read_bytes()
+FEW = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+# -- helpers -----------------------------------------------------------------
+
+
+def assert_pod(view: lite.PodSandboxView, pod: nri.PodSandbox) -> None:
+    assert (view.id, view.name, view.uid, view.namespace) == (
+        pod.id, pod.name, pod.uid, pod.namespace,
+    )
+    assert view.labels == pod.labels
+    assert view.annotations == pod.annotations
+    assert view.message() == pod
+
+
+def assert_container(view: lite.ContainerView, ctr: nri.Container) -> None:
+    assert (view.id, view.pod_sandbox_id, view.name) == (ctr.id, ctr.pod_sandbox_id, ctr.name)
+    assert view.state == int(ctr.state)
+    assert view.labels == ctr.labels
+    assert view.annotations == ctr.annotations
+    assert view.env == ctr.env
+    assert view.cgroups_path == ctr.linux.cgroups_path
+    assert view.pid == ctr.pid
+    assert view.message() == ctr
+
+
+def bp_device(d: Device) -> nri.LinuxDevice:
+    def opt(cls, value):
+        return None if value is None else cls(value=value)
+
+    return nri.LinuxDevice(
+        path=d.path, type=d.type, major=d.major, minor=d.minor,
+        file_mode=opt(nri.OptionalFileMode, d.file_mode),
+        uid=opt(nri.OptionalUInt32, d.uid), gid=opt(nri.OptionalUInt32, d.gid),
+    )
+
+
+def bp_adjustment(a: Adjustment) -> nri.ContainerAdjustment:
+    """The betterproto message lite.encode_container_adjustment stands for."""
+    return nri.ContainerAdjustment(
+        annotations=dict(a.annotations),
+        mounts=[
+            nri.Mount(destination=m.destination, type=m.type, source=m.source,
+                      options=list(m.options))
+            for m in a.mounts
+        ],
+        env=[nri.KeyValue(key=k, value=v) for k, v in a.env],
+        linux=(
+            nri.LinuxContainerAdjustment(devices=[bp_device(d) for d in a.devices])
+            if a.devices else None
+        ),
+    )
+
+
+def ld(field: int, payload: bytes) -> bytes:
+    """A length-delimited field with a one-byte key and length."""
+    assert field < 16 and len(payload) < 128
+    return bytes((field << 3 | 2, len(payload))) + payload
+
+
+# -- strategies ----------------------------------------------------------------
+
+INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
+UINT32 = st.integers(0, (1 << 32) - 1)
+words = st.text(max_size=12)
+long_words = st.text(max_size=150)  # lengths past one varint byte
+str_maps = st.dictionaries(st.one_of(words, long_words), words, max_size=4)
+str_lists = st.lists(words, max_size=4)
+
+opt_int64 = st.one_of(st.none(), st.builds(nri.OptionalInt64, value=INT64))
+resources = st.builds(
+    nri.LinuxResources,
+    memory=st.one_of(st.none(), st.builds(nri.LinuxMemory, limit=opt_int64, swap=opt_int64)),
+    unified=str_maps,
+    pids=st.one_of(st.none(), st.builds(nri.LinuxPids, limit=INT64)),
+)
+mounts = st.builds(
+    nri.Mount, destination=words, type=words, source=words, options=str_lists
+)
+devices = st.builds(
+    nri.LinuxDevice, path=words, type=st.sampled_from(["c", "b", ""]), major=INT64,
+    minor=INT64,
+    file_mode=st.one_of(st.none(), st.builds(nri.OptionalFileMode, value=UINT32)),
+)
+linux_container = st.builds(
+    nri.LinuxContainer,
+    namespaces=st.lists(st.builds(nri.LinuxNamespace, type=words, path=words), max_size=2),
+    devices=st.lists(devices, max_size=2),
+    resources=st.one_of(st.none(), resources),
+    cgroups_path=st.one_of(words, long_words),
+    sysctl=str_maps,
+)
+pods = st.builds(
+    nri.PodSandbox,
+    id=words, name=words, uid=words, namespace=long_words,
+    labels=str_maps, annotations=str_maps, runtime_handler=words,
+    linux=st.one_of(
+        st.none(), st.builds(nri.LinuxPodSandbox, cgroup_parent=words, resources=resources)
+    ),
+    pid=UINT32, ips=str_lists,
+)
+containers = st.builds(
+    nri.Container,
+    id=words, pod_sandbox_id=words, name=long_words,
+    state=st.sampled_from(list(nri.ContainerState)),
+    labels=str_maps, annotations=str_maps, args=str_lists,
+    env=st.lists(st.one_of(words, long_words), max_size=6),
+    mounts=st.lists(mounts, max_size=3),
+    hooks=st.one_of(st.none(), st.builds(
+        nri.Hooks, prestart=st.lists(st.builds(nri.Hook, path=words, args=str_lists), max_size=2)
+    )),
+    linux=st.one_of(st.none(), linux_container),
+    pid=UINT32,
+    rlimits=st.lists(st.builds(nri.PosixRlimit, type=words, hard=st.integers(0, (1 << 64) - 1)),
+                     max_size=2),
+    created_at=INT64, exit_code=st.integers(-(1 << 31), (1 << 31) - 1),
+    status_message=words,
+    cdi_devices=st.lists(st.builds(nri.CdiDevice, name=words), max_size=2),
+)
+
+lite_devices = st.builds(
+    Device, path=words, type=st.sampled_from(["c", "b", "u", "p", ""]), major=INT64,
+    minor=INT64, file_mode=st.one_of(st.none(), UINT32), uid=st.one_of(st.none(), UINT32),
+    gid=st.one_of(st.none(), UINT32),
+)
+lite_mounts = st.builds(
+    MountSpec, destination=words, type=words, source=words,
+    options=st.lists(words, max_size=4).map(tuple),
+)
+adjustments = st.builds(
+    Adjustment,
+    annotations=str_maps,
+    env=st.lists(st.tuples(words, words), max_size=6),
+    devices=st.lists(lite_devices, max_size=5),
+    mounts=st.lists(lite_mounts, max_size=3),
+)
+updates = st.lists(
+    st.builds(
+        nri.ContainerUpdate, container_id=words, ignore_failure=st.booleans(),
+        linux=st.one_of(st.none(), st.builds(nri.LinuxContainerUpdate, resources=resources)),
+    ).map(bytes),
+    max_size=3,
+)
+evictions = st.lists(
+    st.builds(nri.ContainerEviction, container_id=words, reason=words).map(bytes), max_size=2
+)
+
+
+# -- the captured CreateContainerRequest ---------------------------------------
+
+
+def test_real_create_container_request() -> None:
+    want = nri.CreateContainerRequest().parse(PAYLOAD)
+    got = lite.decode_create_container_request(PAYLOAD)
+    assert_pod(got.pod, want.pod)
+    assert_container(got.container, want.container)
+    # Spot checks, so that a betterproto regression cannot hide a lite one.
+    assert got.pod.name == "p" and got.container.name == "c2"
+    assert got.pod.annotations["gpushare.io/gpu-memory"] == "1Gi"
+    assert got.container.cgroups_path == f"/k8s.io/{got.container.id}"
+    assert "HOSTNAME=vm" in got.container.env
+    # The raw bytes are exactly the pod and container fields' payloads.
+    assert bytes(want.pod) == got.pod.raw and bytes(want.container) == got.container.raw
+
+
+def test_real_payload_through_the_other_container_decoders() -> None:
+    want = lite.decode_create_container_request(PAYLOAD)
+    assert lite.decode_stop_container_request(PAYLOAD) == want
+    generic = lite.decode_pod_container_request(PAYLOAD, "StartContainerRequest")
+    assert (generic.pod, generic.container) == (want.pod, want.container)
+    assert lite.decode_pod_request(PAYLOAD) == want.pod
+
+
+def test_message_is_parsed_once() -> None:
+    view = lite.decode_create_container_request(PAYLOAD).container
+    assert view.message() is view.message()
+
+
+def test_every_truncation_is_refused() -> None:
+    for cut in range(len(PAYLOAD)):
+        with pytest.raises(DecodeError):
+            lite.decode_create_container_request(PAYLOAD[:cut])
+
+
+# -- round trips against betterproto ----------------------------------------------
+
+
+@FEW
+@given(pods, containers)
+def test_create_container_request_matches_betterproto(
+    pod: nri.PodSandbox, ctr: nri.Container
+) -> None:
+    data = bytes(nri.CreateContainerRequest(pod=pod, container=ctr))
+    want = nri.CreateContainerRequest().parse(data)
+    got = lite.decode_create_container_request(data)
+    assert_pod(got.pod, want.pod)
+    assert_container(got.container, want.container)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(pods, max_size=3), st.lists(containers, max_size=3), st.booleans())
+def test_synchronize_request_matches_betterproto(
+    pod_list: list[nri.PodSandbox], ctr_list: list[nri.Container], more: bool
+) -> None:
+    data = bytes(nri.SynchronizeRequest(pods=pod_list, containers=ctr_list, more=more))
+    want = nri.SynchronizeRequest().parse(data)
+    got_pods, got_containers, got_more = lite.decode_synchronize_request(data)
+    assert got_more == want.more
+    assert len(got_pods) == len(want.pods) and len(got_containers) == len(want.containers)
+    for view, pod in zip(got_pods, want.pods, strict=True):
+        assert_pod(view, pod)
+    for view, ctr in zip(got_containers, want.containers, strict=True):
+        assert_container(view, ctr)
+
+
+@FEW
+@given(words, words, long_words, INT64, INT64, words)
+def test_configure_request_matches_betterproto(
+    config: str, name: str, version: str, reg: int, req: int, nri_version: str
+) -> None:
+    msg = nri.ConfigureRequest(
+        config=config, runtime_name=name, runtime_version=version,
+        registration_timeout=reg, request_timeout=req, nri_version=nri_version,
+    )
+    got = lite.decode_configure_request(bytes(msg))
+    assert (got.config, got.runtime_name, got.runtime_version) == (config, name, version)
+    assert (got.registration_timeout, got.request_timeout) == (reg, req)
+    assert got.nri_version == nri_version
+    assert got.message() == msg
+
+
+@settings(max_examples=30, deadline=None)
+@given(pods, containers, st.one_of(st.none(), resources))
+def test_update_container_request_matches_betterproto(
+    pod: nri.PodSandbox, ctr: nri.Container, res: nri.LinuxResources | None
+) -> None:
+    data = bytes(nri.UpdateContainerRequest(pod=pod, container=ctr, linux_resources=res))
+    want = nri.UpdateContainerRequest().parse(data)
+    got = lite.decode_update_container_request(data)
+    assert_pod(got.pod, want.pod)
+    assert_container(got.container, want.container)
+    if got.linux_resources is None:
+        assert res is None or bytes(res) == b""
+        assert got.linux_resources_message() is None
+    else:
+        assert got.linux_resources_message() == want.linux_resources
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from(list(nri.Event)), pods, st.one_of(st.none(), containers))
+def test_state_change_matches_betterproto(
+    event: nri.Event, pod: nri.PodSandbox, ctr: nri.Container | None
+) -> None:
+    data = bytes(nri.StateChangeEvent(event=event, pod=pod, container=ctr))
+    want = nri.StateChangeEvent().parse(data)
+    got = lite.decode_state_change(data)
+    assert got.event == event
+    assert_pod(got.pod, want.pod)
+    if ctr is None:
+        assert got.container is None
+    else:
+        assert got.container is not None
+        assert_container(got.container, want.container)
+
+
+@settings(max_examples=30, deadline=None)
+@given(pods, st.one_of(st.none(), containers))
+def test_pod_container_request_matches_betterproto(
+    pod: nri.PodSandbox, ctr: nri.Container | None
+) -> None:
+    data = bytes(nri.StartContainerRequest(pod=pod, container=ctr))
+    got = lite.decode_pod_container_request(data)
+    assert_pod(got.pod, nri.PodSandbox().parse(bytes(pod)))
+    if ctr is None:
+        assert got.container is None
+    else:
+        assert got.container is not None
+        assert_container(got.container, nri.Container().parse(bytes(ctr)))
+
+
+@settings(max_examples=20, deadline=None)
+@given(pods, resources)
+def test_pod_request_skips_resources(pod: nri.PodSandbox, res: nri.LinuxResources) -> None:
+    data = bytes(nri.UpdatePodSandboxRequest(
+        pod=pod, overhead_linux_resources=res, linux_resources=res
+    ))
+    got = lite.decode_pod_request(data, "UpdatePodSandboxRequest")
+    assert_pod(got, nri.PodSandbox().parse(bytes(pod)))
+
+
+# -- encoders: exactly betterproto's bytes -----------------------------------------
+
+
+@FEW
+@given(adjustments)
+def test_container_adjustment_bytes(adj: Adjustment) -> None:
+    assert lite.encode_container_adjustment(adj) == bytes(bp_adjustment(adj))
+
+
+@FEW
+@given(st.one_of(st.none(), adjustments), updates, evictions)
+def test_create_container_response_bytes(
+    adj: Adjustment | None, ups: list[bytes], evs: list[bytes]
+) -> None:
+    want = nri.CreateContainerResponse(
+        adjust=None if adj is None else bp_adjustment(adj),
+        update=[nri.ContainerUpdate().parse(u) for u in ups],
+        evict=[nri.ContainerEviction().parse(e) for e in evs],
+    )
+    assert lite.encode_create_container_response(adj, ups, evs) == bytes(want)
+
+
+def test_typical_create_container_response() -> None:
+    adj = Adjustment(
+        annotations={"gpushare.io/allocation": "gpu0:1Gi"},
+        env=[("GPUSHARE_MEM", "1073741824"), ("EMPTY", ""), ("", "")],
+        devices=[
+            Device("/dev/nvidia0", "c", 195, 0, file_mode=0o666, uid=0, gid=0),
+            Device("/dev/nvidiactl", "c", 195, 255, file_mode=0),
+            Device("/dev/weird", "b", -1, 0),
+        ],
+        mounts=[MountSpec("/run/gpushare", "bind", "/var/run/gpushare", ("ro", "rbind"))],
+    )
+    data = lite.encode_create_container_response(adj)
+    assert data == bytes(nri.CreateContainerResponse(adjust=bp_adjustment(adj)))
+    parsed = nri.CreateContainerResponse().parse(data).adjust.linux.devices
+    assert parsed[1].file_mode.value == 0 and parsed[0].uid.value == 0
+    assert lite.encode_create_container_response(None) == b""
+    assert lite.encode_create_container_response(Adjustment()) == b"\x0a\x00"
+
+
+@FEW
+@given(st.integers(-(1 << 31), (1 << 31) - 1), INT64)
+def test_configure_response_bytes(events: int, timeout: int) -> None:
+    want = nri.ConfigureResponse(events=events, request_timeout=timeout)
+    assert lite.encode_configure_response(events, timeout) == bytes(want)
+
+
+def test_configure_response_uses_field_2() -> None:
+    assert lite.encode_configure_response(1 << 3) == b"\x10\x08"
+
+
+@FEW
+@given(st.booleans(), updates, evictions)
+def test_other_response_bytes(more: bool, ups: list[bytes], evs: list[bytes]) -> None:
+    parsed = [nri.ContainerUpdate().parse(u) for u in ups]
+    evict = [nri.ContainerEviction().parse(e) for e in evs]
+    assert lite.encode_synchronize_response(more, ups) == bytes(
+        nri.SynchronizeResponse(update=parsed, more=more)
+    )
+    assert lite.encode_stop_container_response(ups) == bytes(
+        nri.StopContainerResponse(update=parsed)
+    )
+    assert lite.encode_update_container_response(ups, evs) == bytes(
+        nri.UpdateContainerResponse(update=parsed, evict=evict)
+    )
+    assert lite.EMPTY == bytes(nri.Empty()) == bytes(nri.RunPodSandboxResponse())
+
+
+@pytest.mark.parametrize(
+    "adj",
+    [
+        Adjustment(devices=[Device("/dev/x", major=1 << 63)]),
+        Adjustment(devices=[Device("/dev/x", file_mode=-1)]),
+        Adjustment(devices=[Device("/dev/x", uid=1 << 32)]),
+    ],
+)
+def test_out_of_range_values_are_refused(adj: Adjustment) -> None:
+    with pytest.raises(ValueError):
+        lite.encode_container_adjustment(adj)
+
+
+def test_event_mask_must_fit_int32() -> None:
+    with pytest.raises(ValueError):
+        lite.encode_configure_response(1 << 31)
+
+
+# -- decoding details ----------------------------------------------------------
+
+
+def test_map_entries_in_any_layout() -> None:
+    entries = {
+        b"\x0a\x01k\x12\x01v": ("k", "v"),  # usual
+        b"\x12\x01v\x0a\x01k": ("k", "v"),  # value first
+        b"\x0a\x01k": ("k", ""),  # no value
+        b"\x12\x01v": ("", "v"),  # no key
+        b"\x0a\x01k\x12\x02vv\x18\x07": ("k", "vv"),  # unknown field
+        b"\x0a\x01x\x0a\x01k\x12\x01v": ("k", "v"),  # key twice: last wins
+        b"": ("", ""),  # neither
+    }
+    for entry, want in entries.items():
+        assert lite.decode_pod_sandbox(ld(5, entry)).labels == dict([want])
+    long_key = "k" * 200
+    raw = bytes(nri.PodSandbox(annotations={long_key: "v", "a": "1"}))
+    assert lite.decode_pod_sandbox(raw).annotations == {long_key: "v", "a": "1"}
+
+
+def test_repeated_singular_messages_are_merged() -> None:
+    pod_a, pod_b = bytes(nri.PodSandbox(id="i")), bytes(nri.PodSandbox(name="n"))
+    ctr = bytes(nri.Container(id="c", linux=nri.LinuxContainer(cgroups_path="/a")))
+    linux_again = ld(11, bytes(nri.LinuxContainer(cgroups_path="/b")))
+    data = ld(1, pod_a) + ld(2, ctr) + ld(1, pod_b) + ld(2, linux_again)
+    got = lite.decode_create_container_request(data)
+    assert (got.pod.id, got.pod.name) == ("i", "n")
+    assert (got.container.id, got.container.cgroups_path) == ("c", "/b")
+
+
+def test_unknown_fields_and_wire_types_are_skipped() -> None:
+    unknown = b"\xf8\x07\x05" + b"\xf9\x07" + bytes(8) + b"\xfd\x07" + bytes(4) + ld(15, b"x")
+    data = ld(1, bytes(nri.PodSandbox(id="p")) + unknown) + ld(2, b"\x0a\x01c") + unknown
+    got = lite.decode_create_container_request(data)
+    assert (got.pod.id, got.container.id) == ("p", "c")
+
+
+def test_negative_and_large_ints() -> None:
+    got = lite.decode_container(bytes(nri.Container(state=3, pid=(1 << 32) - 1)))
+    assert (got.state, got.pid) == (3, (1 << 32) - 1)
+    minus_one = b"\xff" * 9 + b"\x01"  # enums are int32, sent sign-extended
+    assert lite.decode_container(b"\x20" + minus_one + b"\x60" + minus_one).state == -1
+    assert lite.decode_container(b"\x60" + minus_one).pid == (1 << 32) - 1  # uint32
+    state_change = b"\x08" + minus_one + ld(2, b"")
+    assert lite.decode_state_change(state_change).event == -1
+    got_cfg = lite.decode_configure_request(bytes(nri.ConfigureRequest(request_timeout=-5)))
+    assert got_cfg.request_timeout == -5 and got_cfg.registration_timeout == 0
+
+
+GOOD_POD, GOOD_CTR = ld(1, b"\x0a\x01p"), ld(2, b"\x0a\x01c")
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",  # no pod
+        GOOD_POD,  # no container
+        GOOD_CTR,  # no pod
+        b"\x0a" + b"\xff" * 10 + b"\x01",  # varint longer than 10 bytes
+        b"\x0a\xff",  # truncated length varint
+        b"\xff",  # truncated key varint
+        b"\x0a\x05ab",  # length beyond the buffer
+        b"\x08\x01" + GOOD_POD + GOOD_CTR,  # pod (field 1) as a varint
+        GOOD_POD + GOOD_CTR + b"\x0b",  # group start
+        GOOD_POD + GOOD_CTR + b"\x0e",  # wire type 6
+        GOOD_POD + GOOD_CTR + b"\x02\x00",  # field number 0
+        GOOD_POD + GOOD_CTR + b"\x09\x00",  # fixed64 cut short
+        ld(1, b"\x08\x01") + GOOD_CTR,  # pod id as a varint
+        ld(1, b"\x48\x01\x4a\x00") + GOOD_CTR,  # pod pid ok, then field 9 as bytes
+        GOOD_POD + ld(2, b"\x22\x00"),  # container state as bytes
+        GOOD_POD + ld(2, b"\x60\xff"),  # container pid varint truncated
+        GOOD_POD + ld(2, ld(11, b"\x28\x01")),  # cgroups_path as a varint
+        GOOD_POD + ld(2, ld(11, b"\x2a\x09/")),  # cgroups_path past its message
+        ld(1, b"\x12\x02\xc3\x28") + GOOD_CTR,  # pod name not UTF-8
+        ld(1, ld(5, b"\x0a\x01\xff\x12\x00")) + GOOD_CTR,  # label key not UTF-8
+        ld(1, ld(6, b"\x0a\x01k\x12\x01\xff")) + GOOD_CTR,  # annotation value not UTF-8
+        ld(1, ld(6, b"\x0a\x01k\x10\x01")) + GOOD_CTR,  # annotation value as varint
+        GOOD_POD + ld(2, b"\x42\x01\xfe"),  # env not UTF-8
+        GOOD_POD + ld(2, ld(11, b"\x2a\x01\xfe")),  # cgroups_path not UTF-8
+    ],
+)
+def test_malformed_is_refused(data: bytes) -> None:
+    with pytest.raises(DecodeError):
+        lite.decode_create_container_request(data)
+
+
+@pytest.mark.parametrize(
+    ("decode", "data"),
+    [
+        (lite.decode_configure_request, b"\x22\x00"),  # registration_timeout as bytes
+        (lite.decode_configure_request, b"\x0a\x01\xff"),  # config not UTF-8
+        (lite.decode_synchronize_request, b"\x1a\x00"),  # more as bytes
+        (lite.decode_synchronize_request, ld(1, b"\x08\x00")),  # bad pod
+        (lite.decode_synchronize_request, ld(2, b"\x20")),  # bad container
+        (lite.decode_state_change, b"\x08\x04"),  # no pod
+        (lite.decode_state_change, b"\x0a\x00" + ld(2, b"")),  # event as bytes
+        (lite.decode_update_container_request, GOOD_POD + GOOD_CTR + b"\x18\x01"),
+        (lite.decode_pod_container_request, GOOD_CTR),  # no pod
+        (lite.decode_pod_request, b"\x08\x01"),
+    ],
+)
+def test_other_malformed_requests(decode, data: bytes) -> None:
+    with pytest.raises(DecodeError):
+        decode(data)
+
+
+def test_message_reports_deep_damage() -> None:
+    # A mount is skipped by the view, but the full parse must notice it is cut.
+    ctr = lite.decode_container(b"\x0a\x01c" + ld(9, b"\x0a\x09/"))
+    assert ctr.id == "c"
+    with pytest.raises(DecodeError):
+        ctr.message()
+    upd = lite.decode_update_container_request(GOOD_POD + GOOD_CTR + ld(3, b"\x0a\x09"))
+    with pytest.raises(DecodeError):
+        upd.linux_resources_message()
+    # Deeper still: a Mount's destination (string) sent as a varint ...
+    with pytest.raises(DecodeError, match="Mount"):
+        lite.decode_container(ld(9, b"\x08\x01")).message()
+    # ... a map entry's value cut short, and a packed repeated uint32 taken either way.
+    with pytest.raises(DecodeError):
+        lite.decode_container(ld(11, ld(9, b"\x0a\x01k\x12\x05v"))).message()
+    user = b"\x1a\x02\x01\x02\x18\x03"  # additional_gids: packed [1, 2], then 3
+    packed = lite.decode_container(b"\xaa\x01\x06" + user).message()  # field 21
+    assert packed.user.additional_gids == [1, 2, 3]
+
+
+def _only_decode_errors(data: bytes) -> None:
+    for decode in (
+        lite.decode_create_container_request, lite.decode_synchronize_request,
+        lite.decode_configure_request, lite.decode_state_change,
+        lite.decode_update_container_request,
+    ):
+        try:
+            view = decode(data)
+        except DecodeError:
+            continue
+        for part in (getattr(view, "pod", None), getattr(view, "container", None)):
+            if part is not None:
+                try:
+                    part.message()
+                except DecodeError:
+                    pass
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.binary(max_size=64))
+def test_random_bytes_raise_only_decode_error(data: bytes) -> None:
+    _only_decode_errors(data)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, len(PAYLOAD) - 1), st.integers(0, 255), st.integers(0, 40))
+def test_damaged_payload_raises_only_decode_error(at: int, byte: int, cut: int) -> None:
+    damaged = PAYLOAD[:at] + bytes((byte,)) + PAYLOAD[at + 1 : len(PAYLOAD) - cut]
+    _only_decode_errors(damaged)
