@@ -1,0 +1,350 @@
+"""The real kernel-module client: gpushare.ko through /proc/gpushare.
+
+Every request is one write to /proc/gpushare/inst_ctl in the grammar of
+kmod/README.md; the registry is read back from the same file.  The module's
+errno answers become the client interface's exceptions, with messages that
+say what was asked, what is free and what to do.  Each access runs in a
+helper thread and fails after `timeout` seconds, so a stuck kernel fails a
+request instead of stalling the caller.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from nri_gpushare.kmod import abi
+from nri_gpushare.kmod.client import (
+    AlreadyRegistered,
+    GpuDeclaration,
+    GpuQuota,
+    KmodError,
+    ModuleNotLoaded,
+    NotRegistered,
+    OverCommitted,
+    Registration,
+)
+
+DEFAULT_TIMEOUT = 1.0
+T = TypeVar("T")
+
+_CLASSES: dict[int, type[KmodError]] = {
+    errno.EEXIST: AlreadyRegistered,
+    errno.ENOENT: NotRegistered,
+    errno.ENOSPC: OverCommitted,
+    errno.ENODEV: ModuleNotLoaded,
+}
+_GENERIC: dict[int, str] = {
+    errno.EPERM: "permission denied: writing /proc/gpushare needs root (CAP_SYS_ADMIN)",
+    errno.EACCES: "permission denied: writing /proc/gpushare needs root (CAP_SYS_ADMIN)",
+    errno.ENODEV: "gpushare.ko is being unloaded",
+    errno.EINVAL: "the module refused it as invalid",
+}
+
+
+@dataclass(frozen=True)
+class GpuState:
+    """One GPU as /proc/gpushare/<index>/ shows it now."""
+
+    index: int
+    total_memory: int
+    free_memory: int
+    free_weight: int
+    containers: int
+    max_inst: int
+    policy: int
+    prio_ratio: int
+
+
+def human_bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}" if n % size else f"{n // size} {unit}"
+    return f"{n} bytes"
+
+
+def expand_systemd_slice(slice_name: str) -> str:
+    """`a-b-c.slice` -> `/a.slice/a-b.slice/a-b-c.slice` (systemd's nesting rule)."""
+    if not slice_name.endswith(".slice") or "/" in slice_name:
+        raise ValueError(f"{slice_name!r} is not a systemd slice name")
+    name = slice_name.removesuffix(".slice")
+    if name == "-":
+        return ""
+    parts = name.split("-")
+    if "" in parts:
+        raise ValueError(f"{slice_name!r} is not a valid systemd slice name")
+    return "".join("/" + "-".join(parts[: i + 1]) + ".slice" for i in range(len(parts)))
+
+
+def cgroup2_mounts(mountinfo: str | os.PathLike[str] = "/proc/self/mountinfo") -> list[str]:
+    """Mount points of cgroup2 file systems, longest first."""
+    points = []
+    try:
+        lines = Path(mountinfo).read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        fields, _, rest = line.partition(" - ")
+        if rest.split(" ", 1)[0] == "cgroup2":
+            point = fields.split(" ")[4]
+            points.append(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), point))
+    return sorted(points, key=len, reverse=True)
+
+
+def cgroup_v2_path(cgroups_path: str, mounts: Sequence[str] = ()) -> str:
+    """The path gpushare.ko resolves, relative to the cgroup2 root, for a
+    container's cgroup as the runtime names it (NRI linux.cgroups_path):
+
+    - cgroupfs driver, `/k8s.io/<id>` (or without the leading /): as is;
+    - systemd driver, `<slice>:<prefix>:<name>`: the expanded slice path
+      plus `<prefix>-<name>.scope`;
+    - an absolute path under a cgroup2 mount in `mounts`: the part below it.
+    """
+    path = cgroups_path.strip()
+    if not path:
+        raise ValueError("empty cgroup path")
+    if ":" in path and not path.startswith("/"):
+        parts = path.split(":")
+        if len(parts) != 3:
+            raise ValueError(f"{cgroups_path!r}: expected <slice>:<prefix>:<name>")
+        slice_name, prefix, name = parts
+        unit = name if name.endswith(".slice") else \
+            (f"{prefix}-{name}.scope" if prefix else f"{name}.scope")
+        return f"{expand_systemd_slice(slice_name or 'system.slice')}/{unit}"
+    for point in mounts:
+        if path == point:
+            return "/"
+        if point != "/" and path.startswith(point + "/"):
+            return path[len(point):]
+    return "/" + path.lstrip("/")
+
+
+class ProcfsKernelModule:
+    """KernelModuleClient for the real gpushare.ko (see kmod/README.md)."""
+
+    def __init__(self, root: str | os.PathLike[str] = abi.PROC_ROOT, *,
+                 timeout: float = DEFAULT_TIMEOUT,
+                 mountinfo: str | os.PathLike[str] = "/proc/self/mountinfo") -> None:
+        self.root = Path(root)
+        self.timeout = timeout
+        self.mountinfo = mountinfo
+
+    # -- KernelModuleClient -----------------------------------------------------------
+
+    def loaded(self) -> bool:
+        return (self.root / "inst_ctl").is_file()
+
+    def declare_gpus(self, gpus: Sequence[GpuDeclaration]) -> None:
+        for gpu in gpus:
+            what = f"declaring GPU {gpu.index} ({human_bytes(gpu.memory_bytes)}) to gpushare.ko"
+            try:
+                self._control(f"gpu {gpu.index} {gpu.memory_bytes}")
+            except OSError as e:
+                hints = {
+                    errno.EINVAL: f"the index must be 0..{abi.MAX_GPUS - 1} and the memory > 0",
+                    errno.ENOSPC: "its containers already hold more memory than that",
+                }
+                raise self._error(e, what, hints) from None
+
+    def register(self, registration: Registration) -> None:
+        cid = registration.container_id
+        spec = ",".join(
+            f"{q.gpu_index}:{q.memory_bytes}:{q.core_percent}:{int(q.high_priority)}"
+            for q in registration.quotas)
+        what = f"registering container {cid} with gpushare.ko ({describe(registration)})"
+        try:
+            self._control(f"add {cid} {spec}")
+        except OSError as e:
+            hints = {
+                errno.EEXIST: "it is already registered; unregister it first",
+                errno.EINVAL: self._explain_invalid(registration),
+                errno.ENXIO: self._explain_undeclared(registration),
+                errno.ENOSPC: self._explain_overcommit(registration),
+            }
+            raise self._error(e, what, hints) from None
+
+    def bind_cgroup(self, container_id: str, cgroup_path: str) -> None:
+        what = f"binding container {container_id} to cgroup {cgroup_path}"
+        try:
+            path = cgroup_v2_path(cgroup_path, cgroup2_mounts(self.mountinfo))
+        except ValueError as e:
+            raise KmodError(f"{what}: {e}", errno.EINVAL) from None
+        self._bind(container_id, path, what)
+
+    def unbind_cgroup(self, container_id: str) -> None:
+        self._bind(container_id, "0", f"unbinding container {container_id} from its cgroup")
+
+    def unregister(self, container_id: str) -> None:
+        try:
+            self._control(f"del {container_id}")
+        except OSError as e:
+            hints = {errno.ENOENT: "it is not registered",
+                     errno.EINVAL: "not a valid container ID"}
+            raise self._error(e, f"unregistering container {container_id} from gpushare.ko",
+                              hints) from None
+
+    def registrations(self) -> list[Registration]:
+        regs = []
+        for words in self._dump():
+            if words[0] == "add":
+                quotas = []
+                for item in words[2].split(","):
+                    gpu, mem, weight, prio = (int(x) for x in item.split(":"))
+                    quotas.append(GpuQuota(gpu, mem, weight, bool(prio)))
+                regs.append(Registration(words[1], tuple(quotas)))
+        return regs
+
+    # -- more of the module's state -----------------------------------------------------
+
+    def gpus(self) -> list[GpuDeclaration]:
+        return [GpuDeclaration(int(w[1]), int(w[2])) for w in self._dump() if w[0] == "gpu"]
+
+    def bindings(self) -> dict[str, int]:
+        """Container ID -> the cgroup v2 id it is bound to (bound ones only)."""
+        return {w[1]: int(w[2]) for w in self._dump() if w[0] == "bind"}
+
+    def gpu_state(self, index: int) -> GpuState:
+        d = self.root / str(index)
+        names = ("total_memsize", "free_memsize", "free_weight", "nr_inst", "max_inst",
+                 "policy", "prio_ratio")
+        try:
+            values = self._bounded(lambda: [int((d / n).read_text()) for n in names],
+                                   f"reading {d}")
+        except FileNotFoundError:
+            if not self.loaded():
+                raise self._not_loaded() from None
+            raise KmodError(f"GPU {index} is not declared to gpushare.ko", errno.ENXIO) from None
+        return GpuState(index, *values)
+
+    def default_memsize(self) -> int:
+        return int(self._bounded(lambda: (self.root / "default_memsize").read_text(),
+                                 "reading default_memsize"))
+
+    # -- internals --------------------------------------------------------------------
+
+    def _bind(self, container_id: str, target: str, what: str) -> None:
+        try:
+            self._control(f"bind {container_id} {target}")
+        except OSError as e:
+            hints = {
+                errno.ENOENT: "the container is not registered",
+                errno.ESRCH: f"cgroup {target} does not exist (yet): bind once the container's"
+                             " cgroup exists (after the runtime created it, e.g. at"
+                             " StartContainer)",
+                errno.EBUSY: f"cgroup {target} is already bound to another container",
+            }
+            raise self._error(e, what, hints) from None
+
+    def _bounded(self, fn: Callable[[], T], what: str) -> T:
+        """fn() in a helper thread, abandoned after self.timeout seconds."""
+        box: list[tuple[bool, object]] = []
+
+        def run() -> None:
+            try:
+                box.append((True, fn()))
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                box.append((False, e))
+
+        thread = threading.Thread(target=run, name="gpushare-kmod", daemon=True)
+        thread.start()
+        thread.join(self.timeout)
+        if not box:
+            raise KmodError(f"gpushare.ko did not answer within {self.timeout:g} s ({what});"
+                            " the kernel may be stuck, see dmesg", errno.ETIMEDOUT)
+        ok, value = box[0]
+        if not ok:
+            raise value  # type: ignore[misc]
+        return value  # type: ignore[return-value]
+
+    def _control(self, command: str) -> None:
+        """One inst_ctl command; OSError carries the module's errno."""
+        path = self.root / "inst_ctl"
+        data = (command + "\n").encode()
+
+        def write() -> None:
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                raise self._not_loaded() from None
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+
+        self._bounded(write, f"writing `{command}` to {path}")
+
+    def _dump(self) -> list[list[str]]:
+        path = self.root / "inst_ctl"
+        try:
+            text = self._bounded(path.read_text, f"reading {path}")
+        except FileNotFoundError:
+            raise self._not_loaded() from None
+        return [line.split() for line in text.splitlines() if line.strip()]
+
+    def _not_loaded(self) -> ModuleNotLoaded:
+        return ModuleNotLoaded(
+            f"gpushare.ko is not loaded ({self.root} does not exist): load it with"
+            " `modprobe gpushare` (or `insmod kmod/gpushare.ko`), or run the plugin"
+            " without the kernel module")
+
+    def _error(self, e: OSError, what: str, hints: dict[int, str]) -> KmodError:
+        err = e.errno or errno.EIO
+        detail = hints.get(err) or _GENERIC.get(err) or os.strerror(err)
+        return _CLASSES.get(err, KmodError)(f"{what}: {detail}", err)
+
+    def _explain_invalid(self, reg: Registration) -> str:
+        gpus = [q.gpu_index for q in reg.quotas]
+        if not abi.valid_id(reg.container_id):
+            return (f"the container ID must be 1..{abi.ID_MAX} characters of [A-Za-z0-9_.-]"
+                    f" and not one of {', '.join(abi.GPU_FILES)}")
+        if not reg.quotas:
+            return "it names no GPU"
+        if len(set(gpus)) != len(gpus):
+            return "it names a GPU twice"
+        for q in reg.quotas:
+            if not 0 <= q.gpu_index < abi.MAX_GPUS:
+                return f"GPU index {q.gpu_index} is outside 0..{abi.MAX_GPUS - 1}"
+            if not 0 <= q.core_percent <= abi.WEIGHT_MAX:
+                return f"compute {q.core_percent}% on GPU {q.gpu_index} is outside 0..100"
+            if q.memory_bytes < 0:
+                return f"memory on GPU {q.gpu_index} is negative"
+        if any(q.memory_bytes == 0 for q in reg.quotas):
+            return "it asks for 0 bytes (the default) and the module's default_memsize is 0"
+        return "the module refused it as invalid"
+
+    def _explain_undeclared(self, reg: Registration) -> str:
+        try:
+            declared = {g.index for g in self.gpus()}
+        except KmodError:
+            declared = set()
+        missing = sorted({q.gpu_index for q in reg.quotas} - declared)
+        known = ", ".join(map(str, sorted(declared))) or "none"
+        return f"GPU {', '.join(map(str, missing))} not declared (declared: {known})"
+
+    def _explain_overcommit(self, reg: Registration) -> str:
+        full = []
+        for q in reg.quotas:
+            try:
+                s = self.gpu_state(q.gpu_index)
+            except KmodError:
+                continue
+            if (q.memory_bytes > s.free_memory or q.core_percent > s.free_weight
+                    or s.containers >= s.max_inst):
+                full.append(
+                    f"GPU {q.gpu_index} has {human_bytes(s.free_memory)} and"
+                    f" {s.free_weight}% compute free, {s.containers}/{s.max_inst} containers")
+        why = "; ".join(full) or "a GPU is full"
+        return f"it would over-commit: {why}"
+
+
+def describe(registration: Registration) -> str:
+    return ", ".join(
+        f"GPU {q.gpu_index}: {human_bytes(q.memory_bytes)}, {q.core_percent}% compute"
+        + (", high priority" if q.high_priority else "")
+        for q in registration.quotas) or "no GPU"

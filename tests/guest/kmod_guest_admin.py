@@ -1,0 +1,54 @@
+"""`nri-gpushare uninstall` (nri_gpushare.kmod.admin.uninstall) against the real
+module inside the guest: it refuses, listing the registered containers, while
+any exist, and unloads the module once none does."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from nri_gpushare.kmod import admin
+from nri_gpushare.kmod.procfs import ProcfsKernelModule
+from tests.guest.kmod_support import DEV, ROOT, load, loaded, ok, refcount
+
+pytestmark = pytest.mark.usefixtures("kmod")
+
+CIDS = ["a" * 64, "b" * 64]
+
+
+def test_uninstall_refuses_while_registered_then_unloads() -> None:
+    client = ProcfsKernelModule()
+    ok("gpu 0 17179869184")
+    ok(f"add {CIDS[0]} 0:4294967296:30")
+    ok(f"add {CIDS[1]} 0:1073741824:0:1")
+
+    code, message = admin.uninstall(client)
+    assert code == admin.EXIT_REFUSED
+    assert message.startswith("refusing to unload gpushare: 2 containers are still registered:")
+    assert f"{CIDS[0]}  (GPU 0: 4 GiB, 30% compute)" in message
+    assert f"{CIDS[1]}  (GPU 0: 1 GiB, 0% compute, high priority)" in message
+    assert loaded() and refcount() == 2
+
+    ok(f"del {CIDS[0]}")
+    code, message = admin.uninstall(client)
+    assert code == admin.EXIT_REFUSED and "1 container is still registered" in message
+    assert CIDS[1] in message and CIDS[0] not in message
+
+    ok(f"del {CIDS[1]}")
+    assert admin.uninstall(client) == (admin.EXIT_OK, "unloaded gpushare")
+    assert not loaded() and not ROOT.exists()
+    code, message = admin.uninstall(client)
+    assert (code, message) == (admin.EXIT_OK, "gpushare is not loaded; nothing to uninstall")
+    load()  # for the fixture
+
+
+def test_uninstall_refuses_while_the_device_is_open() -> None:
+    fd = os.open(DEV, os.O_RDONLY)
+    try:
+        code, message = admin.uninstall(ProcfsKernelModule())
+    finally:
+        os.close(fd)
+    assert code == admin.EXIT_REFUSED
+    assert "reference count 1" in message and "/dev/gpushare" in message
+    assert loaded()

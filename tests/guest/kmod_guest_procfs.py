@@ -1,0 +1,282 @@
+"""Every /proc/gpushare file reads and writes as kmod/README.md documents, and
+every bad write is refused with nothing changed.  Runs inside the guest."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+import pytest
+
+from tests.guest.kmod_support import (
+    CTL,
+    DEV,
+    NOBODY,
+    ROOT,
+    ctl,
+    in_child,
+    ok,
+    read,
+    refcount,
+    registered,
+    snapshot,
+    value,
+    write,
+)
+
+pytestmark = pytest.mark.usefixtures("kmod")
+
+GiB = 1 << 30
+CID = "0123456789abcdef" * 4  # a containerd-style 64 hex character ID
+GPU_FILES = {"free_weight": 0o444, "major": 0o444, "max_inst": 0o644, "policy": 0o644,
+             "prio_ratio": 0o644, "total_memsize": 0o444, "free_memsize": 0o444,
+             "nr_inst": 0o444}
+CTR_FILES = {"id": 0o444, "memsize": 0o644, "weight": 0o644, "highprio": 0o644,
+             "meminfo": 0o444, "cgroup": 0o444}
+# Not a decimal number (optionally with one newline), or beyond 64 bits.
+NOT_NUMBERS = ["", "\n", "abc", "-1", "+1", "0x10", "1 2", " 1", "1\n\n", "1.5",
+               "18446744073709551616", "9" * 40]
+
+
+def modes(directory: str) -> dict[str, int]:
+    return {e.name: stat.S_IMODE(e.stat().st_mode) for e in os.scandir(ROOT / directory)
+            if e.is_file()}
+
+
+def refused(path: str, texts: str | list[str], err: int) -> None:
+    """Writing each of texts to path fails with err, and nothing changes."""
+    before = snapshot()
+    for text in [texts] if isinstance(texts, str) else texts:
+        assert write(ROOT / path, text) == err, f"{path} <- {text!r}"
+    assert snapshot() == before
+
+
+def test_top_level() -> None:
+    assert modes("") == {"version": 0o444, "default_memsize": 0o644, "inst_ctl": 0o644}
+    assert read(ROOT / "version") == "0.1.0\n"
+    assert read(ROOT / "default_memsize") == "0\n"
+    assert read(CTL) == ""
+    assert refcount() == 0
+
+
+def test_default_memsize() -> None:
+    ok("gpu 0 1000")
+    assert ctl("add c1 0:0") == errno.EINVAL  # asks for the default, and there is none
+    for good in ("300", "300\n", "0", "18446744073709551615", "300"):
+        assert write(ROOT / "default_memsize", good) == 0
+        assert value(ROOT / "default_memsize") == int(good)
+    refused("default_memsize", NOT_NUMBERS, errno.EINVAL)
+    ok("add c1 0:0:10")
+    assert value(ROOT / "0/c1/memsize") == 300
+    ok("del c1")
+
+
+def test_version_is_read_only() -> None:
+    refused("version", "1", errno.EACCES)
+
+
+def test_gpu_directory() -> None:
+    ok("gpu 0 17179869184")
+    assert modes("0") == GPU_FILES
+    assert {f: value(ROOT / "0" / f) for f in GPU_FILES} == {
+        "free_weight": 100, "major": os.major(os.stat(DEV).st_rdev), "max_inst": 16,
+        "policy": 2, "prio_ratio": 80, "total_memsize": 17179869184,
+        "free_memsize": 17179869184, "nr_inst": 0}
+    assert value(ROOT / "0/major") == 10
+    assert read(CTL) == "gpu 0 17179869184\n"
+
+
+@pytest.mark.parametrize(("name", "good", "bad"), [
+    ("max_inst", [1, 25, 7], [0, 26, 1000]),
+    ("policy", [0, 5, 1], [6, 100]),
+    ("prio_ratio", [20, 99, 50], [0, 19, 100]),
+])
+def test_gpu_settings(name: str, good: list[int], bad: list[int]) -> None:
+    ok("gpu 1 1000")
+    path = f"1/{name}"
+    for v in good:
+        assert write(ROOT / path, f"{v}\n") == 0
+        assert value(ROOT / path) == v
+    refused(path, [str(v) for v in bad] + NOT_NUMBERS, errno.EINVAL)
+
+
+@pytest.mark.parametrize("name", ["free_weight", "major", "total_memsize", "free_memsize",
+                                  "nr_inst"])
+def test_gpu_read_only_files(name: str) -> None:
+    ok("gpu 0 1000")
+    refused(f"0/{name}", "5", errno.EACCES)
+
+
+def test_max_inst_below_count_is_refused() -> None:
+    ok("gpu 0 1000")
+    assert write(ROOT / "0/max_inst", "2") == 0
+    ok("add a 0:1")
+    ok("add b 0:1")
+    assert ctl("add c 0:1") == errno.ENOSPC
+    refused("0/max_inst", "1", errno.ENOSPC)
+    assert value(ROOT / "0/nr_inst") == 2
+    ok("del a")
+    ok("del b")
+
+
+def test_container_directory() -> None:
+    ok("gpu 0 1000")
+    ok("gpu 1 2000")
+    ok(f"add {CID} 0:100:30:1,1:200")
+    for gpu in ("0", "1"):
+        assert modes(f"{gpu}/{CID}") == CTR_FILES
+        assert read(ROOT / gpu / CID / "id") == CID + "\n"
+        assert read(ROOT / gpu / CID / "cgroup") == "0\n"
+    d0, d1 = ROOT / "0" / CID, ROOT / "1" / CID
+    assert (value(d0 / "memsize"), value(d0 / "weight"), value(d0 / "highprio")) == (100, 30, 1)
+    assert (value(d1 / "memsize"), value(d1 / "weight"), value(d1 / "highprio")) == (200, 0, 0)
+    assert read(d0 / "meminfo") == "Free: 100\n"
+    assert read(d1 / "meminfo") == "Free: 200\n"
+    assert (value(ROOT / "0/free_memsize"), value(ROOT / "0/free_weight")) == (900, 70)
+    assert value(ROOT / "0/nr_inst") == 1
+    assert read(CTL) == f"gpu 0 1000\ngpu 1 2000\nadd {CID} 0:100:30:1,1:200:0:0\n"
+    ok(f"del {CID}")
+    assert not (ROOT / "0" / CID).exists() and not (ROOT / "1" / CID).exists()
+    assert (value(ROOT / "0/free_memsize"), value(ROOT / "0/free_weight")) == (1000, 100)
+
+
+def test_container_settings() -> None:
+    ok("gpu 0 1000")
+    ok("add a 0:400:50")
+    ok("add b 0:100:20")
+    b = "0/b"
+    assert write(ROOT / b / "memsize", "600\n") == 0  # exactly what is free
+    assert (value(ROOT / b / "memsize"), value(ROOT / "0/free_memsize")) == (600, 0)
+    refused(f"{b}/memsize", "601", errno.ENOSPC)
+    refused(f"{b}/memsize", "18446744073709551615", errno.ENOSPC)
+    refused(f"{b}/memsize", "0", errno.EINVAL)
+    assert write(ROOT / b / "memsize", "1") == 0
+    assert value(ROOT / "0/free_memsize") == 599
+
+    assert write(ROOT / b / "weight", "50") == 0
+    assert value(ROOT / "0/free_weight") == 0
+    refused(f"{b}/weight", "51", errno.ENOSPC)
+    refused(f"{b}/weight", "101", errno.EINVAL)
+    assert write(ROOT / b / "weight", "0") == 0
+    assert value(ROOT / "0/free_weight") == 50
+
+    for v in (1, 0):
+        assert write(ROOT / b / "highprio", str(v)) == 0
+        assert value(ROOT / b / "highprio") == v
+    refused(f"{b}/highprio", "2", errno.EINVAL)
+    for name in ("memsize", "weight", "highprio"):
+        refused(f"{b}/{name}", NOT_NUMBERS, errno.EINVAL)
+    for name in ("id", "meminfo", "cgroup"):
+        refused(f"{b}/{name}", "1", errno.EACCES)
+    assert read(ROOT / b / "meminfo") == "Free: 1\n"
+    ok("del a")
+    ok("del b")
+
+
+def test_inst_ctl_errors_change_nothing() -> None:
+    ok("gpu 0 1000")
+    ok("gpu 1 1000")
+    ok("add a 0:500:60")
+    cases = {
+        errno.EINVAL: ["", "\n", "hello", "gpu 0", "gpu 0 0", "gpu 16 5", "add", "add x",
+                       "add x 0", "add x 0:10:101", "add x 0:10:1:2", "add x 0:10,0:10",
+                       "add x 16:10", "add ./.. 0:1", "add . 0:1", "add max_inst 0:1",
+                       "add " + "a" * 65 + " 0:1", "add x 0:10 extra", "del", "del a b",
+                       "bind a", "bind a x", "add x 0:0", "add x 0:1\nadd y 0:1",
+                       "x" * 5000],
+        errno.EEXIST: ["add a 1:1"],
+        errno.ENOENT: ["del x", "bind x 5", "bind x /"],
+        errno.ENXIO: ["add x 2:10", "add x 0:10,3:10"],
+        errno.ENOSPC: ["add x 0:501", "add x 0:10:41", "add x 1:10,0:10:41", "gpu 0 499"],
+    }
+    before = snapshot()
+    for err, commands in cases.items():
+        for command in commands:
+            assert ctl(command) == err, f"{command!r}: want {errno.errorcode[err]}"
+            assert refcount() == 1
+    assert snapshot() == before
+    ok("del a")
+
+
+def test_inst_ctl_dump_rebuilds_the_registry() -> None:
+    for cmd in ("gpu 0 1000", "gpu 3 5000", "add a 0:100:10:1,3:200:20:0", "add b 3:300",
+                "add c 0:1:0:0", "bind c 12345"):
+        ok(cmd)
+    dump = read(CTL)
+    assert dump == ("gpu 0 1000\ngpu 3 5000\nadd a 0:100:10:1,3:200:20:0\nadd b 3:300:0:0\n"
+                    "add c 0:1:0:0\nbind c 12345\n")
+    for cid in registered():
+        ok(f"del {cid}")
+    for line in dump.splitlines():
+        if not line.startswith("gpu"):
+            ok(line)
+    assert read(CTL) == dump
+    for cid in registered():
+        ok(f"del {cid}")
+
+
+def test_gpu_redeclared() -> None:
+    ok("gpu 0 1000")
+    ok("gpu 0 1000")  # idempotent
+    ok("add a 0:600")
+    assert ctl("gpu 0 599") == errno.ENOSPC
+    ok("gpu 0 600")
+    assert value(ROOT / "0/free_memsize") == 0
+    ok("gpu 0 2000")
+    assert (value(ROOT / "0/total_memsize"), value(ROOT / "0/free_memsize")) == (2000, 1400)
+    ok("del a")
+
+
+def test_ids() -> None:
+    ok("gpu 0 1000")
+    for cid in ("a" * 64, "A.b_c-9", "..."):
+        ok(f"add {cid} 0:1")
+        assert read(ROOT / "0" / cid / "id") == cid + "\n"
+        ok(f"del {cid}")
+    for cid in ("a" * 65, ".", "..", "a/b", "free_weight", "nr_inst", "a*"):
+        assert ctl(f"add {cid} 0:1") == errno.EINVAL, cid
+
+
+def test_writes_need_root() -> None:
+    ok("gpu 0 1000")
+    ok("add a 0:100")
+    before = snapshot()
+
+    def try_writes() -> list[int]:
+        paths = [CTL, ROOT / "default_memsize", ROOT / "0/max_inst", ROOT / "0/a/memsize"]
+        return [write(p, "1") for p in paths] + [len(read(CTL))]
+
+    results = in_child(try_writes, uid=NOBODY)
+    assert results[:-1] == [errno.EACCES] * 4 and results[-1] > 0  # reading is fine
+    assert snapshot() == before
+    ok("del a")
+
+
+def test_open_file_of_deleted_container() -> None:
+    ok("gpu 0 1000")
+    ok("add a 0:100")
+    fd = os.open(ROOT / "0/a/memsize", os.O_RDWR)
+    try:
+        ok("del a")
+        assert errno_of_read(fd) == errno.EIO
+        assert errno_of_write(fd) == errno.EIO
+    finally:
+        os.close(fd)
+    assert value(ROOT / "0/free_memsize") == 1000
+
+
+def errno_of_read(fd: int) -> int:
+    try:
+        os.pread(fd, 100, 0)
+    except OSError as e:
+        return e.errno or -1
+    return 0
+
+
+def errno_of_write(fd: int) -> int:
+    try:
+        os.write(fd, b"5")
+    except OSError as e:
+        return e.errno or -1
+    return 0

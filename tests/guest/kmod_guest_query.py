@@ -1,0 +1,141 @@
+"""GPUSHARE_IOC_QUERY: a process in a registered container's cgroup (or below
+it) gets that container's quota; any other process gets ENOENT.  Runs
+inside the guest, from Python (nri_gpushare.kmod.abi) and from C
+(tests/guest/kmod_query.c through the uapi header)."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from nri_gpushare.kmod import abi
+from tests.guest.kmod_support import CGROUP2, DEV, NOBODY, ROOT, ctl, in_child, ok, read
+
+pytestmark = pytest.mark.usefixtures("kmod")
+
+QUERY_EXE = os.environ.get("GPUSHARE_KMOD_QUERY", "")
+MakeCgroup = Callable[[str], Path]
+
+
+def py_query() -> object:
+    r = abi.query()
+    if r is None:
+        return None
+    return [r.container_id, r.cgroup_id,
+            [[q.gpu_index, q.memory_bytes, q.core_percent, q.high_priority] for q in r.quotas]]
+
+
+def query_in(cgroup: Path | None, uid: int | None = None) -> object:
+    return in_child(py_query, cgroup=cgroup, uid=uid)
+
+
+def c_query_in(cgroup: Path) -> tuple[int, str]:
+    def run() -> list[object]:
+        p = subprocess.run([QUERY_EXE], capture_output=True, text=True)
+        return [p.returncode, p.stdout.strip()]
+
+    code, out = in_child(run, cgroup=cgroup)  # type: ignore[misc]
+    return code, out
+
+
+def setup_two_gpus() -> None:
+    ok("gpu 0 16000")
+    ok("gpu 1 16000")
+    ok("add a 0:4000:30:1,1:2000:10:0")
+
+
+def test_query_from_the_container_cgroup(cgroups: MakeCgroup) -> None:
+    setup_two_gpus()
+    cg = cgroups("gs-a")
+    other = cgroups("gs-other")
+    ok("bind a /gs-a")
+    ino = os.stat(cg).st_ino
+    assert read(ROOT / "0/a/cgroup") == f"{ino}\n" == read(ROOT / "1/a/cgroup")
+    assert read(ROOT / "inst_ctl").endswith(f"bind a {ino}\n")
+
+    want = ["a", ino, [[0, 4000, 30, True], [1, 2000, 10, False]]]
+    assert query_in(cg) == want
+    assert query_in(cg, uid=NOBODY) == want  # any user may ask about itself
+    assert query_in(other) is None
+    assert query_in(None) is None  # the test's own cgroup (the root)
+    ok("del a")
+    assert query_in(cg) is None
+
+
+def test_query_from_c(cgroups: MakeCgroup) -> None:
+    if not QUERY_EXE:
+        pytest.fail("GPUSHARE_KMOD_QUERY (the compiled kmod_query.c) is not set")
+    setup_two_gpus()
+    cg = cgroups("gs-c")
+    other = cgroups("gs-c-other")
+    ok("bind a /gs-c")
+    ino = os.stat(cg).st_ino
+    assert c_query_in(cg) == (0, f"a {ino} 0:4000:30:1 1:2000:10:0")
+    assert c_query_in(other) == (2, os.strerror(errno.ENOENT))
+    ok("del a")
+
+
+def test_sub_cgroups_find_their_container(cgroups: MakeCgroup) -> None:
+    setup_two_gpus()
+    ok("add b 0:100")
+    top = cgroups("gs-pod")
+    ca = cgroups("gs-pod/a")
+    sub = cgroups("gs-pod/a/worker")
+    cb = cgroups("gs-pod/b")
+    ok("bind a /gs-pod/a")
+    ok(f"bind b {os.stat(cb).st_ino}")  # by id, as stat shows it
+    assert query_in(sub)[0] == "a"  # type: ignore[index]
+    assert query_in(ca)[0] == "a"  # type: ignore[index]
+    assert query_in(cb)[0] == "b"  # type: ignore[index]
+    assert query_in(top) is None
+    ok("bind b /gs-pod")  # the nearest bound ancestor wins
+    assert query_in(sub)[0] == "a"  # type: ignore[index]
+    assert query_in(top)[0] == "b"  # type: ignore[index]
+    ok("del a")
+    assert query_in(sub)[0] == "b"  # type: ignore[index]
+    ok("del b")
+
+
+def test_bind_rules(cgroups: MakeCgroup) -> None:
+    setup_two_gpus()
+    ok("add b 0:100")
+    cg = cgroups("gs-bind")
+    assert ctl("bind a /gs-missing") == errno.ESRCH
+    assert ctl("bind a /gs-bind/cgroup.procs") == errno.ESRCH  # a file, not a cgroup
+    assert ctl("bind nobody /gs-bind") == errno.ENOENT
+    ok("bind a /gs-bind")
+    ok("bind a /gs-bind")  # binding again is fine
+    assert ctl("bind b /gs-bind") == errno.EBUSY
+    assert ctl(f"bind b {os.stat(cg).st_ino}") == errno.EBUSY
+    assert query_in(cg)[0] == "a"  # type: ignore[index]
+    ok("bind a 0")  # unbind
+    assert read(ROOT / "0/a/cgroup") == "0\n"
+    assert query_in(cg) is None
+    ok("bind b /gs-bind")
+    assert query_in(cg)[0] == "b"  # type: ignore[index]
+    ok("del a")
+    ok("del b")
+
+
+def test_device_node() -> None:
+    st = os.stat(DEV)
+    assert stat.S_ISCHR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o666
+    assert os.major(st.st_rdev) == 10  # a misc device
+    fd = os.open(DEV, os.O_RDONLY)
+    try:
+        with pytest.raises(OSError) as e:
+            fcntl.ioctl(fd, abi.IOC_QUERY + 1, bytearray(abi.QUERY_SIZE))
+        assert e.value.errno == errno.ENOTTY
+        with pytest.raises(OSError) as e:
+            fcntl.ioctl(fd, abi.IOC_QUERY, bytearray(abi.QUERY_SIZE))
+        assert e.value.errno == errno.ENOENT
+    finally:
+        os.close(fd)
+    assert CGROUP2.joinpath("cgroup.controllers").exists()

@@ -1,0 +1,134 @@
+"""Pure helpers of the real kernel-module client and of `uninstall`.
+
+The client itself is tested against the real module in the qemu guest
+(tests/guest/kmod_guest_client.py); these need no kernel.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from nri_gpushare.kmod import admin
+from nri_gpushare.kmod.client import GpuDeclaration, GpuQuota, KmodError, Registration
+from nri_gpushare.kmod.procfs import (
+    ProcfsKernelModule,
+    cgroup2_mounts,
+    cgroup_v2_path,
+    expand_systemd_slice,
+    human_bytes,
+)
+from tests.fakes import FakeKernelModule
+
+CID = "c" * 64
+
+
+@pytest.mark.parametrize(("given", "want"), [
+    ("/k8s.io/abc", "/k8s.io/abc"),
+    ("k8s.io/abc", "/k8s.io/abc"),
+    ("/sys/fs/cgroup/k8s.io/abc", "/k8s.io/abc"),
+    ("/sys/fs/cgroup/unified/k8s.io/abc", "/k8s.io/abc"),
+    ("/sys/fs/cgroup", "/"),
+    ("kubepods-besteffort-pod12.slice:cri-containerd:abc",
+     "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod12.slice"
+     "/cri-containerd-abc.scope"),
+    ("system.slice:docker:abc", "/system.slice/docker-abc.scope"),
+    (":cri-containerd:abc", "/system.slice/cri-containerd-abc.scope"),
+    ("-.slice:x:abc", "/x-abc.scope"),
+])
+def test_cgroup_v2_path(given: str, want: str) -> None:
+    mounts = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+    assert cgroup_v2_path(given, mounts) == want
+
+
+@pytest.mark.parametrize("bad", ["", "a:b", "a:b:c:d", "pod.slice-x:p:n", "a--b.slice:p:n"])
+def test_cgroup_v2_path_refuses(bad: str) -> None:
+    with pytest.raises(ValueError):
+        cgroup_v2_path(bad)
+
+
+def test_expand_systemd_slice() -> None:
+    assert expand_systemd_slice("a-b-c.slice") == "/a.slice/a-b.slice/a-b-c.slice"
+    assert expand_systemd_slice("-.slice") == ""
+    with pytest.raises(ValueError):
+        expand_systemd_slice("a/b.slice")
+
+
+def test_cgroup2_mounts(tmp_path: Path) -> None:
+    info = tmp_path / "mountinfo"
+    info.write_text(
+        "22 1 0:21 / /sys rw - sysfs sysfs rw\n"
+        "30 22 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n"
+        "31 22 0:27 / /mnt/my\\040cg rw shared:5 - cgroup2 none rw\n"
+        "32 22 0:28 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n")
+    assert cgroup2_mounts(info) == ["/sys/fs/cgroup", "/mnt/my cg"]
+    assert cgroup2_mounts(tmp_path / "missing") == []
+
+
+def test_human_bytes() -> None:
+    assert human_bytes(4 << 30) == "4 GiB"
+    assert human_bytes(3 << 29) == "1.5 GiB"
+    assert human_bytes(3276 << 20) == "3.2 GiB"
+    assert human_bytes(512 << 20) == "512 MiB"
+    assert human_bytes(100) == "100 bytes"
+
+
+def registered_fake() -> FakeKernelModule:
+    fake = FakeKernelModule()
+    fake.declare_gpus([GpuDeclaration(0, 16 << 30)])
+    fake.register(Registration(CID, (GpuQuota(0, 4 << 30, 30, True),)))
+    return fake
+
+
+def test_uninstall_refuses_listing_containers(tmp_path: Path) -> None:
+    (tmp_path / "gpushare").mkdir()
+    unloaded: list[str] = []
+    code, message = admin.uninstall(registered_fake(), unload=unloaded.append, sysfs=tmp_path)
+    assert code == admin.EXIT_REFUSED and not unloaded
+    assert "1 container is still registered" in message
+    assert CID in message and "GPU 0: 4 GiB, 30% compute, high priority" in message
+
+
+def test_uninstall_unloads_when_empty(tmp_path: Path) -> None:
+    (tmp_path / "gpushare").mkdir()
+    unloaded: list[str] = []
+    code, message = admin.uninstall(FakeKernelModule(), unload=unloaded.append, sysfs=tmp_path)
+    assert (code, message, unloaded) == (admin.EXIT_OK, "unloaded gpushare", ["gpushare"])
+
+
+def test_uninstall_not_loaded(tmp_path: Path) -> None:
+    code, message = admin.uninstall(FakeKernelModule(loaded=False), unload=pytest.fail,
+                                    sysfs=tmp_path)
+    assert code == admin.EXIT_OK and "not loaded" in message
+
+
+@pytest.mark.parametrize(("err", "code", "words"), [
+    (errno.EAGAIN, admin.EXIT_REFUSED, "reference count 3"),
+    (errno.EPERM, admin.EXIT_FAILED, "needs root"),
+    (errno.ENOENT, admin.EXIT_OK, "not loaded"),
+    (errno.EIO, admin.EXIT_FAILED, "could not unload"),
+])
+def test_uninstall_kernel_refusals(tmp_path: Path, err: int, code: int, words: str) -> None:
+    (tmp_path / "gpushare").mkdir()
+    (tmp_path / "gpushare" / "refcnt").write_text("3\n")
+
+    def unload(name: str) -> None:
+        raise OSError(err, "no")
+
+    got, message = admin.uninstall(FakeKernelModule(), unload=unload, sysfs=tmp_path)
+    assert got == code and words in message
+
+
+def test_a_stuck_module_fails_the_request_instead_of_blocking(tmp_path: Path) -> None:
+    """Writing to a FIFO with no reader blocks in open(2), like a stuck kernel would."""
+    fifo = tmp_path / "inst_ctl"
+    os.mkfifo(fifo)
+    client = ProcfsKernelModule(tmp_path, timeout=0.2)
+    with pytest.raises(KmodError) as e:
+        client.unregister("a")
+    assert e.value.errno == errno.ETIMEDOUT
+    assert "did not answer within 0.2 s" in str(e.value)
+    os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # let the abandoned thread finish
