@@ -63,6 +63,7 @@ done <"$r$gsjob/mounts"
 say "running"
 chroot $r /usr/bin/env -i /bin/sh "$gsjob/job.sh" </dev/null
 rc=$?
+kill -KILL -1 2>/dev/null # whatever the job left running must not hold the console
 
 taint=$(cat /proc/sys/kernel/tainted)
 if [ $((taint & 512)) -ne 0 ]; then

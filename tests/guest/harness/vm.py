@@ -15,6 +15,8 @@ Stdlib only: ``scripts/run-in-guest.sh`` runs this file as a script.
 from __future__ import annotations
 
 import argparse
+import codecs
+import ctypes
 import hashlib
 import lzma
 import os
@@ -48,6 +50,7 @@ IN_GUEST_ENV = "GPUSHARE_IN_GUEST"
 KERNEL_ENV = "GPUSHARE_GUEST_KVER"
 DEFAULT_TIMEOUT = 300.0
 KEEP_LOGS = 20
+PR_SET_PDEATHSIG = 1
 
 
 class GuestError(Exception):
@@ -415,13 +418,15 @@ def _run_qemu(argv: list[str], timeout: float, echo: TextIO,
     start = time.monotonic()
     deadline = start + timeout
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+                            stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=_die_with_parent)
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
     chunks: list[str] = []
     pending = ""  # a trailing "\r" that may start a "\r\n"
+    tail = ""  # the boot marker may straddle reads
     boot_s: float | None = None
-    tail = ""
     timed_out = False
     try:
         while True:
@@ -429,29 +434,37 @@ def _run_qemu(argv: list[str], timeout: float, echo: TextIO,
             if left <= 0:
                 timed_out = True
                 break
-            ready, _, _ = select.select([fd], [], [], left)
-            if not ready:
+            if not select.select([fd], [], [], left)[0]:
                 continue
             data = os.read(fd, 65536)
-            if not data:
-                break
-            text = pending + data.decode("utf-8", "replace")
-            pending = "\r" if text.endswith("\r") else ""
-            text = text[: len(text) - len(pending)].replace("\r\n", "\n")
+            text = pending + decoder.decode(data, final=not data)
+            pending = "\r" if text.endswith("\r") and data else ""
+            text = text.removesuffix(pending).replace("\r\n", "\n")
             chunks.append(text)
-            echo.write(text)
-            echo.flush()
-            log.write(text)
-            tail = (tail + text)[-100:]  # the marker may straddle reads
+            for sink in (echo, log):
+                sink.write(text)
+                sink.flush()
+            tail = (tail + text)[-100:]
             if boot_s is None and f"{MARK}running" in tail:
                 boot_s = time.monotonic() - start
+            if not data:
+                break
+    except BaseException:
+        timed_out = True  # e.g. KeyboardInterrupt: do not leave qemu behind
+        raise
     finally:
-        if proc.poll() is None and (timed_out or sys.exc_info()[0] is not None):
+        if timed_out:
             os.killpg(proc.pid, signal.SIGKILL)
         rc = proc.wait()
         proc.stdout.close()
-    console = "".join(chunks) + pending
-    return (None if timed_out else rc), console, boot_s, time.monotonic() - start
+    return (None if timed_out else rc), "".join(chunks), boot_s, time.monotonic() - start
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGKILL when the runner dies, so a killed test run leaves no qemu."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
 
 
 def _new_log_path() -> Path:
@@ -497,6 +510,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (GuestError, ValueError) as e:
         print(f"run-in-guest: {e}", file=sys.stderr)
         return 125
+    except KeyboardInterrupt:
+        print("run-in-guest: interrupted", file=sys.stderr)
+        return 130
     print(f"run-in-guest: status {r.status}, command started after {r.boot_s:.1f} s, "
           f"total {r.total_s:.1f} s (serial log: {r.serial_log})", file=sys.stderr)
     return r.status
