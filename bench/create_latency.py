@@ -1,11 +1,14 @@
 """CRI CreateContainer latency with the gpushare plugin connected vs without.
 
-Starts a private containerd 1.7.24 (the test bed), creates N containers with a
-GPU share request in one pod and measures each CreateContainer call, first
-with no NRI plugin, then with `nri-gpushare run` connected.  Each container is removed
+Starts three private containerd 1.7.24 instances (the test bed), all with NRI
+enabled: one with no plugin (the baseline), one with a plugin that does
+nothing (bench/null_plugin.py: the cost of any plugin on this stub and
+transport, and of containerd's own NRI work), one with `nri-gpushare run`.
+It creates N containers with a GPU share request in each, rotating between
+the three so that load on the machine hits all alike.  Each container is removed
 right after it is created (its share is released), so the node never fills.
-Prints p50/p99 of both, the difference, and the plugin's own handling time
-from its status socket.
+Prints p50/p99 of each, the difference to the baseline, and gpushare's own
+handling time from its status socket.
 
     .venv/bin/python bench/create_latency.py [--containers 200]
 """
@@ -14,8 +17,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +32,8 @@ from tests.integration.plugin import PluginProcess  # noqa: E402
 from tests.testbed.containerd import Containerd  # noqa: E402
 
 REQUEST = {"gpushare.io/gpu-memory": "1Gi", "gpushare.io/gpu-core": "10"}
+ARMS = ["no plugin", "null plugin", "gpushare"]
+WARMUP = 10
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -34,48 +41,72 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def create_batch(client, pod_id: str, count: int, tag: str) -> list[float]:
-    timings = []
-    for i in range(count):
-        started = time.perf_counter()
-        cid = await client.create_container(pod_id, f"{tag}-{i}", command=["true"])
-        timings.append(time.perf_counter() - started)
-        await client.remove(cid)
-    return timings
+async def timed_create(client, pod_id: str, name: str) -> float:
+    started = time.perf_counter()
+    cid = await client.create_container(pod_id, name, command=["true"])
+    elapsed = time.perf_counter() - started
+    await client.remove(cid)
+    return elapsed
+
+
+async def wait_registered(bed: Containerd, name: str) -> None:
+    marker = f'registered as \\"10-{name}\\"'
+    deadline = time.monotonic() + 15
+    while marker not in bed.log_text():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"plugin {name} did not register:\n{bed.log_tail(20)}")
+        await asyncio.sleep(0.05)
 
 
 async def main(containers: int) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="gs-bench-"))
-    bed = Containerd().start()
-    plugin = PluginProcess(bed.nri_socket, workdir, log_level="warning")
+    beds = {arm: Containerd().start() for arm in ARMS}  # all with NRI enabled
+    plugin = PluginProcess(beds["gpushare"].nri_socket, workdir, log_level="warning")
+    null = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("null_plugin.py")),
+         str(beds["null plugin"].nri_socket)]
+    )
+    timings: dict[str, list[float]] = {arm: [] for arm in ARMS}
     try:
-        async with bed.cri_client() as client:
-            pod_id = await client.run_pod("bench", annotations=REQUEST)
-            await create_batch(client, pod_id, 10, "warm")  # warm caches
-            baseline = await create_batch(client, pod_id, containers, "base")
-            plugin.start()
-            with_plugin = await create_batch(client, pod_id, containers, "nri")
-            handler = plugin.status()["nri"]["handler_ms"]["CreateContainer"]
-            assert handler["count"] == containers, f"plugin saw {handler['count']} creates"
+        plugin.start()
+        await wait_registered(beds["null plugin"], "null")
+        async with contextlib.AsyncExitStack() as stack:
+            clients = {arm: await stack.enter_async_context(bed.cri_client())
+                       for arm, bed in beds.items()}
+            pods = {arm: await client.run_pod("bench", annotations=REQUEST)
+                    for arm, client in clients.items()}
+            for i in range(containers + WARMUP):
+                # Rotate which arm goes first so none gets a systematic edge.
+                order = ARMS[i % len(ARMS):] + ARMS[:i % len(ARMS)]
+                for arm in order:
+                    elapsed = await timed_create(clients[arm], pods[arm], f"c{i}")
+                    if i >= WARMUP:
+                        timings[arm].append(elapsed)
+        handler = plugin.status()["nri"]["handler_ms"]["CreateContainer"]
+        total = containers + WARMUP
+        assert handler["count"] == total, f"plugin saw {handler['count']} creates"
+        assert plugin.status()["allocations"] == [], "removed containers kept shares"
     finally:
-        if plugin.proc is not None:
-            plugin.stop()
-        bed.stop()
+        plugin.stop()
+        null.terminate()
+        null.wait()
+        for bed in beds.values():
+            bed.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 
     def ms(value: float) -> str:
         return f"{value * 1000:7.2f} ms"
 
-    base50, base99 = percentile(baseline, 0.5), percentile(baseline, 0.99)
-    nri50, nri99 = percentile(with_plugin, 0.5), percentile(with_plugin, 0.99)
-    print(f"CRI CreateContainer, {len(baseline)} containers each (share request {REQUEST})")
-    print(f"{'':14} {'p50':>10} {'p99':>10} {'mean':>10}")
-    print(f"{'no plugin':14} {ms(base50)} {ms(base99)} {ms(statistics.mean(baseline))}")
-    print(f"{'gpushare':14} {ms(nri50)} {ms(nri99)} {ms(statistics.mean(with_plugin))}")
-    print(f"{'added':14} {ms(nri50 - base50)} {ms(nri99 - base99)}")
-    print(f"ratio p50 {nri50 / base50:.3f}  p99 {nri99 / base99:.3f}")
+    base50 = percentile(timings["no plugin"], 0.5)
+    base99 = percentile(timings["no plugin"], 0.99)
+    print(f"CRI CreateContainer, {containers} containers per arm, request {REQUEST}")
+    print(f"{'':12} {'p50':>10} {'p99':>10} {'mean':>10} {'+p50':>10} {'+p99':>10}")
+    for arm, values in timings.items():
+        p50, p99 = percentile(values, 0.5), percentile(values, 0.99)
+        print(f"{arm:12} {ms(p50)} {ms(p99)} {ms(statistics.mean(values))} "
+              f"{ms(p50 - base50)} {ms(p99 - base99)}")
     print(
-        f"plugin's own CreateContainer handling: p50 {handler['p50']:.3f} ms, "
+        f"gpushare's own CreateContainer handling: p50 {handler['p50']:.3f} ms, "
         f"p99 {handler['p99']:.3f} ms"
     )
 

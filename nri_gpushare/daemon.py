@@ -15,6 +15,7 @@ import signal
 from collections.abc import Iterable
 
 from nri_gpushare.api import nri
+from nri_gpushare.api.lite import Adjustment, ContainerView, Device, MountSpec, PodSandboxView
 from nri_gpushare.config import Config, ConfigError
 from nri_gpushare.kmod.client import KernelModuleClient
 from nri_gpushare.share.devices import HostDevices
@@ -33,49 +34,41 @@ from nri_gpushare.stub import Plugin, PluginError, Stub
 log = logging.getLogger(__name__)
 
 
-def container_info(pod: nri.PodSandbox | None, container: nri.Container) -> ContainerInfo:
+def container_info(pod: PodSandboxView | None, container: ContainerView) -> ContainerInfo:
     """The domain's view of an NRI container (labels, annotations, env, cgroup)."""
     env: dict[str, str] = {}
     for entry in container.env:
         key, _, value = entry.partition("=")
         env[key] = value
-    cgroups_path = container.linux.cgroups_path if container.linux else ""
     return ContainerInfo(
         id=container.id,
         name=container.name,
         pod_name=pod.name if pod else "",
         pod_namespace=pod.namespace if pod else "",
         pod_uid=pod.uid if pod else "",
-        pod_annotations=dict(pod.annotations) if pod else {},
-        annotations=dict(container.annotations),
-        labels=dict(container.labels),
+        pod_annotations=pod.annotations if pod else {},
+        annotations=container.annotations,
+        labels=container.labels,
         env=env,
-        cgroups_path=cgroups_path,
+        cgroups_path=container.cgroups_path,
     )
 
 
-def adjustment(plan: InjectionPlan) -> nri.ContainerAdjustment:
-    """An NRI ContainerAdjustment carrying the plan's devices, env, mounts, annotations."""
-    devices = [
-        nri.LinuxDevice(
-            path=d.path,
-            type=d.type,
-            major=d.major,
-            minor=d.minor,
-            file_mode=nri.OptionalFileMode(value=d.mode),
-        )
-        for d in plan.devices
-    ]
-    return nri.ContainerAdjustment(
+def adjustment(plan: InjectionPlan) -> Adjustment:
+    """The NRI container adjustment carrying the plan's devices, env, mounts, annotations."""
+    return Adjustment(
         annotations=dict(plan.annotations),
+        env=list(plan.env.items()),
+        devices=[
+            Device(path=d.path, type=d.type, major=d.major, minor=d.minor, file_mode=d.mode)
+            for d in plan.devices
+        ],
         mounts=[
-            nri.Mount(
-                destination=m.destination, type=m.type, source=m.source, options=list(m.options)
+            MountSpec(
+                destination=m.destination, type=m.type, source=m.source, options=m.options
             )
             for m in plan.mounts
         ],
-        env=[nri.KeyValue(key=k, value=v) for k, v in plan.env.items()],
-        linux=nri.LinuxContainerAdjustment(devices=devices) if devices else None,
     )
 
 
@@ -86,7 +79,7 @@ class GpuShareHandler(Plugin):
         self.service = service
 
     async def synchronize(
-        self, pods: list[nri.PodSandbox], containers: list[nri.Container]
+        self, pods: list[PodSandboxView], containers: list[ContainerView]
     ) -> list[nri.ContainerUpdate]:
         by_id = {p.id: p for p in pods}
         live = [container_info(by_id.get(c.pod_sandbox_id), c) for c in containers]
@@ -98,8 +91,8 @@ class GpuShareHandler(Plugin):
         return []
 
     async def create_container(
-        self, pod: nri.PodSandbox, container: nri.Container
-    ) -> nri.ContainerAdjustment | None:
+        self, pod: PodSandboxView, container: ContainerView
+    ) -> Adjustment | None:
         try:
             plan = self.service.create_container(container_info(pod, container))
         except ShareRefused as exc:
@@ -107,19 +100,19 @@ class GpuShareHandler(Plugin):
             raise PluginError(str(exc)) from None
         return adjustment(plan) if plan is not None else None
 
-    async def start_container(self, pod: nri.PodSandbox, container: nri.Container) -> None:
+    async def start_container(self, pod: PodSandboxView, container: ContainerView) -> None:
         try:
             self.service.start_container(container_info(pod, container))
         except ShareRefused as exc:
             raise PluginError(str(exc)) from None
 
     async def stop_container(
-        self, pod: nri.PodSandbox, container: nri.Container
+        self, pod: PodSandboxView, container: ContainerView
     ) -> list[nri.ContainerUpdate]:
         self.service.release(container.id)
         return []
 
-    async def remove_container(self, pod: nri.PodSandbox, container: nri.Container) -> None:
+    async def remove_container(self, pod: PodSandboxView, container: ContainerView) -> None:
         self.service.release(container.id)
 
 

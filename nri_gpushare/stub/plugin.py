@@ -5,7 +5,11 @@ care about, hand an instance to `nri_gpushare.stub.Stub`.  The event
 subscription sent to the runtime follows from which methods are overridden,
 so a plugin never receives (or pays for) an event it does not handle.
 
-Handlers get the generated NRI messages (`nri_gpushare.api.nri`).  Raising
+Handlers get light views of the pod and container (`nri_gpushare.api.lite`:
+ids, names, labels, annotations, env, cgroup path), decoded by hand in tens of
+microseconds; `view.message()` parses the full NRI message with betterproto
+when a handler needs more (it costs milliseconds).  CreateContainer may answer
+with a `lite.Adjustment` (fast) or an `nri.ContainerAdjustment`.  Raising
 `PluginError` fails the request with that message; for CreateContainer the
 message reaches the CRI caller (`kubectl describe`), so write it for a human.
 """
@@ -16,6 +20,9 @@ import enum
 import re
 
 from nri_gpushare.api import nri
+from nri_gpushare.api.lite import Adjustment
+from nri_gpushare.api.lite import ContainerView as Container
+from nri_gpushare.api.lite import PodSandboxView as Pod
 
 
 class Event(enum.IntEnum):
@@ -54,7 +61,7 @@ class Plugin:
         """Called once per connection, before Synchronize."""
 
     async def synchronize(
-        self, pods: list[nri.PodSandbox], containers: list[nri.Container]
+        self, pods: list[Pod], containers: list[Container]
     ) -> list[nri.ContainerUpdate]:
         """The runtime's current pods and containers, after every (re)connect."""
         return []
@@ -64,39 +71,39 @@ class Plugin:
 
     # -- pod events ---------------------------------------------------------
 
-    async def run_pod_sandbox(self, pod: nri.PodSandbox) -> None: ...
+    async def run_pod_sandbox(self, pod: Pod) -> None: ...
 
-    async def stop_pod_sandbox(self, pod: nri.PodSandbox) -> None: ...
+    async def stop_pod_sandbox(self, pod: Pod) -> None: ...
 
-    async def remove_pod_sandbox(self, pod: nri.PodSandbox) -> None: ...
+    async def remove_pod_sandbox(self, pod: Pod) -> None: ...
 
     # -- container events ---------------------------------------------------
 
     async def create_container(
-        self, pod: nri.PodSandbox, container: nri.Container
-    ) -> nri.ContainerAdjustment | None: ...
+        self, pod: Pod, container: Container
+    ) -> Adjustment | nri.ContainerAdjustment | None: ...
 
     async def post_create_container(
-        self, pod: nri.PodSandbox, container: nri.Container
+        self, pod: Pod, container: Container
     ) -> None: ...
 
-    async def start_container(self, pod: nri.PodSandbox, container: nri.Container) -> None: ...
+    async def start_container(self, pod: Pod, container: Container) -> None: ...
 
-    async def post_start_container(self, pod: nri.PodSandbox, container: nri.Container) -> None: ...
+    async def post_start_container(self, pod: Pod, container: Container) -> None: ...
 
     async def update_container(
-        self, pod: nri.PodSandbox, container: nri.Container, resources: nri.LinuxResources
+        self, pod: Pod, container: Container, resources: nri.LinuxResources
     ) -> list[nri.ContainerUpdate]: ...
 
     async def post_update_container(
-        self, pod: nri.PodSandbox, container: nri.Container
+        self, pod: Pod, container: Container
     ) -> None: ...
 
     async def stop_container(
-        self, pod: nri.PodSandbox, container: nri.Container
+        self, pod: Pod, container: Container
     ) -> list[nri.ContainerUpdate]: ...
 
-    async def remove_container(self, pod: nri.PodSandbox, container: nri.Container) -> None: ...
+    async def remove_container(self, pod: Pod, container: Container) -> None: ...
 
 
 # Which handler method serves which event.

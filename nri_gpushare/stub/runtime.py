@@ -16,11 +16,12 @@ import os
 import socket
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 import betterproto
 
-from nri_gpushare.api import nri
+from nri_gpushare.api import lite, nri
+from nri_gpushare.api.lite import ContainerView, PodSandboxView
 from nri_gpushare.stub.plugin import (
     HANDLERS,
     Event,
@@ -43,15 +44,15 @@ _TIMING_SAMPLES = 4096  # handler timings kept per method, for `status`
 
 # v0.12 runtimes call one RPC per event (request {pod=1, container=2}, empty
 # reply); older ones send StateChange {event=1, pod=2, container=3}.
-_EVENT_RPCS: dict[str, tuple[Event, type[betterproto.Message]]] = {
-    "RunPodSandbox": (Event.RUN_POD_SANDBOX, nri.RunPodSandboxRequest),
-    "StopPodSandbox": (Event.STOP_POD_SANDBOX, nri.StopPodSandboxRequest),
-    "RemovePodSandbox": (Event.REMOVE_POD_SANDBOX, nri.RemovePodSandboxRequest),
-    "PostCreateContainer": (Event.POST_CREATE_CONTAINER, nri.PostCreateContainerRequest),
-    "StartContainer": (Event.START_CONTAINER, nri.StartContainerRequest),
-    "PostStartContainer": (Event.POST_START_CONTAINER, nri.PostStartContainerRequest),
-    "PostUpdateContainer": (Event.POST_UPDATE_CONTAINER, nri.PostUpdateContainerRequest),
-    "RemoveContainer": (Event.REMOVE_CONTAINER, nri.RemoveContainerRequest),
+_EVENT_RPCS: dict[str, Event] = {
+    "RunPodSandbox": Event.RUN_POD_SANDBOX,
+    "StopPodSandbox": Event.STOP_POD_SANDBOX,
+    "RemovePodSandbox": Event.REMOVE_POD_SANDBOX,
+    "PostCreateContainer": Event.POST_CREATE_CONTAINER,
+    "StartContainer": Event.START_CONTAINER,
+    "PostStartContainer": Event.POST_START_CONTAINER,
+    "PostUpdateContainer": Event.POST_UPDATE_CONTAINER,
+    "RemoveContainer": Event.REMOVE_CONTAINER,
 }
 
 
@@ -77,8 +78,8 @@ class Stub:
         self._delays = reconnect_delays
         self._stopping = asyncio.Event()
         self._connection: MuxConnection | None = None
-        self._sync_pods: list[nri.PodSandbox] = []
-        self._sync_containers: list[nri.Container] = []
+        self._sync_pods: list[PodSandboxView] = []
+        self._sync_containers: list[ContainerView] = []
         #: Set once per connection when Synchronize has completed.
         self.synchronized = asyncio.Event()
         #: How many connections reached Synchronize (for tests and logs).
@@ -172,9 +173,11 @@ class Stub:
             raise TtrpcError(Code.UNIMPLEMENTED, f"{method} is not implemented")
         started = time.perf_counter()
         try:
-            reply = await handler(self, payload)
+            return await handler(self, payload)
         except PluginError as exc:
             raise TtrpcError(Code.UNKNOWN, str(exc)) from None
+        except lite.DecodeError as exc:
+            raise TtrpcError(Code.INVALID_ARGUMENT, f"{method}: malformed request: {exc}") from None
         except TtrpcError:
             raise
         except Exception as exc:
@@ -185,14 +188,12 @@ class Stub:
         finally:
             elapsed = time.perf_counter() - started
             self.handler_seconds.setdefault(method, deque(maxlen=_TIMING_SAMPLES)).append(elapsed)
-        return bytes(reply)
 
-    async def _configure(self, payload: bytes) -> betterproto.Message:
-        request = nri.ConfigureRequest().parse(payload)
-        nri_version = getattr(request, "nri_version", "")
+    async def _configure(self, payload: bytes) -> bytes:
+        request = lite.decode_configure_request(payload)
         mask = subscription_mask(
             self.plugin,
-            valid_event_mask(request.runtime_name, request.runtime_version, nri_version),
+            valid_event_mask(request.runtime_name, request.runtime_version, request.nri_version),
         )
         log.info(
             "configured by %s %s: events 0x%x",
@@ -200,52 +201,51 @@ class Stub:
         )
         await self.plugin.configure(request.config, request.runtime_name, request.runtime_version)
         self._sync_pods, self._sync_containers = [], []
-        return nri.ConfigureResponse(events=mask)
+        return lite.encode_configure_response(mask)
 
-    async def _synchronize(self, payload: bytes) -> betterproto.Message:
-        request = nri.SynchronizeRequest().parse(payload)
+    async def _synchronize(self, payload: bytes) -> bytes:
+        request = lite.decode_synchronize_request(payload)
         self._sync_pods.extend(request.pods)
         self._sync_containers.extend(request.containers)
         if request.more:
-            return nri.SynchronizeResponse(more=True)
+            return lite.encode_synchronize_response(more=True)
         pods, containers = self._sync_pods, self._sync_containers
         self._sync_pods, self._sync_containers = [], []
         updates = await self.plugin.synchronize(pods, containers)
         self.sessions += 1
         self.synchronized.set()
-        return nri.SynchronizeResponse(update=list(updates or []))
+        return lite.encode_synchronize_response(updates=_encoded(updates))
 
-    async def _shutdown(self, payload: bytes) -> betterproto.Message:
+    async def _shutdown(self, payload: bytes) -> bytes:
         await self.plugin.shutdown()
-        return nri.Empty()
+        return lite.EMPTY
 
-    async def _create_container(self, payload: bytes) -> betterproto.Message:
-        request = nri.CreateContainerRequest().parse(payload)
+    async def _create_container(self, payload: bytes) -> bytes:
+        request = lite.decode_create_container_request(payload)
         adjust = await self.plugin.create_container(request.pod, request.container)
-        response = nri.CreateContainerResponse()
-        if adjust is not None:
-            response.adjust = adjust
-        return response
+        if isinstance(adjust, betterproto.Message):
+            return bytes(nri.CreateContainerResponse(adjust=adjust))
+        return lite.encode_create_container_response(adjust)
 
-    async def _update_container(self, payload: bytes) -> betterproto.Message:
-        request = nri.UpdateContainerRequest().parse(payload)
+    async def _update_container(self, payload: bytes) -> bytes:
+        request = lite.decode_update_container_request(payload)
         updates = await self.plugin.update_container(
-            request.pod, request.container, request.linux_resources
+            request.pod, request.container, request.linux_resources_message()
         )
-        return nri.UpdateContainerResponse(update=list(updates or []))
+        return lite.encode_update_container_response(_encoded(updates))
 
-    async def _stop_container(self, payload: bytes) -> betterproto.Message:
-        request = nri.StopContainerRequest().parse(payload)
+    async def _stop_container(self, payload: bytes) -> bytes:
+        request = lite.decode_stop_container_request(payload)
         updates = await self.plugin.stop_container(request.pod, request.container)
-        return nri.StopContainerResponse(update=list(updates or []))
+        return lite.encode_stop_container_response(_encoded(updates))
 
-    async def _state_change(self, payload: bytes) -> betterproto.Message:
-        request = nri.StateChangeEvent().parse(payload)
+    async def _state_change(self, payload: bytes) -> bytes:
+        request = lite.decode_state_change(payload)
         await self._notify(Event(request.event), request.pod, request.container)
-        return nri.Empty()
+        return lite.EMPTY
 
     async def _notify(
-        self, event: Event, pod: nri.PodSandbox, container: nri.Container | None
+        self, event: Event, pod: PodSandboxView, container: ContainerView | None
     ) -> None:
         if event not in implemented_events(self.plugin):
             return
@@ -256,23 +256,25 @@ class Stub:
             await handler(pod, container)
 
 
-def _event_rpc(
-    event: Event, request_type: type[betterproto.Message]
-) -> Callable[[Stub, bytes], Awaitable[betterproto.Message]]:
+def _encoded(updates: Iterable[betterproto.Message] | None) -> list[bytes]:
+    return [bytes(update) for update in updates or ()]
+
+
+def _event_rpc(event: Event) -> Callable[[Stub, bytes], Awaitable[bytes]]:
     """Serve a v0.12 per-event RPC; events the plugin does not handle answer
     Unimplemented, so the runtime falls back to StateChange (which we ignore)."""
 
-    async def serve(stub: Stub, payload: bytes) -> betterproto.Message:
+    async def serve(stub: Stub, payload: bytes) -> bytes:
         if event not in implemented_events(stub.plugin):
             raise TtrpcError(Code.UNIMPLEMENTED, f"{event.name} not handled")
-        request = request_type().parse(payload)
-        await stub._notify(event, request.pod, getattr(request, "container", None))
-        return nri.Empty()
+        request = lite.decode_pod_container_request(payload, event.name)
+        await stub._notify(event, request.pod, request.container)
+        return lite.EMPTY
 
     return serve
 
 
-_METHODS: dict[str, Callable[[Stub, bytes], Awaitable[betterproto.Message]]] = {
+_METHODS: dict[str, Callable[[Stub, bytes], Awaitable[bytes]]] = {
     "Configure": Stub._configure,
     "Synchronize": Stub._synchronize,
     "Shutdown": Stub._shutdown,
@@ -280,5 +282,5 @@ _METHODS: dict[str, Callable[[Stub, bytes], Awaitable[betterproto.Message]]] = {
     "UpdateContainer": Stub._update_container,
     "StopContainer": Stub._stop_container,
     "StateChange": Stub._state_change,
-    **{name: _event_rpc(*spec) for name, spec in _EVENT_RPCS.items()},
+    **{name: _event_rpc(event) for name, event in _EVENT_RPCS.items()},
 }

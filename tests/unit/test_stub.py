@@ -20,6 +20,7 @@ from nri_gpushare.wire import Code, MuxConnection, TtrpcError
 PLUGIN = "nri.pkg.api.v1alpha1.Plugin"
 RUNTIME = "nri.pkg.api.v1alpha1.Runtime"
 ALL_LEGACY = (1 << 11) - 1
+POD = nri.PodSandbox(id="pod1", name="p", namespace="default")
 
 
 class FakeRuntime:
@@ -82,13 +83,13 @@ class Recorder(Plugin):
 
 
 @contextlib.asynccontextmanager
-async def connected(tmp_path, plugin: Plugin) -> AsyncIterator[tuple[FakeRuntime, MuxConnection,
-                                                                     Stub]]:
+async def connected(
+    tmp_path, plugin: Plugin
+) -> AsyncIterator[tuple[FakeRuntime, MuxConnection, Stub]]:
     runtime = FakeRuntime()
     path = str(tmp_path / "nri.sock")
     server = await runtime.serve(path)
-    stub = Stub(plugin, name="test", index="42", socket_path=path,
-                reconnect_delays=(0.01,))
+    stub = Stub(plugin, name="test", index="42", socket_path=path, reconnect_delays=(0.01,))
     task = asyncio.create_task(stub.run())
     try:
         conn, _ = await runtime.next_plugin()
@@ -108,7 +109,9 @@ def container(cid: str, name: str = "c") -> nri.Container:
 
 def test_mask_follows_implemented_handlers():
     assert implemented_events(Recorder()) == {
-        Event.CREATE_CONTAINER, Event.STOP_CONTAINER, Event.REMOVE_CONTAINER
+        Event.CREATE_CONTAINER,
+        Event.STOP_CONTAINER,
+        Event.REMOVE_CONTAINER,
     }
     mask = subscription_mask(Recorder(), ALL_LEGACY)
     assert mask == (1 << 3) | (1 << 9) | (1 << 10)
@@ -147,23 +150,49 @@ def test_index_must_be_two_digits():
 async def test_register_configure_synchronize_and_events(tmp_path):
     plugin = Recorder()
     async with connected(tmp_path, plugin) as (_, conn, stub):
-        reply = nri.ConfigureResponse().parse(await call(conn, "Configure", nri.ConfigureRequest(
-            runtime_name="containerd", runtime_version="1.7.24")))
+        reply = nri.ConfigureResponse().parse(
+            await call(
+                conn,
+                "Configure",
+                nri.ConfigureRequest(runtime_name="containerd", runtime_version="1.7.24"),
+            )
+        )
         assert reply.events == (1 << 3) | (1 << 9) | (1 << 10)
         await call(conn, "Synchronize", nri.SynchronizeRequest(containers=[container("a")]))
         assert stub.synchronized.is_set() and plugin.synced == [["a"]]
 
-        reply = nri.CreateContainerResponse().parse(await call(
-            conn, "CreateContainer", nri.CreateContainerRequest(container=container("b"))))
+        reply = nri.CreateContainerResponse().parse(
+            await call(
+                conn,
+                "CreateContainer",
+                nri.CreateContainerRequest(pod=POD, container=container("b")),
+            )
+        )
         assert [(kv.key, kv.value) for kv in reply.adjust.env] == [("INJECTED", "1")]
-        await call(conn, "StopContainer", nri.StopContainerRequest(container=container("b")))
-        await call(conn, "StateChange", nri.StateChangeEvent(
-            event=nri.Event.REMOVE_CONTAINER, container=container("b")))
+        await call(
+            conn, "StopContainer", nri.StopContainerRequest(pod=POD, container=container("b"))
+        )
+        await call(
+            conn,
+            "StateChange",
+            nri.StateChangeEvent(
+                event=nri.Event.REMOVE_CONTAINER, pod=POD, container=container("b")
+            ),
+        )
         # Events the plugin does not handle are accepted and ignored.
-        await call(conn, "StateChange", nri.StateChangeEvent(
-            event=nri.Event.START_CONTAINER, container=container("b")))
-        assert plugin.calls == [("configure", "1.7.24"), ("create", "b"), ("stop", "b"),
-                                ("remove", "b")]
+        await call(
+            conn,
+            "StateChange",
+            nri.StateChangeEvent(
+                event=nri.Event.START_CONTAINER, pod=POD, container=container("b")
+            ),
+        )
+        assert plugin.calls == [
+            ("configure", "1.7.24"),
+            ("create", "b"),
+            ("stop", "b"),
+            ("remove", "b"),
+        ]
         assert len(stub.handler_seconds["CreateContainer"]) == 1
 
 
@@ -183,14 +212,23 @@ async def test_registration_carries_name_and_index(tmp_path):
 async def test_chunked_synchronize_delivers_everything_once(tmp_path):
     plugin = Recorder()
     async with connected(tmp_path, plugin) as (_, conn, _stub):
-        await call(conn, "Configure", nri.ConfigureRequest(runtime_name="containerd",
-                                                           runtime_version="2.1.0"))
+        await call(
+            conn,
+            "Configure",
+            nri.ConfigureRequest(runtime_name="containerd", runtime_version="2.1.0"),
+        )
         for chunk in (["a", "b"], ["c"]):
-            reply = nri.SynchronizeResponse().parse(await call(conn, "Synchronize",
-                nri.SynchronizeRequest(containers=[container(i) for i in chunk], more=True)))
+            reply = nri.SynchronizeResponse().parse(
+                await call(
+                    conn,
+                    "Synchronize",
+                    nri.SynchronizeRequest(containers=[container(i) for i in chunk], more=True),
+                )
+            )
             assert reply.more and not reply.update
-        reply = nri.SynchronizeResponse().parse(await call(
-            conn, "Synchronize", nri.SynchronizeRequest(containers=[container("d")])))
+        reply = nri.SynchronizeResponse().parse(
+            await call(conn, "Synchronize", nri.SynchronizeRequest(containers=[container("d")]))
+        )
         assert not reply.more
         assert plugin.synced == [["a", "b", "c", "d"]]
 
@@ -198,23 +236,31 @@ async def test_chunked_synchronize_delivers_everything_once(tmp_path):
 async def test_handler_errors_become_statuses(tmp_path):
     async with connected(tmp_path, Recorder()) as (_, conn, _stub):
         with pytest.raises(TtrpcError) as refused:
-            await call(conn, "CreateContainer",
-                       nri.CreateContainerRequest(container=container("x", "bad")))
+            await call(
+                conn,
+                "CreateContainer",
+                nri.CreateContainerRequest(pod=POD, container=container("x", "bad")),
+            )
         assert refused.value.code == Code.UNKNOWN
         assert refused.value.message == "gpushare.io/gpu-memory=lots: not a size"
         with pytest.raises(TtrpcError) as crashed:
-            await call(conn, "CreateContainer",
-                       nri.CreateContainerRequest(container=container("y", "boom")))
+            await call(
+                conn,
+                "CreateContainer",
+                nri.CreateContainerRequest(pod=POD, container=container("y", "boom")),
+            )
         assert crashed.value.code == Code.INTERNAL and "kaboom" in crashed.value.message
         # The connection survives both.
-        await call(conn, "CreateContainer", nri.CreateContainerRequest(container=container("z")))
+        await call(
+            conn, "CreateContainer", nri.CreateContainerRequest(pod=POD, container=container("z"))
+        )
 
 
 async def test_unknown_and_unhandled_methods_are_unimplemented(tmp_path):
     async with connected(tmp_path, Recorder()) as (_, conn, _stub):
         for method, message in (
             ("NoSuchMethod", nri.Empty()),
-            ("StartContainer", nri.StartContainerRequest(container=container("a"))),
+            ("StartContainer", nri.StartContainerRequest(pod=POD, container=container("a"))),
         ):
             with pytest.raises(TtrpcError) as info:
                 await call(conn, method, message)
@@ -224,21 +270,30 @@ async def test_unknown_and_unhandled_methods_are_unimplemented(tmp_path):
 async def test_v012_per_event_rpc_reaches_the_handler(tmp_path):
     plugin = Recorder()
     async with connected(tmp_path, plugin) as (_, conn, _stub):
-        await call(conn, "RemoveContainer", nri.RemoveContainerRequest(
-            pod=nri.PodSandbox(id="pod1"), container=container("v12")))
+        await call(
+            conn,
+            "RemoveContainer",
+            nri.RemoveContainerRequest(pod=nri.PodSandbox(id="pod1"), container=container("v12")),
+        )
         assert ("remove", "v12") in plugin.calls
 
 
 async def test_reconnects_after_the_runtime_drops_it(tmp_path):
     plugin = Recorder()
     async with connected(tmp_path, plugin) as (runtime, conn, stub):
-        await call(conn, "Configure", nri.ConfigureRequest(runtime_name="containerd",
-                                                           runtime_version="1.7.24"))
+        await call(
+            conn,
+            "Configure",
+            nri.ConfigureRequest(runtime_name="containerd", runtime_version="1.7.24"),
+        )
         await call(conn, "Synchronize", nri.SynchronizeRequest())
         await conn.close()
         conn2, _ = await runtime.next_plugin()
-        await call(conn2, "Configure", nri.ConfigureRequest(runtime_name="containerd",
-                                                            runtime_version="1.7.24"))
+        await call(
+            conn2,
+            "Configure",
+            nri.ConfigureRequest(runtime_name="containerd", runtime_version="1.7.24"),
+        )
         await call(conn2, "Synchronize", nri.SynchronizeRequest(containers=[container("a")]))
         assert stub.sessions == 2 and plugin.synced == [[], ["a"]]
 
@@ -254,3 +309,31 @@ async def test_keeps_trying_while_the_runtime_is_away(tmp_path):
     await stub.stop()
     await asyncio.wait_for(task, 5)
     server.close()
+
+
+async def test_malformed_request_is_invalid_argument(tmp_path):
+    async with connected(tmp_path, Recorder()) as (_, conn, _stub):
+        with pytest.raises(TtrpcError) as info:
+            await conn.client(1).call(PLUGIN, "CreateContainer", b"\x0a\x05ab", timeout=5)
+        assert info.value.code == Code.INVALID_ARGUMENT
+        assert "malformed" in info.value.message
+
+
+async def test_full_message_is_available_to_handlers(tmp_path):
+    seen = []
+
+    class Deep(Plugin):
+        async def create_container(self, pod, container):
+            seen.append(container.message().args)
+            return None
+
+    async with connected(tmp_path, Deep()) as (_, conn, _stub):
+        reply = await call(
+            conn,
+            "CreateContainer",
+            nri.CreateContainerRequest(
+                pod=POD, container=nri.Container(id="a", args=["sleep", "1"])
+            ),
+        )
+        assert reply == b""
+    assert seen == [["sleep", "1"]]
