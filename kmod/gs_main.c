@@ -130,10 +130,6 @@ static int gs_add(const struct gs_cmd *cmd)
 		if (ret)
 			goto out_remove;
 	}
-	if (!try_module_get(THIS_MODULE)) {	/* being unloaded */
-		ret = -ENODEV;
-		goto out_remove;
-	}
 
 	mutex_lock(&gs_lock);
 	ret = gs_check_add(ctr);
@@ -141,11 +137,11 @@ static int gs_add(const struct gs_cmd *cmd)
 		gs_charge(gs_accts, ctr->quota, ctr->nquota);
 		list_add_tail(&ctr->node, &gs_ctrs);
 		ctr->live = true;
+		__module_get(THIS_MODULE);	/* the caller holds one too */
 	}
 	mutex_unlock(&gs_lock);
 	if (!ret)
 		return 0;
-	module_put(THIS_MODULE);
 out_remove:
 	gs_remove_shares(ctr);
 out_free:
@@ -176,7 +172,7 @@ static int gs_del(const char *id)
 
 /*
  * Bind a registration to a cgroup v2, given by id (0 unbinds) or by path
- * relative to the writer's cgroup namespace root, resolved now.
+ * relative to the writer's cgroup namespace root; either must exist now.
  */
 static int gs_bind(const struct gs_cmd *cmd)
 {
@@ -190,8 +186,10 @@ static int gs_bind(const struct gs_cmd *cmd)
 	if (!ctr)
 		return -ENOENT;	/* stays found: gs_cfg_lock is held */
 
-	if (cmd->cgroup_path) {
-		struct cgroup *cgrp = cgroup_get_from_path(cmd->cgroup_path);
+	if (cmd->cgroup_path || cgid) {
+		struct cgroup *cgrp = cmd->cgroup_path ?
+			cgroup_get_from_path(cmd->cgroup_path) :
+			cgroup_get_from_id(cgid);
 
 		if (IS_ERR(cgrp))
 			return -ESRCH;
@@ -209,7 +207,10 @@ static int gs_bind(const struct gs_cmd *cmd)
 	return ret;
 }
 
-/* Carry out one parsed inst_ctl command.  Called under gs_cfg_lock. */
+/*
+ * Carry out one parsed inst_ctl command.  Called under gs_cfg_lock by a
+ * caller that holds a module reference.
+ */
 int gs_exec(const struct gs_cmd *cmd)
 {
 	lockdep_assert_held(&gs_cfg_lock);

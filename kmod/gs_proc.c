@@ -13,6 +13,7 @@
  */
 #include <linux/capability.h>
 #include <linux/miscdevice.h>
+#include <linux/module.h>
 #include <linux/slab.h>
 #include <linux/uaccess.h>
 
@@ -331,10 +332,17 @@ static ssize_t inst_ctl_write(struct file *file, const char __user *ubuf,
 		return PTR_ERR(buf);
 	cmd = kmalloc(sizeof(*cmd), GFP_KERNEL);
 	ret = cmd ? gs_parse_cmd(buf, cmd) : -ENOMEM;
+	/*
+	 * Hold the module while the command runs, so that it never creates
+	 * procfs entries while the module's exit removes the tree.
+	 */
+	if (!ret && !try_module_get(THIS_MODULE))
+		ret = -ENODEV;
 	if (!ret) {
 		mutex_lock(&gs_cfg_lock);
 		ret = gs_exec(cmd);
 		mutex_unlock(&gs_cfg_lock);
+		module_put(THIS_MODULE);
 	}
 	kfree(cmd);
 	kfree(buf);

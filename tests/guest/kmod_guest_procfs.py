@@ -10,6 +10,7 @@ import stat
 import pytest
 
 from tests.guest.kmod_support import (
+    CGROUP2,
     CTL,
     DEV,
     NOBODY,
@@ -200,12 +201,13 @@ def test_inst_ctl_errors_change_nothing() -> None:
 
 
 def test_inst_ctl_dump_rebuilds_the_registry() -> None:
+    root_cgroup = os.stat(CGROUP2).st_ino
     for cmd in ("gpu 0 1000", "gpu 3 5000", "add a 0:100:10:1,3:200:20:0", "add b 3:300",
-                "add c 0:1:0:0", "bind c 12345"):
+                "add c 0:1:0:0", f"bind c {root_cgroup}"):
         ok(cmd)
     dump = read(CTL)
     assert dump == ("gpu 0 1000\ngpu 3 5000\nadd a 0:100:10:1,3:200:20:0\nadd b 3:300:0:0\n"
-                    "add c 0:1:0:0\nbind c 12345\n")
+                    f"add c 0:1:0:0\nbind c {root_cgroup}\n")
     for cid in registered():
         ok(f"del {cid}")
     for line in dump.splitlines():

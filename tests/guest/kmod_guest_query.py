@@ -110,6 +110,7 @@ def test_bind_rules(cgroups: MakeCgroup) -> None:
     assert ctl("bind a /gs-missing") == errno.ESRCH
     assert ctl("bind a /gs-bind/cgroup.procs") == errno.ESRCH  # a file, not a cgroup
     assert ctl("bind nobody /gs-bind") == errno.ENOENT
+    assert ctl(f"bind a {2**63}") == errno.ESRCH  # no cgroup has this id
     ok("bind a /gs-bind")
     ok("bind a /gs-bind")  # binding again is fine
     assert ctl("bind b /gs-bind") == errno.EBUSY
