@@ -55,6 +55,8 @@ def test_kmod_suite_in_guest(tmp_path: Path) -> None:
            "-p", "tests.guest.kmod_support", "-q", "-rfE", "--durations=8",
            "-W", "ignore::pytest.PytestConfigWarning", f"--junitxml={junit}", *SUITE]
     env = {"GPUSHARE_KO": str(KMOD / "gpushare.ko"), "GPUSHARE_KMOD_QUERY": str(query)}
+    if seed := os.environ.get("GPUSHARE_RANDOM_SEED"):
+        env["GPUSHARE_RANDOM_SEED"] = seed  # replays kmod_guest_random.py's run
     try:
         result = run_in_guest(cmd, cwd=REPO, env=env, timeout=300, rwdirs=[out])
     except GuestError as e:
