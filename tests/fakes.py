@@ -58,7 +58,7 @@ class FakeKernelModule:
             raise AlreadyRegistered(f"{cid}: already registered")
         for q in registration.quotas:
             if q.gpu_index not in self.gpus:
-                raise KmodError(f"GPU {q.gpu_index} not declared", errno.ENODEV)
+                raise KmodError(f"GPU {q.gpu_index} not declared", errno.ENXIO)
             if not 0 <= q.core_percent <= 100 or q.memory_bytes <= 0:
                 raise KmodError(f"bad quota {q}", errno.EINVAL)
             memory, core, count = self.usage(q.gpu_index)

@@ -5,6 +5,8 @@ any exist, and unloads the module once none does."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -52,3 +54,21 @@ def test_uninstall_refuses_while_the_device_is_open() -> None:
     assert code == admin.EXIT_REFUSED
     assert "reference count 1" in message and "/dev/gpushare" in message
     assert loaded()
+
+
+def test_uninstall_command_line() -> None:
+    """The real `nri-gpushare uninstall`: non-zero with the list, then unloads."""
+    command = [sys.executable, "-m", "nri_gpushare.cli", "uninstall"]
+    ok("gpu 0 17179869184")
+    ok(f"add {CIDS[0]} 0:4294967296:30")
+    refused = subprocess.run(command, capture_output=True, text=True)
+    assert refused.returncode == admin.EXIT_REFUSED, refused
+    assert CIDS[0] in refused.stderr and "refusing to unload" in refused.stderr
+    assert loaded() and refcount() == 1
+
+    ok(f"del {CIDS[0]}")
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 0, done
+    assert "unloaded gpushare" in done.stdout
+    assert not loaded()
+    load()  # for the fixture
