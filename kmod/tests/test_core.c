@@ -198,7 +198,7 @@ static void test_acct(void)
 	CHECK(gs_check_prio_ratio(99) == 0 && gs_check_prio_ratio(100) == -EINVAL);
 }
 
-/* SEEDS cases 4, 5 and 7: all-or-nothing over several GPUs. */
+/* acceptance cases 4, 5 and 7 (docs/acceptance-cases.md): all-or-nothing over several GPUs. */
 static void test_admit(void)
 {
 	struct gs_acct g0, g2, *accts[GPUSHARE_MAX_GPUS] = { 0 };

@@ -82,7 +82,8 @@ def test_refusals_map_to_the_interface_errors() -> None:
 
 
 def test_case4_refused_multi_gpu_registration_reserves_nothing() -> None:
-    """SEEDS case 4: 20480+20480+40960 MiB on 32 GB cards is refused whole."""
+    """Acceptance case 4 (docs/acceptance-cases.md): 20480+20480+40960 MiB on
+    32 GB cards is refused whole."""
     c = client()
     with pytest.raises(OverCommitted) as e:
         c.register(reg("big", (0, 20480 * MiB, 0), (1, 20480 * MiB, 0), (2, 40960 * MiB, 0)))

@@ -1,4 +1,4 @@
-"""SEEDS.md section 3 case 8: the module cannot be unloaded while a container
+"""Acceptance case 8 (docs/acceptance-cases.md): the module cannot be unloaded while a container
 is registered; the refcount in /proc/modules follows the registrations
 exactly.  Runs inside the guest."""
 

@@ -76,7 +76,8 @@ async def test_two_gib_share_on_two_gpus(containerd, start_plugin, cri):
 
 
 async def test_egpu_case4_partial_reservation_rolls_back(containerd, start_plugin, cri):
-    """SEEDS case 4: 20480+20480+40960 MiB on 32 GiB cards is refused; nothing stays."""
+    """Acceptance case 4 (docs/acceptance-cases.md): 20480+20480+40960 MiB on
+    32 GiB cards is refused; nothing stays."""
     plugin = start_plugin(containerd, inventory=gpu_inventory(4, "32Gi"))
     message = await refused(cri, "case4", {P + "gpu-memory": "20480Mi,20480Mi,40960Mi"})
     assert "GPU" in message and "40960Mi" in message, message
@@ -119,7 +120,7 @@ async def test_egpu_case7_full_compute_refuses_ten_percent(containerd, start_plu
 
 @pytest.mark.parametrize(("placement", "expected"), [("binpack", [0, 0]), ("spread", [0, 1])])
 async def test_binpack_and_spread_example(containerd, start_plugin, cri, placement, expected):
-    """SEEDS §1.1: 2 x 15 GiB; pod1 asks 2 GiB, pod2 3 GiB."""
+    """The placement example (docs/acceptance-cases.md): 2 x 15 GiB; pod1 2 GiB, pod2 3 GiB."""
     plugin = start_plugin(containerd, inventory=gpu_inventory(2, "15Gi"), placement=placement)
     first = await run_sleeper(cri, "pod1", {P + "gpu-memory": "2"})
     second = await run_sleeper(cri, "pod2", {P + "gpu-memory": "3"})

@@ -1,4 +1,5 @@
-"""Placement: binpack/spread, capacity rules, and the eGPU refusal cases (SEEDS §3, 4-7)."""
+"""Placement: binpack/spread, capacity rules, and the refusal cases 4-7 of
+docs/acceptance-cases.md."""
 
 import copy
 
@@ -46,7 +47,7 @@ def refuse(svc, kmod, c) -> ShareRefused:
     return info.value
 
 
-# -- SEEDS §1.1: 2 cards of 15 GiB, pod1 2 GiB, pod2 3 GiB ------------------------------
+# -- placement example: 2 cards of 15 GiB, pod1 2 GiB, pod2 3 GiB ------------------------------
 
 
 @pytest.mark.parametrize(("placement", "expected"), [("binpack", [0, 0]), ("spread", [0, 1])])
@@ -118,7 +119,7 @@ def test_explicit_devices_keep_their_order():
     ]
 
 
-# -- SEEDS §3 cases 4-7 on 4 x 32 GiB GPUs with MiB quotas --------------------------------
+# -- acceptance cases 4-7 on 4 x 32 GiB GPUs with MiB quotas --------------------------------
 
 
 def test_case4_too_big_for_the_third_gpu_rolls_back():
