@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from nri_gpushare.share.model import Gpu
+
 DEFAULT_SOCKET = "/var/run/nri/nri.sock"
 DEFAULT_STATUS_SOCKET = "/run/nri-gpushare/status.sock"
 
@@ -31,15 +33,6 @@ class ConfigError(Exception):
 
 
 @dataclass(frozen=True)
-class StaticGpu:
-    index: int
-    uuid: str
-    name: str
-    memory_bytes: int
-    minor: int
-
-
-@dataclass(frozen=True)
 class Config:
     socket: str = DEFAULT_SOCKET
     plugin_name: str = "gpushare"
@@ -53,7 +46,7 @@ class Config:
     max_inst: int = 16
     max_high_priority_per_gpu: int = 1
     use_nvml: bool = True
-    inventory: tuple[StaticGpu, ...] = field(default_factory=tuple)
+    inventory: tuple[Gpu, ...] = field(default_factory=tuple)
 
 
 def parse_quantity(value: object) -> int:
@@ -127,12 +120,12 @@ class _Reader:
             self.fail(self.key(unknown[0]), f"unknown key (allowed here: {allowed})")
 
 
-def _parse_inventory(source: str, items: object) -> tuple[StaticGpu, ...]:
+def _parse_inventory(source: str, items: object) -> tuple[Gpu, ...]:
     if items is None:
         return ()
     if not isinstance(items, list):
         raise ConfigError(f"{source}: inventory: expected a list of GPUs")
-    gpus: list[StaticGpu] = []
+    gpus: list[Gpu] = []
     for position, item in enumerate(items):
         reader = _Reader(source, f"inventory[{position}]", item)
         index = reader.int_range("index", position, 0, 1023)
@@ -147,7 +140,7 @@ def _parse_inventory(source: str, items: object) -> tuple[StaticGpu, ...]:
             reader.fail(reader.key("memory"), "must be more than zero")
         minor = reader.int_range("minor", index, 0, 254)
         reader.finish()
-        gpus.append(StaticGpu(index, uuid, name, memory, minor))
+        gpus.append(Gpu(index, uuid, name, memory, minor))
     for attr in ("index", "uuid", "minor"):
         seen = [getattr(g, attr) for g in gpus]
         duplicates = sorted({str(v) for v in seen if seen.count(v) > 1})

@@ -22,7 +22,6 @@ from nri_gpushare.share.devices import HostDevices
 from nri_gpushare.share.inventory import load_inventory
 from nri_gpushare.share.model import (
     ContainerInfo,
-    Gpu,
     InjectionPlan,
     NodePolicy,
     ShareRefused,
@@ -125,10 +124,8 @@ def _kmod_client(config: Config) -> KernelModuleClient | None:
 
 
 def build_service(config: Config, kmod: KernelModuleClient | None = None) -> ShareService:
-    static = [
-        Gpu(g.index, g.uuid, g.name, g.memory_bytes, g.minor) for g in config.inventory
-    ]
-    gpus = load_inventory(static) if config.use_nvml else static  # config checked duplicates
+    # The config has already refused duplicate indexes, UUIDs and minors.
+    gpus = load_inventory(config.inventory) if config.use_nvml else list(config.inventory)
     if not gpus:
         raise ConfigError("no GPUs: NVML found none and the config has no `inventory:`")
     policy = NodePolicy(
