@@ -181,3 +181,14 @@ async def test_plugin_restart_keeps_identical_allocations(containerd, start_plug
     cid = await run_sleeper(cri, "d", {P + "gpu-memory": "1Gi"})
     assert len(second.status()["allocations"]) == 4
     assert allocation(second, cid)["gpus"][0]["memory"] == GiB
+
+
+async def test_container_stopped_while_plugin_down_is_released(containerd, start_plugin, cri):
+    first = start_plugin(containerd, inventory=gpu_inventory(2, "16Gi"))
+    kept = await run_sleeper(cri, "kept", {P + "gpu-memory": "2Gi"})
+    gone = await run_sleeper(cri, "gone", {P + "gpu-memory": "5Gi"})
+    first.kill()  # no clean shutdown: the plugin never hears of the stop below
+    await cri.stop(gone)
+    second = start_plugin(containerd, inventory=gpu_inventory(2, "16Gi"))
+    assert [a["container_id"] for a in second.status()["allocations"]] == [kept]
+    assert reserved(second)[0] == (2 * GiB, 0, 1)
