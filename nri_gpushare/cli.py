@@ -41,7 +41,7 @@ def _format_bytes(value: int) -> str:
 
 def _print_status(status: dict[str, Any]) -> None:
     kmod = status["kmod"]
-    enforced = "loaded" if kmod["loaded"] else "not loaded: isolation not enforced"
+    enforced = "loaded" if kmod["loaded"] else f"{kmod['problem']}: isolation not enforced"
     print(f"kernel module: {kmod['mode']}, {enforced}")
     for gpu in status["gpus"]:
         print(

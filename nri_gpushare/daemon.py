@@ -137,10 +137,11 @@ def build_service(config: Config, kmod: KernelModuleClient | None = None) -> Sha
     )
     kmod = kmod if kmod is not None else _kmod_client(config)
     service = ShareService(gpus, policy, kmod, HostDevices())
-    if config.kmod == "required" and not service.status()["kmod"]["loaded"]:
+    kmod_state = service.status()["kmod"]
+    if config.kmod == "required" and not kmod_state["loaded"]:
         raise ConfigError(
-            f"kmod: required, but the gpushare kernel module is not loaded "
-            f"({config.kmod_root} missing): run `modprobe gpushare` or set kmod: optional"
+            f"kmod: required, but the gpushare kernel module {kmod_state['problem']} "
+            f"({config.kmod_root}): load gpushare.ko or set kmod: optional"
         )
     return service
 

@@ -33,6 +33,7 @@ isolation none, for applications that isolate themselves.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -91,17 +92,22 @@ class ShareService:
         self._unregister_later: set[str] = set()  # unregistrations that failed
         self._loaded = False
         self._declared = False
+        #: Why the module cannot be used, for messages ("is not loaded", ...).
+        self.kmod_problem = "is not loaded"
         if policy.kmod_mode == "off":
             log.warning("kmod: off: GPU shares are placed and injected, isolation is not enforced")
         elif self._kmod_ready():
             log.info("gpushare kernel module loaded: isolation is enforced")
         elif policy.kmod_mode == "optional":
             log.warning(
-                "gpushare kernel module not loaded (kmod: optional): GPU shares are placed "
-                "and injected, isolation is not enforced"
+                "gpushare kernel module %s (kmod: optional): GPU shares are placed "
+                "and injected, isolation is not enforced", self.kmod_problem
             )
         else:
-            log.error("gpushare kernel module not loaded (kmod: required): shares will be refused")
+            log.error(
+                "gpushare kernel module %s (kmod: required): shares will be refused",
+                self.kmod_problem,
+            )
 
     # -- container lifecycle -------------------------------------------------------
 
@@ -239,7 +245,11 @@ class ShareService:
             for a in sorted(self.allocations.values(), key=lambda a: a.container_id)
         ]
         return {
-            "kmod": {"mode": self.policy.kmod_mode, "loaded": self._loaded},
+            "kmod": {
+                "mode": self.policy.kmod_mode,
+                "loaded": self._loaded,
+                "problem": "" if self._loaded else self.kmod_problem,
+            },
             "policy": {
                 "memory_reserve_bytes": self.policy.memory_reserve_bytes,
                 "max_inst": self.policy.max_inst,
@@ -264,15 +274,18 @@ class ShareService:
             if self._loaded:
                 log.warning("gpushare kernel module no longer loaded")
             self._loaded = self._declared = False
+            self.kmod_problem = "is not loaded"
             return False
         if not self._declared:
             try:
                 self.kmod.declare_gpus([GpuDeclaration(g.index, g.memory_bytes) for g in self.gpus])
             except KmodError as e:
-                log.error("kernel module: cannot declare GPUs: %s", e)
+                self.kmod_problem = f"is loaded but refused this node's GPU list: {e}"
+                log.error("gpushare kernel module %s", self.kmod_problem)
                 return False
             self._declared = True
         self._loaded = True
+        self.kmod_problem = ""
         return True
 
     def _register(self, alloc: Allocation, who: str) -> bool:
@@ -283,25 +296,20 @@ class ShareService:
         if not self._kmod_ready():
             if required:
                 raise ShareRefused(
-                    f"gpushare: cannot create {who}: the gpushare kernel module is not loaded "
-                    f"and this node requires it (kmod: required); load gpushare.ko or set "
-                    f"kmod: optional in the node config",
+                    f"gpushare: cannot create {who}: the gpushare kernel module "
+                    f"{self.kmod_problem} and this node requires it (kmod: required); "
+                    f"load gpushare.ko or set kmod: optional in the node config",
                     "kmod",
                 )
             log.warning(
-                "%s: kernel module not loaded (kmod: optional): isolation is not enforced", who
+                "%s: kernel module %s (kmod: optional): isolation is not enforced",
+                who, self.kmod_problem,
             )
             return False
         assert self.kmod is not None
         registration = Registration(alloc.container_id, _quotas(alloc))
         try:
-            try:
-                self.kmod.register(registration)
-            except AlreadyRegistered:
-                # A stale registration of an ID this service does not hold: replace it.
-                log.warning("%s: replacing a stale kernel-module registration", who)
-                self._unregister(alloc.container_id)
-                self.kmod.register(registration)
+            self._register_in_module(registration, who)
         except ModuleNotLoaded:
             self._loaded = self._declared = False
             if required:
@@ -313,6 +321,8 @@ class ShareService:
             log.warning("%s: kernel module unloaded: isolation is not enforced", who)
             return False
         except KmodError as e:
+            # A write that timed out may still land: never leave it behind.
+            self._unregister(alloc.container_id)
             raise ShareRefused(
                 f"gpushare: cannot create {who}: the gpushare kernel module refused "
                 f"{_describe_shares(alloc)}: {e} (errno {e.errno}); compare "
@@ -320,6 +330,24 @@ class ShareService:
                 "kmod",
             ) from None
         return True
+
+    def _register_in_module(self, registration: Registration, who: str) -> None:
+        assert self.kmod is not None
+        try:
+            self.kmod.register(registration)
+        except AlreadyRegistered:
+            # A stale registration of an ID this service does not hold: replace it.
+            log.warning("%s: replacing a stale kernel-module registration", who)
+            self._unregister(registration.container_id)
+            self.kmod.register(registration)
+        except KmodError as e:
+            if e.errno != errno.ENXIO:
+                raise
+            # The module was reloaded since we declared the GPUs: declare them again.
+            self._declared = False
+            if not self._kmod_ready():
+                raise
+            self.kmod.register(registration)
 
     def _reregister(self, alloc: Allocation, cgroups_path: str) -> None:
         assert self.kmod is not None

@@ -468,7 +468,7 @@ def test_status_is_json():
     assert gpu0["memory_free"] == 30 * GiB
     assert gpu0["core_free"] == 70
     assert status["allocations"][0]["pod"] == "ns/pod-c1"
-    assert status["kmod"] == {"mode": "optional", "loaded": True}
+    assert status["kmod"] == {"mode": "optional", "loaded": True, "problem": ""}
 
 
 def test_memory_dev_mismatch_is_only_logged(caplog):
@@ -489,3 +489,39 @@ def test_policy_validation():
     ):
         with pytest.raises(ValueError):
             NodePolicy(**bad)
+
+
+# -- kernel-module trouble (from review) ---------------------------------------------------
+
+
+class LandsThenTimesOut(FakeKernelModule):
+    """A registration whose write reaches the module after the client gave up."""
+
+    def register(self, registration):
+        super().register(registration)
+        raise KmodError("gpushare.ko did not answer within 1 s", errno.ETIMEDOUT)
+
+
+def test_registration_that_lands_after_a_timeout_is_undone():
+    kmod = LandsThenTimesOut()
+    svc, _ = make(kmod=kmod)
+    with pytest.raises(ShareRefused, match="errno 110"):
+        svc.create_container(ctr("c1", REQ))
+    assert kmod.regs == {} and svc.allocations == {}
+
+
+def test_module_reloaded_between_calls_gets_the_gpus_declared_again():
+    svc, kmod = make()
+    svc.create_container(ctr("c1", REQ))
+    svc.release("c1")
+    kmod.unload()
+    kmod.load()  # forgot the GPUs; the service has not noticed yet
+    svc.create_container(ctr("c2", REQ))
+    assert set(kmod.regs) == {"c2"} and kmod.gpus == {0: 32 * GiB, 1: 32 * GiB}
+
+
+def test_refused_gpu_list_is_reported_as_such():
+    kmod = FakeKernelModule()
+    kmod.fail_next["declare_gpus"] = OverCommitted("GPU index 16 out of range", errno.EINVAL)
+    svc, _ = make("required", kmod=kmod)
+    assert "refused this node's GPU list" in svc.status()["kmod"]["problem"]
