@@ -14,17 +14,13 @@ from typing import Any
 
 import yaml
 
+from nri_gpushare.kmod.abi import MAX_GPUS
 from nri_gpushare.share.model import Gpu
+from nri_gpushare.share.request import parse_memory
 
 DEFAULT_SOCKET = "/var/run/nri/nri.sock"
 DEFAULT_STATUS_SOCKET = "/run/nri-gpushare/status.sock"
 
-_UNITS = {
-    "": 1 << 30,  # a bare number is GiB, as in the share requests
-    "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40,
-    "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-}
-_QUANTITY = re.compile(r"^\s*(\d+)\s*([KMGT]i?)?\s*$")
 _UUID = re.compile(r"^GPU-[0-9A-Za-z-]+$")
 
 
@@ -50,15 +46,10 @@ class Config:
 
 
 def parse_quantity(value: object) -> int:
-    """Bytes from `2Gi`, `3276Mi`, `512M` or a bare integer (GiB)."""
-    if isinstance(value, bool):
-        raise ValueError("expected a size such as 16Gi, 3276Mi or 512M")
-    if isinstance(value, int):
-        value = str(value)
-    match = _QUANTITY.match(str(value))
-    if not match:
+    """Bytes from `2Gi`, `3276Mi`, `512M` or a bare integer (GiB), as in share requests."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
         raise ValueError(f"{value!r} is not a size such as 16Gi, 3276Mi or 512M")
-    return int(match.group(1)) * _UNITS[match.group(2) or ""]
+    return parse_memory(str(value))
 
 
 class _Reader:
@@ -128,7 +119,7 @@ def _parse_inventory(source: str, items: object) -> tuple[Gpu, ...]:
     gpus: list[Gpu] = []
     for position, item in enumerate(items):
         reader = _Reader(source, f"inventory[{position}]", item)
-        index = reader.int_range("index", position, 0, 1023)
+        index = reader.int_range("index", position, 0, MAX_GPUS - 1)
         uuid = reader.get("uuid", "", str)
         if not _UUID.match(uuid):
             reader.fail(reader.key("uuid"), f"{uuid!r} is not a GPU UUID such as GPU-8f6c...")
@@ -174,7 +165,7 @@ def parse_config(data: object, source: str = "<config>") -> Config:
         memory_reserve_bytes=top.quantity("memory_reserve", defaults.memory_reserve_bytes),
         max_inst=top.int_range("max_inst", defaults.max_inst, 1, 25),
         max_high_priority_per_gpu=top.int_range(
-            "max_high_priority_per_gpu", defaults.max_high_priority_per_gpu, 1, 25),
+            "max_high_priority_per_gpu", defaults.max_high_priority_per_gpu, 0, 25),
         use_nvml=top.get("use_nvml", defaults.use_nvml, bool),
         inventory=_parse_inventory(source, top.get("inventory", None, (list, type(None)))),
     )

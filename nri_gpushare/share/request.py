@@ -499,7 +499,7 @@ class _Parser:
     def _devices(self, text: str, indexes_only: bool = False) -> tuple[int, ...]:
         out: list[int] = []
         for item in _items(text):
-            if item.isdigit():
+            if _is_number(item):
                 index = int(item)
                 if index not in self.indexes:
                     raise _Invalid(f"no GPU {index} on this node; {self._known()}")
@@ -532,10 +532,23 @@ def _int_list(text: str, low: int, high: int | None, single: bool = False) -> li
         raise _Invalid("must be a single value")
     out = []
     for item in items:
-        if not item.isdigit() or int(item) < low or (high is not None and int(item) > high):
+        if not _is_number(item) or int(item) < low or (high is not None and int(item) > high):
             raise _Invalid(f"'{item}' is not allowed")
         out.append(int(item))
     return out
+
+
+def _is_number(text: str) -> bool:
+    """ASCII decimal digits only (str.isdigit also accepts e.g. '²')."""
+    return text.isascii() and text.isdigit()
+
+
+def parse_memory(text: str) -> int:
+    """Bytes from a size written as in requests: 2Gi, 3276Mi, 512M, a bare number is GiB."""
+    try:
+        return _memory(text.strip())
+    except _Invalid as e:
+        raise ValueError(str(e)) from None
 
 
 def _memory(text: str) -> int:
@@ -565,7 +578,7 @@ def _parse_core(_: _Parser, text: str) -> tuple[int, ...]:
     items = _items(text)
     out = []
     for item in items:
-        if not item.isdigit() or not 5 <= int(item) <= 100 or int(item) % 5:
+        if not _is_number(item) or not 5 <= int(item) <= 100 or int(item) % 5:
             which = f"'{item}' " if len(items) > 1 else ""
             raise _Invalid(f"{which}must be a multiple of 5 between 5 and 100 (percent of a GPU)")
         out.append(int(item))
@@ -573,7 +586,7 @@ def _parse_core(_: _Parser, text: str) -> tuple[int, ...]:
 
 
 def _parse_count(p: _Parser, text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
+    if not _is_number(text) or int(text) < 1:
         raise _Invalid(f"must be a whole number of GPUs, at least 1 (this node has {len(p.gpus)})")
     return int(text)
 

@@ -36,7 +36,8 @@ def test_full_config():
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [("2Gi", 2 << 30), ("3276Mi", 3276 << 20), ("512M", 512 * 10**6), (4, 4 << 30), ("1Ki", 1024)],
+    [("2Gi", 2 << 30), ("3276Mi", 3276 << 20), ("512M", 512 * 10**6), (4, 4 << 30),
+     ("1Ki", 1024), ("1.5Gi", 3 << 29)],
 )
 def test_quantity(value, expected):
     assert parse_quantity(value) == expected
@@ -51,7 +52,9 @@ def test_quantity(value, expected):
         ({"kmod": "maybe"}, "kmod: 'maybe' is not one of required, optional, off"),
         ({"max_inst": 26}, "max_inst: 26 is outside 1..25"),
         ({"max_inst": True}, "max_inst: expected int"),
-        ({"memory_reserve": "lots"}, "memory_reserve: 'lots' is not a size"),
+        ({"max_high_priority_per_gpu": -1}, "max_high_priority_per_gpu: -1 is outside 0..25"),
+        ({"inventory": [{"index": 16, "uuid": UUID0, "memory": 1}]}, "index: 16 is outside 0..15"),
+        ({"memory_reserve": "lots"}, "memory_reserve: 'lots' is not a memory size"),
         ({"inventory": [{"index": 0, "uuid": "nope", "memory": "1Gi"}]}, "inventory[0].uuid"),
         ({"inventory": [{"index": 0, "uuid": UUID0}]}, "inventory[0].memory: missing"),
         (

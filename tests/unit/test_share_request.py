@@ -510,3 +510,9 @@ def test_no_gpus():
 def test_describe():
     req = parse(pod={P + "gpu-memory": "2Gi,1Gi", P + "gpu-core": "30", P + "priority": "high"})
     assert req.describe() == "gpu-memory 2048Mi,1024Mi, gpu-core 30,30, priority high"
+
+
+@pytest.mark.parametrize("key", ["gpu-core", "gpu-count", "gpu-devices"])
+def test_non_ascii_digits_are_a_clear_refusal(key):
+    e = refused(pod={P + "gpu-memory": "1Gi", P + key: "²"})
+    assert P + key in str(e)
