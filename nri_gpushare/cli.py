@@ -77,9 +77,10 @@ def _status(args: argparse.Namespace) -> int:
             return 2
     try:
         status = query_status(path)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: a cut-off or garbled reply
+        reason = getattr(exc, "strerror", None) or exc
         print(
-            f"nri-gpushare: cannot reach the plugin at {path}: {exc.strerror or exc} "
+            f"nri-gpushare: cannot reach the plugin at {path}: {reason} "
             "(is `nri-gpushare run` running?)",
             file=sys.stderr,
         )

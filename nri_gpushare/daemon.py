@@ -186,8 +186,9 @@ async def run_daemon(
     status = StatusServer(config.status_socket, snapshot)
     await status.start()
     loop = asyncio.get_running_loop()
+    stopping: list[asyncio.Task[None]] = []  # keep the task referenced until it ends
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, lambda: asyncio.ensure_future(stub.stop()))
+        loop.add_signal_handler(signum, lambda: stopping.append(loop.create_task(stub.stop())))
     log.info(
         "nri-gpushare: %d GPU(s), NRI socket %s, status socket %s",
         len(service.gpus),

@@ -192,12 +192,18 @@ class ProcfsKernelModule:
     def registrations(self) -> list[Registration]:
         regs = []
         for words in self._dump():
-            if words[0] == "add":
+            if words[0] != "add":
+                continue
+            try:
                 quotas = []
                 for item in words[2].split(","):
                     gpu, mem, weight, prio = (int(x) for x in item.split(":"))
                     quotas.append(GpuQuota(gpu, mem, weight, bool(prio)))
-                regs.append(Registration(words[1], tuple(quotas)))
+            except (IndexError, ValueError):
+                raise KmodError(
+                    f"unexpected line in {self.root / 'inst_ctl'}: {' '.join(words)!r} "
+                    f"(module and plugin versions differ?)", errno.EPROTO) from None
+            regs.append(Registration(words[1], tuple(quotas)))
         return regs
 
     # -- more of the module's state -----------------------------------------------------
@@ -285,6 +291,8 @@ class ProcfsKernelModule:
             text = self._bounded(path.read_text, f"reading {path}")
         except FileNotFoundError:
             raise self._not_loaded() from None
+        except OSError as e:
+            raise self._error(e, f"reading {path}", {}) from None
         return [line.split() for line in text.splitlines() if line.strip()]
 
     def _not_loaded(self) -> ModuleNotLoaded:

@@ -134,6 +134,9 @@ class Stub:
             connection = await MuxConnection.connect(self.socket_path)
         self._connection = connection
         self.synchronized.clear()
+        if self._stopping.is_set():  # stop() came while we were connecting
+            await connection.close()
+            return
         connection.serve(PLUGIN_CONN, self._dispatch)
         try:
             request = nri.RegisterPluginRequest(plugin_name=self.name, plugin_idx=self.index)
@@ -241,7 +244,12 @@ class Stub:
 
     async def _state_change(self, payload: bytes) -> bytes:
         request = lite.decode_state_change(payload)
-        await self._notify(Event(request.event), request.pod, request.container)
+        try:
+            event = Event(request.event)
+        except ValueError:
+            log.debug("ignoring unknown NRI event %d", request.event)
+            return lite.EMPTY
+        await self._notify(event, request.pod, request.container)
         return lite.EMPTY
 
     async def _notify(

@@ -337,3 +337,19 @@ async def test_full_message_is_available_to_handlers(tmp_path):
         )
         assert reply == b""
     assert seen == [["sleep", "1"]]
+
+
+async def test_unknown_event_numbers_are_ignored(tmp_path):
+    async with connected(tmp_path, Recorder()) as (_, conn, _stub):
+        await call(conn, "StateChange", nri.StateChangeEvent(event=99, pod=POD))
+
+
+async def test_stop_while_connecting_returns(tmp_path):
+    runtime = FakeRuntime()
+    path = str(tmp_path / "nri.sock")
+    server = await runtime.serve(path)
+    stub = Stub(Recorder(), socket_path=path)
+    task = asyncio.create_task(stub.run())
+    await stub.stop()  # before the connection is up
+    await asyncio.wait_for(task, 5)
+    server.close()
