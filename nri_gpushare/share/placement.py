@@ -135,8 +135,15 @@ class Ledger:
         slots = list(zip(req.memory_bytes, req.core_percent, strict=True))
         high = req.priority == "high"
 
+        # Each (GPU, slot) is judged once; the search below only looks them up.
+        fit = {
+            (i, s): not self.shortfalls(i, *slots[s], high)
+            for i in self.usage
+            for s in range(len(slots))
+        }
+
         def fits(index: int, slot: int) -> bool:
-            return not self.shortfalls(index, *slots[slot], high)
+            return fit.get((index, slot), False)
 
         if req.devices is not None:
             chosen = list(req.devices)
@@ -145,7 +152,8 @@ class Ledger:
             raise self._refusal(req, who, list(zip(chosen, slots, strict=True)), high, "")
         order = self._preference(req.placement)
         candidates = [i for i in order if any(fits(i, s) for s in range(len(slots)))]
-        for combo in combinations(candidates, len(slots)):
+        homeless = any(not any(fits(i, s) for i in candidates) for s in range(len(slots)))
+        for combo in () if homeless else combinations(candidates, len(slots)):
             chosen = sorted(combo)
             if all(fits(i, s) for s, i in enumerate(chosen)):
                 return self._shares(chosen, slots)
