@@ -50,7 +50,7 @@ fi
 
 # --- bookworm packages ---
 pkgs=(runc busybox-static protobuf-compiler qemu-system-x86 cpio kmod
-      linux-image-amd64 linux-headers-amd64 iproute2)
+      linux-image-amd64 linux-headers-amd64 iproute2 shellcheck)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -70,13 +70,16 @@ for p in "${trixie_pkgs[@]}"; do
 	fi
 done
 
+# --- the kernel's checkpatch.pl, for `make -C kmod checkpatch` ---
+sh "$top/kmod/fetch-checkpatch.sh"
+
 # --- Python virtual environment ---
 if [ ! -x "$top/.venv/bin/python" ]; then
 	python3 -m venv "$top/.venv"
 fi
 stamp="$top/.venv/.installed-$(sha256sum "$top/pyproject.toml" | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
-	"$top/.venv/bin/pip" install -q -e "$top[test]"
+	"$top/.venv/bin/pip" install -q -e "${top}[test]"
 	touch "$stamp"
 fi
 echo "install-prereqs: ok"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite: lint, kernel-module user-space checks, then pytest
+# The whole test suite: lint (ruff, shellcheck, checkpatch), the kernel
+# module's user-space unit tests, then pytest
 # (unit tests, the real containerd test bed, and the real kernel module in a
 # qemu guest).  Every prerequisite is installed by scripts/install-prereqs.sh;
 # with CI=true a missing one fails the run instead of skipping.
@@ -7,5 +8,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CI="${CI:-}"
 .venv/bin/ruff check .
-make -C kmod check
+shellcheck scripts/*.sh .ci/run kmod/fetch-checkpatch.sh tests/guest/harness/init.sh
+make -C kmod check checkpatch
 exec .venv/bin/python -m pytest -ra -q "$@"
