@@ -1,0 +1,353 @@
+"""End to end inside the qemu guest: a real containerd 1.7 with CRI and NRI, the
+real plugin (`nri-gpushare run`, kmod: required) and the real gpushare.ko.
+
+Run by tests/guest/test_e2e_guest.py, which builds the module, has the guest
+load it and passes GPUSHARE_E2E_QUERY (a static build of kmod_query.c).  The
+tests run in file order on one containerd; the last one unloads the module.
+Every test ends with nothing registered in the module (checked).
+
+The guest root is an overlay over the host's file system, which overlayfs
+cannot use as an upper layer, so containerd's dirs and the shim sockets go to
+fresh tmpfs mounts; the loopback interface is brought up for CRI's stream
+server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from nri_gpushare.kmod import abi, admin
+from nri_gpushare.kmod.procfs import ProcfsKernelModule
+from tests.guest.kmod_support import (
+    CGROUP2,
+    CTL,
+    ROOT,
+    ctl,
+    in_child,
+    loaded,
+    read,
+    refcount,
+    registered,
+    snapshot,
+    value,
+)
+from tests.integration.plugin import PluginProcess, gpu_inventory
+from tests.testbed.containerd import Containerd
+from tests.testbed.cri import CriClient, GRPCError, cri
+from tests.testbed.images import BUSYBOX_IMAGE
+
+GiB = 1 << 30
+P = "gpushare.io/"
+BASE = Path("/tmp/gs-e2e")  # short: unix socket paths
+QUERY_EXE = os.environ.get("GPUSHARE_E2E_QUERY", "")
+SLOW = 120.0  # generous waits: everything is 5-20x slower under TCG
+SHARE = {P + "gpu-memory": "2Gi", P + "gpu-core": "30"}
+
+
+def sh(*argv: str) -> None:
+    subprocess.run(argv, check=True)
+
+
+class Plugins:
+    """The plugin processes of this module, one running at a time."""
+
+    def __init__(self, nri_socket: Path) -> None:
+        self.nri_socket = nri_socket
+        self.started: list[PluginProcess] = []
+
+    @property
+    def current(self) -> PluginProcess | None:
+        return self.started[-1] if self.started else None
+
+    def start(self) -> PluginProcess:
+        plugin = PluginProcess(
+            self.nri_socket, BASE / f"p{len(self.started)}",
+            kmod="required", use_nvml=False, inventory=gpu_inventory(2, "16Gi"))
+        self.started.append(plugin)
+        plugin.start(wait=False)
+        plugin.wait_connected(timeout=SLOW)
+        return plugin
+
+    def running(self) -> PluginProcess:
+        plugin = self.current
+        if plugin is None or plugin.proc is None or plugin.proc.poll() is not None:
+            plugin = self.start()
+        return plugin
+
+    def stop_all(self) -> None:
+        for plugin in self.started:
+            if plugin.proc is not None:
+                plugin.stop()
+
+
+@pytest.fixture(scope="module")
+def bed() -> Iterator[Containerd]:
+    if os.environ.get("GPUSHARE_IN_GUEST") != "1":
+        pytest.fail("e2e_guest_* tests run only inside the qemu guest (see test_e2e_guest.py)")
+    assert loaded(), "the host side loads gpushare.ko before the suite"
+    for point in (BASE, Path("/run/containerd")):
+        point.mkdir(parents=True, exist_ok=True)
+        sh("mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", str(point))
+    sh("ip", "link", "set", "lo", "up")
+    containerd = Containerd(BASE / "ctd", plugin_registration_timeout="60s",
+                            plugin_request_timeout="60s")
+    containerd.start(timeout=SLOW)
+    yield containerd
+    containerd.stop()
+
+
+@pytest.fixture(scope="module")
+def plugins(bed: Containerd) -> Iterator[Plugins]:
+    plugins = Plugins(bed.nri_socket)
+    yield plugins
+    plugins.stop_all()
+
+
+@pytest.fixture
+def plugin(plugins: Plugins) -> PluginProcess:
+    return plugins.running()
+
+
+@pytest.fixture(autouse=True)
+def module_left_empty() -> Iterator[None]:
+    """After each test (and its pods' cleanup): nothing registered, no reference."""
+    yield
+    if not loaded():
+        return  # the uninstall test unloaded it
+    leftovers = registered()
+    for cid in leftovers:
+        ctl(f"del {cid}")  # so one failure does not fail the next tests
+    assert leftovers == [], "containers left registered in gpushare.ko"
+    assert refcount() == 0
+
+
+@pytest_asyncio.fixture
+async def client(bed: Containerd, plugins: Plugins) -> AsyncIterator[CriClient]:
+    """A CRI client; the pods it started are stopped and removed afterwards."""
+    async with bed.cri_client() as c:
+        c.runtime.timeout = c.images.timeout = SLOW
+        await c.wait_ready(SLOW)
+        try:
+            yield c
+        finally:
+            plugins.running()  # pods are stopped through a live plugin
+
+
+# -- helpers --------------------------------------------------------------------------
+
+
+async def sleeper(client: CriClient, name: str, annotations: dict[str, str]) -> str:
+    """A running container in a new pod with these pod annotations."""
+    pod = await client.run_pod(name, annotations=annotations)
+    cid = await client.create_container(pod, "main", command=["sleep", "3600"])
+    await client.start(cid)
+    return cid
+
+
+async def cgroup_of(client: CriClient, cid: str) -> Path:
+    """The container's cgroup v2 directory (cgroupfs driver: /k8s.io/<id>)."""
+    info = await client.container_info(cid)
+    path = info["runtimeSpec"]["linux"]["cgroupsPath"]
+    assert path == f"/k8s.io/{cid}", path
+    return CGROUP2 / path.lstrip("/")
+
+
+def py_query() -> object:
+    """GPUSHARE_IOC_QUERY through nri_gpushare.kmod.abi, as JSON-able lists."""
+    r = abi.query()
+    if r is None:
+        return None
+    return [r.container_id, r.cgroup_id,
+            [[q.gpu_index, q.memory_bytes, q.core_percent, q.high_priority] for q in r.quotas]]
+
+
+async def create_querying(client: CriClient, pod: str) -> str:
+    """A container that first asks the module for its quota (the static
+    kmod_query, bind-mounted in, through the /dev/gpushare the plugin injected),
+    then sleeps.  CRI ExecSync is no use here: in the guest, runc exec'd
+    processes see the initramfs as / (the guest's init chroots)."""
+    if not QUERY_EXE:
+        pytest.fail("GPUSHARE_E2E_QUERY (a static kmod_query) is not set")
+    config = cri.ContainerConfig(
+        metadata=cri.ContainerMetadata(name="main"),
+        image=cri.ImageSpec(image=BUSYBOX_IMAGE),
+        command=["sh", "-c", "/gs-query; exec sleep 3600"],
+        mounts=[cri.Mount(container_path="/gs-query", host_path=QUERY_EXE, readonly=True)],
+        log_path="main.log",
+        linux=cri.LinuxContainerConfig(security_context=cri.LinuxContainerSecurityContext(
+            namespace_options=cri.NamespaceOption(network=cri.NamespaceMode.NODE))),
+    )
+    resp = await client.runtime.create_container(cri.CreateContainerRequest(
+        pod_sandbox_id=pod, config=config, sandbox_config=client.pod_config(pod)))
+    return resp.container_id
+
+
+async def first_line(client: CriClient, cid: str) -> str:
+    deadline = time.monotonic() + SLOW
+    while not (lines := await client.read_logs(cid)):
+        assert time.monotonic() < deadline, f"container {cid} printed nothing"
+        await asyncio.sleep(0.2)
+    return lines[0]
+
+
+# -- tests ----------------------------------------------------------------------------
+
+
+async def test_share_registered_bound_queried_and_released(bed, plugin, client):
+    kmod = plugin.status()["kmod"]
+    assert (kmod["mode"], kmod["loaded"]) == ("required", True), kmod
+    assert read(ROOT / "0" / "total_memsize") == f"{16 * GiB}\n"
+    assert refcount() == 0
+
+    pod = await client.run_pod("share", annotations=SHARE)
+    cid = await create_querying(client, pod)
+    # CreateContainer registered it; its cgroup does not exist yet, so unbound.
+    assert registered() == [cid]
+    d = ROOT / "0" / cid
+    assert value(d / "memsize") == 2 * GiB
+    assert value(d / "weight") == 30
+    assert value(d / "highprio") == 0
+    assert value(d / "cgroup") == 0
+    assert value(ROOT / "0" / "free_memsize") == 14 * GiB
+    assert value(ROOT / "0" / "free_weight") == 70
+    assert not (ROOT / "1" / cid).exists()
+    assert refcount() == 1
+
+    await client.start(cid)
+    cgroup = await cgroup_of(client, cid)
+    ino = os.stat(cgroup).st_ino
+    assert value(d / "cgroup") == ino  # StartContainer bound it
+    assert read(CTL).splitlines()[-1] == f"bind {cid} {ino}"
+    assert refcount() == 1
+
+    # The container itself (its first output line, from kmod_query) and any
+    # process moved into its cgroup get its quota; others get none.
+    want = [cid, ino, [[0, 2 * GiB, 30, False]]]
+    assert in_child(py_query, cgroup=cgroup) == want
+    assert in_child(py_query) is None  # the root cgroup has no registration
+    assert await first_line(client, cid) == f"{cid} {ino} 0:{2 * GiB}:30:0"
+
+    info = await client.container_info(cid)
+    spec = info["runtimeSpec"]
+    assert "GPUSHARE_MEMORY_LIMIT=2147483648" in spec["process"]["env"]
+    assert "GPUSHARE_CORE_LIMIT=30" in spec["process"]["env"]
+    assert "/dev/gpushare" in [dev["path"] for dev in spec["linux"]["devices"]]
+
+    [alloc] = plugin.status()["allocations"]
+    assert alloc["container_id"] == cid and alloc["registered"] is True
+    assert alloc["gpus"] == [{"index": 0, "uuid": gpu_inventory(1, "16Gi")[0]["uuid"],
+                              "memory": 2 * GiB, "core": 30}]
+
+    await client.stop_pod(pod)
+    assert registered() == [] and not d.exists()
+    assert refcount() == 0
+    assert value(ROOT / "0" / "free_memsize") == 16 * GiB
+    assert value(ROOT / "0" / "free_weight") == 100
+    await client.remove_pod(pod)
+    assert refcount() == 0 and plugin.status()["allocations"] == []
+
+
+async def test_refusals_leave_the_module_untouched(bed, plugin, client):
+    await sleeper(client, "held", SHARE)
+    before = snapshot()
+    assert refcount() == 1
+
+    # The plugin refuses: more memory than a 16 GiB GPU has.
+    pod = await client.run_pod("refused")
+    with pytest.raises(GRPCError) as info:
+        await client.create_container(pod, "greedy", command=["sleep", "3600"],
+                                      annotations={P + "gpu-memory": "20Gi"})
+    assert "20480Mi" in (info.value.message or ""), info.value.message
+    assert snapshot() == before and refcount() == 1
+    assert len(plugin.status()["allocations"]) == 1
+
+    # The module refuses what the plugin would place: a registration the
+    # plugin does not know (made behind its back) holds GPU 1's memory.
+    assert ctl(f"add foreign 1:{15 * GiB}") == 0
+    before = snapshot()
+    with pytest.raises(GRPCError) as info:
+        await client.create_container(pod, "pinned", command=["sleep", "3600"],
+                                      annotations={P + "gpu-memory": "4Gi",
+                                                   P + "gpu-devices": "1"})
+    message = info.value.message or ""
+    assert "kernel module refused" in message and f"errno {errno.ENOSPC}" in message, message
+    assert snapshot() == before and refcount() == 2
+    status = plugin.status()
+    assert len(status["allocations"]) == 1  # nothing stayed reserved in the plugin
+    assert status["gpus"][1]["memory_allocated"] == 0
+    assert ctl("del foreign") == 0
+
+
+async def test_plugin_restart_keeps_registrations_identical(bed, plugins, plugin, client):
+    first = await sleeper(client, "a", SHARE)
+    second = await sleeper(client, "b", {P + "gpu-memory": "1Gi,3Gi", P + "gpu-count": "2",
+                                         P + "priority": "high"})
+    registry, procfs = read(CTL), snapshot()
+    assert sorted(registered()) == sorted([first, second]) and refcount() == 2
+    before = plugin.status()
+
+    assert plugin.stop() == 0
+    assert read(CTL) == registry  # a plugin going away unregisters nothing
+    restarted = plugins.start()
+    assert restarted is not plugin
+    assert read(CTL) == registry and snapshot() == procfs
+    assert refcount() == 2  # no double registration
+    after = restarted.status()
+    assert after["allocations"] == before["allocations"]
+    assert after["gpus"] == before["gpus"]  # nothing counted twice
+    assert all(a["registered"] for a in after["allocations"])
+
+    await client.cleanup()
+    assert registered() == [] and refcount() == 0
+
+
+async def test_synchronize_removes_a_stale_registration(bed, plugins, plugin, client):
+    pod = await client.run_pod("stale", annotations=SHARE)
+    cid = await client.create_container(pod, "main", command=["sleep", "3600"])
+    await client.start(cid)
+    assert registered() == [cid] and refcount() == 1
+
+    plugin.kill()  # SIGKILL: no chance to clean up
+    await client.stop(cid)  # containerd has no plugin to tell
+    assert (await client.container_status(cid)).state == cri.ContainerState.CONTAINER_EXITED
+    assert registered() == [cid] and refcount() == 1  # stale now
+
+    restarted = plugins.start()
+    assert registered() == [] and refcount() == 0
+    assert restarted.status()["allocations"] == []
+    assert "gone; removing its kernel-module registration" in restarted.log()
+
+
+async def test_uninstall_refuses_then_unloads(bed, plugin, client):
+    """Last: `nri-gpushare uninstall` unloads the module once nothing is registered;
+    the plugin, still running with kmod: required, then refuses shares."""
+    cid = await sleeper(client, "last", SHARE)
+    code, message = admin.uninstall(ProcfsKernelModule())  # what the command runs
+    assert code == admin.EXIT_REFUSED, message
+    assert "refusing to unload gpushare" in message and cid in message
+    assert loaded() and refcount() == 1
+
+    await client.cleanup()
+    assert registered() == [] and refcount() == 0
+    command = [sys.executable, "-m", "nri_gpushare.cli", "uninstall"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 0, done
+    assert "unloaded gpushare" in done.stdout
+    assert not loaded() and not ROOT.exists()
+
+    pod = await client.run_pod("after", annotations=SHARE)
+    with pytest.raises(GRPCError) as info:
+        await client.create_container(pod, "main", command=["sleep", "3600"])
+    assert "kernel module is not loaded" in (info.value.message or ""), info.value.message
+    kmod = plugin.status()["kmod"]
+    assert (kmod["mode"], kmod["loaded"]) == ("required", False), kmod
