@@ -83,7 +83,9 @@ class _Reader:
         return value
 
     def choice(self, name: str, default: str, allowed: tuple[str, ...]) -> str:
-        value = self.get(name, default, str)
+        value = self.get(name, default, (str, bool))
+        if value is False and "off" in allowed:
+            value = "off"  # YAML 1.1 reads a bare `off` as false
         if value not in allowed:
             self.fail(self.key(name), f"{value!r} is not one of {', '.join(allowed)}")
         return value

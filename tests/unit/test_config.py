@@ -14,6 +14,15 @@ def test_defaults():
     assert config.inventory == ()
 
 
+def test_bare_off_in_yaml_means_off(tmp_path):
+    path = tmp_path / "node.yaml"
+    path.write_text("kmod: off\n")
+    assert load_config(path).kmod == "off"
+    path.write_text("kmod: on\n")
+    with pytest.raises(ConfigError, match="kmod: True is not one of"):
+        load_config(path)
+
+
 def test_full_config():
     config = parse_config({
         "nri": {"socket": "/tmp/nri.sock", "plugin_index": 5},
