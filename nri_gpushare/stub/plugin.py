@@ -16,7 +16,6 @@ message reaches the CRI caller (`kubectl describe`), so write it for a human.
 
 from __future__ import annotations
 
-import enum
 import re
 
 from nri_gpushare.api import nri
@@ -24,28 +23,12 @@ from nri_gpushare.api.lite import Adjustment
 from nri_gpushare.api.lite import ContainerView as Container
 from nri_gpushare.api.lite import PodSandboxView as Pod
 
+# NRI's event numbers (the generated enum); a subscription sets 1 << (event - 1).
+Event = nri.Event
 
-class Event(enum.IntEnum):
-    """NRI event numbers; the subscription mask bit is 1 << (event - 1)."""
 
-    RUN_POD_SANDBOX = 1
-    STOP_POD_SANDBOX = 2
-    REMOVE_POD_SANDBOX = 3
-    CREATE_CONTAINER = 4
-    POST_CREATE_CONTAINER = 5
-    START_CONTAINER = 6
-    POST_START_CONTAINER = 7
-    UPDATE_CONTAINER = 8
-    POST_UPDATE_CONTAINER = 9
-    STOP_CONTAINER = 10
-    REMOVE_CONTAINER = 11
-    UPDATE_POD_SANDBOX = 12
-    POST_UPDATE_POD_SANDBOX = 13
-    VALIDATE_CONTAINER_ADJUSTMENT = 14
-
-    @property
-    def bit(self) -> int:
-        return 1 << (self.value - 1)
+def event_bit(event: Event) -> int:
+    return 1 << (event - 1)
 
 
 class PluginError(Exception):
@@ -158,7 +141,7 @@ def subscription_mask(plugin: Plugin, valid_mask: int) -> int:
     """The mask sent in ConfigureResponse; never 0, which would mean "all"."""
     mask = 0
     for event in implemented_events(plugin):
-        mask |= event.bit
+        mask |= event_bit(event)
     mask &= valid_mask
     if mask == 0:
         raise PluginError("plugin handles no event this runtime can deliver")
