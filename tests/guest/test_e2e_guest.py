@@ -11,7 +11,6 @@ report are the verdict.  With CI=true a missing prerequisite fails.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.guest.harness import GuestError, junit_counts, require_guest, run_in_guest
+from tests.prereqs import missing
 from tests.testbed.containerd import missing_prerequisites
 from tests.testbed.images import build_images
 
@@ -33,19 +33,13 @@ BUILD_PRODUCTS = shutil.ignore_patterns("*.o", "*.ko", "*.mod", "*.mod.c", ".*",
 pytestmark = pytest.mark.guest
 
 
-def unavailable(why: str) -> None:
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(f"prerequisite missing: {why} [CI=true: a missing prerequisite fails]")
-    pytest.skip(why)
-
-
 def test_containerd_plugin_and_module_end_to_end_in_guest(tmp_path: Path) -> None:
     kernel = require_guest()
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None or shutil.which("make") is None:
-        unavailable("a C compiler and make are needed to build gpushare.ko")
-    if missing := missing_prerequisites():
-        unavailable("containerd test bed: " + "; ".join(missing))
+        missing("a C compiler and make are needed to build gpushare.ko")
+    if absent := missing_prerequisites():
+        missing("containerd test bed: " + "; ".join(absent))
     assert SUITE, "no tests/guest/e2e_guest_*.py"
 
     src = tmp_path / "kmod"

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.guest.harness.vm import GuestError, GuestUnavailable, check_prereqs, run_in_guest
+from tests.prereqs import missing
 
 REPO = Path(__file__).resolve().parents[2]
 KMOD = REPO / "kmod"
@@ -28,20 +29,14 @@ SUITE = sorted(p.relative_to(REPO).as_posix()
 pytestmark = pytest.mark.guest
 
 
-def unavailable(why: str) -> None:
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"prerequisite missing: {why}")
-    pytest.skip(why)
-
-
 def test_kmod_suite_in_guest(tmp_path: Path) -> None:
     try:
         kernel = check_prereqs()
     except GuestUnavailable as e:
-        unavailable(str(e))
+        missing(str(e))
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None or shutil.which("make") is None:
-        unavailable("a C compiler and make are needed to build gpushare.ko")
+        missing("a C compiler and make are needed to build gpushare.ko")
     assert len(SUITE) >= 6, SUITE
 
     subprocess.run(["make", "-C", str(KMOD), f"KDIR={kernel.build}"], check=True,

@@ -9,9 +9,9 @@ import subprocess
 from pathlib import Path
 
 import betterproto
-import pytest
 
 from nri_gpushare.api import nri
+from tests.prereqs import missing
 
 TOP = Path(__file__).resolve().parents[2]
 GENERATED = TOP / "nri_gpushare" / "api" / "generated"
@@ -20,12 +20,8 @@ PROTOC = os.environ.get("PROTOC", "/usr/bin/protoc")
 
 
 def _require(ok: bool, msg: str) -> None:
-    if ok:
-        return
-    msg += " (run scripts/install-prereqs.sh)"
-    if os.environ.get("GPUSHARE_ALLOW_SKIP") == "1" and os.environ.get("CI") != "true":
-        pytest.skip(msg)
-    pytest.fail(msg)
+    if not ok:
+        missing(msg)
 
 
 def _tree(root: Path) -> dict[str, bytes]:

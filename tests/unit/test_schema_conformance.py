@@ -28,6 +28,8 @@ from betterproto.lib.google.protobuf import (
     FileDescriptorSet,
 )
 
+from tests.prereqs import missing
+
 TOP = Path(__file__).resolve().parents[2]
 OURS = TOP / "nri_gpushare" / "api" / "nri.proto"
 CANONICAL = (
@@ -42,12 +44,8 @@ OPTIONAL = FieldDescriptorProtoLabel.LABEL_OPTIONAL
 
 
 def _require(ok: bool, msg: str) -> None:
-    if ok:
-        return
-    msg += " (run scripts/install-prereqs.sh)"
-    if os.environ.get("GPUSHARE_ALLOW_SKIP") == "1" and os.environ.get("CI") != "true":
-        pytest.skip(msg)
-    pytest.fail(msg)
+    if not ok:
+        missing(msg)
 
 
 def _compile(proto: Path, tmp: Path) -> FileDescriptorProto:
