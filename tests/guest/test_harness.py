@@ -131,15 +131,21 @@ def test_timeout_is_a_failure(kernel: Kernel) -> None:
 # --- no boot --------------------------------------------------------------
 
 
-def test_missing_prerequisite_skips_or_fails_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_prerequisite_fails_unless_skipping_is_allowed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(vm, "QEMU", "qemu-system-missing")
     with pytest.raises(GuestUnavailable, match="qemu-system-missing"):
         vm.check_prereqs()
-    monkeypatch.setenv("CI", "true")
-    with pytest.raises(pytest.fail.Exception, match="qemu-system-missing.*CI=true"):
+    monkeypatch.delenv("GPUSHARE_ALLOW_SKIP", raising=False)
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.fail.Exception, match="qemu-system-missing"):
         require_guest()
-    monkeypatch.delenv("CI")
+    monkeypatch.setenv("GPUSHARE_ALLOW_SKIP", "1")
     with pytest.raises(pytest.skip.Exception, match="qemu-system-missing"):
+        require_guest()
+    monkeypatch.setenv("CI", "true")  # CI never skips
+    with pytest.raises(pytest.fail.Exception, match="qemu-system-missing"):
         require_guest()
 
 

@@ -57,6 +57,7 @@ def test_kmod_suite_in_guest(tmp_path: Path) -> None:
     except GuestError as e:
         pytest.fail(f"{e}\n--- guest console (end) ---\n{e.console[-6000:]}")
     tail = result.console[-8000:]
+    assert not result.kernel_warned, f"the guest kernel warned:\n{tail}"
     assert result.status == 0, f"in-guest suite failed (status {result.status}):\n{tail}"
 
     # The report must show the whole suite ran and passed.

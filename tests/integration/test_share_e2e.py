@@ -94,7 +94,9 @@ async def test_egpu_case5_full_cards_refuse_a_fourth(containerd, start_plugin, c
     before = reserved(plugin)
     message = await refused(cri, "fourth", {P + "gpu-memory": "1024Mi",
                                             P + "gpu-devices": "0,1,2"})
-    assert "GPU 0" in message and "1024Mi" in message, message
+    for index in range(3):
+        assert f"GPU {index} ({uuids(4)[index]})" in message, message
+    assert "gpu-memory 1024Mi exceeds the free 0Mi by 1024Mi" in message, message
     assert reserved(plugin) == before
     assert len(plugin.status()["allocations"]) == 3
 
@@ -113,7 +115,9 @@ async def test_egpu_case7_full_compute_refuses_ten_percent(containerd, start_plu
                                       P + "gpu-count": "4"})
     assert {v[1] for v in reserved(plugin).values()} == {100}
     message = await refused(cri, "d", {P + "gpu-memory": "1024Mi", P + "gpu-core": "10"})
-    assert "GPU" in message and "core" in message, message
+    for index in range(4):
+        assert f"GPU {index} ({uuids(4)[index]})" in message, message
+    assert "gpu-core 10% exceeds the free 0% by 10%" in message, message
     assert {v[1] for v in reserved(plugin).values()} == {100}
     assert len(plugin.status()["allocations"]) == 3
 
@@ -160,7 +164,7 @@ async def test_stop_and_remove_release_everything(containerd, start_plugin, cri)
     assert len(plugin.status()["allocations"]) == 2
     await cri.stop(stopped)
     assert [a["container_id"] for a in plugin.status()["allocations"]] == [removed]
-    await cri.remove(removed)  # remove without a stop first
+    await cri.remove(removed)  # CRI stops it first; tests/unit/test_daemon covers remove alone
     await cri.cleanup()
     assert plugin.status()["allocations"] == []
     assert all(v == (0, 0, 0) for v in reserved(plugin).values())

@@ -113,3 +113,16 @@ async def test_handler_refusal_is_a_plugin_error_and_release_is_idempotent():
     await handler.stop_container(pod, ok)
     await handler.remove_container(pod, ok)
     assert kmod.registrations() == [] and handler.service.allocations == {}
+
+
+async def test_remove_without_stop_releases():
+    config = parse_config({"kmod": "optional", "use_nvml": False, "inventory": INVENTORY})
+    kmod = FakeKernelModule()
+    handler = GpuShareHandler(build_service(config, kmod))
+    pod, container = views(
+        nri.PodSandbox(id="p", name="p", annotations={"gpushare.io/gpu-memory": "1Gi"}),
+        nri.Container(id="c", name="main"),
+    )
+    await handler.create_container(pod, container)
+    await handler.remove_container(pod, container)  # e.g. after a crash: no StopContainer
+    assert handler.service.allocations == {} and kmod.registrations() == []

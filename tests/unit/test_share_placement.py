@@ -282,3 +282,40 @@ def test_egpu_string_is_honoured():
     ]
     assert plan.env["GPUSHARE_CORE_LIMIT"] == "10,10"
     assert plan.env["NVIDIA_VISIBLE_DEVICES"] == f"{svc.gpus[2].uuid},{svc.gpus[1].uuid}"
+
+
+# -- exact capacity boundaries with no kernel module to catch mistakes ----------------------
+
+
+def unguarded(gpus=None, **policy):
+    """A service with kmod: off: the domain alone stands between a GPU and over-commit."""
+    return ShareService(gpus or make_gpus(1, 16 * GiB), NodePolicy(kmod_mode="off", **policy),
+                        None, FakeDevices())
+
+
+def test_compute_boundary_without_module():
+    svc = unguarded()
+    svc.create_container(pod("a", {P + "gpu-memory": "1Gi", P + "gpu-core": "95"}))
+    with pytest.raises(ShareRefused, match="exceeds the free 5% by 5%"):
+        svc.create_container(pod("b", {P + "gpu-memory": "1Gi", P + "gpu-core": "10"}))
+    svc.create_container(pod("c", {P + "gpu-memory": "1Gi", P + "gpu-core": "5"}))
+    with pytest.raises(ShareRefused, match="exceeds the free 0% by 5%"):
+        svc.create_container(pod("d", {P + "gpu-memory": "1Gi", P + "gpu-core": "5"}))
+    assert svc.status()["gpus"][0]["core_allocated"] == 100
+
+
+def test_memory_boundary_without_module():
+    svc = unguarded(memory_reserve_bytes=GiB)
+    svc.create_container(pod("a", {P + "gpu-memory": "14Gi"}))
+    with pytest.raises(ShareRefused, match="by 1Mi"):
+        svc.create_container(pod("b", {P + "gpu-memory": "1025Mi"}))
+    svc.create_container(pod("c", {P + "gpu-memory": "1Gi"}))
+    assert svc.status()["gpus"][0]["memory_free"] == 0
+
+
+def test_max_inst_boundary_without_module():
+    svc = unguarded(max_inst=2)
+    for name in ("a", "b"):
+        svc.create_container(pod(name, {P + "gpu-memory": "1Gi"}))
+    with pytest.raises(ShareRefused, match="containers"):
+        svc.create_container(pod("c", {P + "gpu-memory": "1Gi"}))

@@ -72,7 +72,10 @@ class ShareMachine(RuleBasedStateMachine):
         before = (copy.deepcopy(self.svc.status()), dict(self.kmod.regs))
         try:
             plan = self.svc.create_container(c)
-        except ShareRefused:
+        except ShareRefused as refusal:
+            # The plugin must refuse over-commit itself, never lean on the
+            # module's backstop (with kmod: off there is none).
+            assert refusal.reason != "kmod", refusal
             assert (self.svc.status(), dict(self.kmod.regs)) == before
             return cid
         assert plan is not None

@@ -353,3 +353,9 @@ async def test_stop_while_connecting_returns(tmp_path):
     await stub.stop()  # before the connection is up
     await asyncio.wait_for(task, 5)
     server.close()
+
+
+def test_backoff_never_exceeds_one_second():
+    """containerd expects a plugin back within 2 s of a restart."""
+    stub = Stub(Recorder(), socket_path="/nonexistent")
+    assert max(stub._delays) <= 1.0
