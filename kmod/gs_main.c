@@ -172,7 +172,8 @@ static int gs_del(const char *id)
 
 /*
  * Bind a registration to a cgroup v2, given by id (0 unbinds) or by path
- * relative to the writer's cgroup namespace root; either must exist now.
+ * relative to the writer's cgroup namespace root; either must exist now
+ * and must not be the cgroup2 root.
  */
 static int gs_bind(const struct gs_cmd *cmd)
 {
@@ -190,11 +191,16 @@ static int gs_bind(const struct gs_cmd *cmd)
 		struct cgroup *cgrp = cmd->cgroup_path ?
 			cgroup_get_from_path(cmd->cgroup_path) :
 			cgroup_get_from_id(cgid);
+		bool root;
 
 		if (IS_ERR(cgrp))
 			return -ESRCH;
+		/* Every process is under the root: it is no container's. */
+		root = !cgroup_parent(cgrp);
 		cgid = cgroup_id(cgrp);
 		cgroup_put(cgrp);
+		if (root)
+			return -EINVAL;
 	}
 
 	mutex_lock(&gs_lock);
@@ -227,7 +233,10 @@ int gs_exec(const struct gs_cmd *cmd)
 	return -EINVAL;
 }
 
-/* The whole registry as inst_ctl commands that would rebuild it. */
+/*
+ * The registry (GPUs, containers, bindings) as inst_ctl commands; the
+ * settings (default_memsize, max_inst, policy, prio_ratio) are not in it.
+ */
 void gs_dump(struct seq_file *m)
 {
 	struct gs_ctr *ctr;
@@ -254,6 +263,23 @@ void gs_dump(struct seq_file *m)
 	mutex_unlock(&gs_lock);
 }
 
+/*
+ * Free the registry once the procfs tree is gone.  Only a forced unload,
+ * or inst_ctl commands written while a failing init ran, leave anything.
+ */
+static void gs_free_all(void)
+{
+	struct gs_ctr *ctr, *tmp;
+	u32 i;
+
+	list_for_each_entry_safe(ctr, tmp, &gs_ctrs, node) {
+		list_del(&ctr->node);
+		kfree(ctr);
+	}
+	for (i = 0; i < GPUSHARE_MAX_GPUS; i++)
+		kfree(gs_gpus[i]);
+}
+
 static int __init gs_init(void)
 {
 	int ret;
@@ -264,6 +290,7 @@ static int __init gs_init(void)
 	ret = gs_dev_init();
 	if (ret) {
 		gs_proc_exit();
+		gs_free_all();
 		return ret;
 	}
 	pr_info("gpushare %s loaded\n", GPUSHARE_VERSION);
@@ -272,18 +299,9 @@ static int __init gs_init(void)
 
 static void __exit gs_exit(void)
 {
-	struct gs_ctr *ctr, *tmp;
-	u32 i;
-
 	gs_dev_exit();
 	gs_proc_exit();
-	/* Only a forced unload leaves registrations behind. */
-	list_for_each_entry_safe(ctr, tmp, &gs_ctrs, node) {
-		list_del(&ctr->node);
-		kfree(ctr);
-	}
-	for (i = 0; i < GPUSHARE_MAX_GPUS; i++)
-		kfree(gs_gpus[i]);
+	gs_free_all();
 }
 
 module_init(gs_init);

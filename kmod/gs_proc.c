@@ -7,9 +7,11 @@
  *         total_memsize, free_memsize, nr_inst
  *   <gpu>/<container-id>/id, memsize, weight, highprio, meminfo, cgroup
  *
- * Every attribute file holds one decimal number or string.  Writes are
- * for CAP_SYS_ADMIN only; a value out of range is refused with EINVAL
- * and one that would over-commit the GPU with ENOSPC, changing nothing.
+ * Every attribute file holds one decimal number or string.  inst_ctl is
+ * 0600 and container directories 0500, so only root sees the containers.
+ * Writes are for CAP_SYS_ADMIN only; a value out of range is refused with
+ * EINVAL and one that would over-commit the GPU with ENOSPC, changing
+ * nothing.  A write with a NUL byte in it is EINVAL.
  */
 #include <linux/capability.h>
 #include <linux/miscdevice.h>
@@ -270,7 +272,7 @@ static ssize_t gs_attr_write(struct file *file, const char __user *ubuf,
 	if (copy_from_user(buf, ubuf, count))
 		return -EFAULT;
 	buf[count] = '\0';
-	if (gs_parse_value(buf, &val))
+	if (memchr(buf, 0, count) || gs_parse_value(buf, &val))
 		return -EINVAL;
 
 	mutex_lock(&gs_lock);
@@ -331,7 +333,12 @@ static ssize_t inst_ctl_write(struct file *file, const char __user *ubuf,
 	if (IS_ERR(buf))
 		return PTR_ERR(buf);
 	cmd = kmalloc(sizeof(*cmd), GFP_KERNEL);
-	ret = cmd ? gs_parse_cmd(buf, cmd) : -ENOMEM;
+	if (!cmd)
+		ret = -ENOMEM;
+	else if (memchr(buf, 0, count))
+		ret = -EINVAL;	/* parsing would stop at the NUL */
+	else
+		ret = gs_parse_cmd(buf, cmd);
 	/*
 	 * Hold the module while the command runs, so that it never creates
 	 * procfs entries while the module's exit removes the tree.
@@ -379,8 +386,9 @@ int gs_proc_add_share(struct gs_share *share)
 {
 	int ret;
 
-	share->dir = proc_mkdir(share->ctr->id,
-				gs_gpus[share->quota->gpu]->dir);
+	/* Root only: no container may list or read the others' quotas. */
+	share->dir = proc_mkdir_mode(share->ctr->id, 0500,
+				     gs_gpus[share->quota->gpu]->dir);
 	if (!share->dir)
 		return -ENOMEM;
 	ret = gs_create_files(share->dir, gs_ctr_attrs, share->files,
@@ -406,7 +414,7 @@ int gs_proc_init(void)
 		return -ENOMEM;
 	ret = gs_create_files(gs_proc_root, gs_top_attrs, gs_top_files,
 			      ARRAY_SIZE(gs_top_attrs), NULL);
-	if (!ret && !proc_create("inst_ctl", 0644, gs_proc_root,
+	if (!ret && !proc_create("inst_ctl", 0600, gs_proc_root,
 				 &gs_inst_ctl_ops))
 		ret = -ENOMEM;
 	if (ret)

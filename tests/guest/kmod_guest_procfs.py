@@ -3,19 +3,22 @@ every bad write is refused with nothing changed.  Runs inside the guest."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import stat
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from tests.guest.kmod_support import (
-    CGROUP2,
     CTL,
     DEV,
     NOBODY,
     ROOT,
     ctl,
+    errno_of,
     in_child,
     ok,
     read,
@@ -38,6 +41,7 @@ CTR_FILES = {"id": 0o444, "memsize": 0o644, "weight": 0o644, "highprio": 0o644,
 # Not a decimal number (optionally with one newline), or beyond 64 bits.
 NOT_NUMBERS = ["", "\n", "abc", "-1", "+1", "0x10", "1 2", " 1", "1\n\n", "1.5",
                "18446744073709551616", "9" * 40]
+CAP_SYS_ADMIN = 21
 
 
 def modes(directory: str) -> dict[str, int]:
@@ -54,7 +58,7 @@ def refused(path: str, texts: str | list[str], err: int) -> None:
 
 
 def test_top_level() -> None:
-    assert modes("") == {"version": 0o444, "default_memsize": 0o644, "inst_ctl": 0o644}
+    assert modes("") == {"version": 0o444, "default_memsize": 0o644, "inst_ctl": 0o600}
     assert read(ROOT / "version") == "0.1.0\n"
     assert read(ROOT / "default_memsize") == "0\n"
     assert read(CTL) == ""
@@ -126,6 +130,7 @@ def test_container_directory() -> None:
     ok("gpu 1 2000")
     ok(f"add {CID} 0:100:30:1,1:200")
     for gpu in ("0", "1"):
+        assert stat.S_IMODE(os.stat(ROOT / gpu / CID).st_mode) == 0o500
         assert modes(f"{gpu}/{CID}") == CTR_FILES
         assert read(ROOT / gpu / CID / "id") == CID + "\n"
         assert read(ROOT / gpu / CID / "cgroup") == "0\n"
@@ -200,14 +205,14 @@ def test_inst_ctl_errors_change_nothing() -> None:
     ok("del a")
 
 
-def test_inst_ctl_dump_rebuilds_the_registry() -> None:
-    root_cgroup = os.stat(CGROUP2).st_ino
+def test_inst_ctl_dump_rebuilds_the_registry(cgroups: Callable[[str], Path]) -> None:
+    cgroup = os.stat(cgroups("gs-dump")).st_ino
     for cmd in ("gpu 0 1000", "gpu 3 5000", "add a 0:100:10:1,3:200:20:0", "add b 3:300",
-                "add c 0:1:0:0", f"bind c {root_cgroup}"):
+                "add c 0:1:0:0", f"bind c {cgroup}"):
         ok(cmd)
     dump = read(CTL)
     assert dump == ("gpu 0 1000\ngpu 3 5000\nadd a 0:100:10:1,3:200:20:0\nadd b 3:300:0:0\n"
-                    f"add c 0:1:0:0\nbind c {root_cgroup}\n")
+                    f"add c 0:1:0:0\nbind c {cgroup}\n")
     for cid in registered():
         ok(f"del {cid}")
     for line in dump.splitlines():
@@ -247,11 +252,96 @@ def test_writes_need_root() -> None:
 
     def try_writes() -> list[int]:
         paths = [CTL, ROOT / "default_memsize", ROOT / "0/max_inst", ROOT / "0/a/memsize"]
-        return [write(p, "1") for p in paths] + [len(read(CTL))]
+        return [write(p, "1") for p in paths]
 
-    results = in_child(try_writes, uid=NOBODY)
-    assert results[:-1] == [errno.EACCES] * 4 and results[-1] > 0  # reading is fine
+    assert in_child(try_writes, uid=NOBODY) == [errno.EACCES] * 4
     assert snapshot() == before
+    ok("del a")
+
+
+def test_registry_is_root_only() -> None:
+    """Other users read the module's and the GPUs' files, not the registry."""
+    ok("gpu 0 1000")
+    ok("add a 0:100")
+
+    def try_reads() -> list[object]:
+        return [errno_of(lambda: read(CTL)), errno_of(lambda: os.listdir(ROOT / "0/a")),
+                errno_of(lambda: read(ROOT / "0/a/memsize")),
+                read(ROOT / "version"), value(ROOT / "0/nr_inst"), value(ROOT / "0/max_inst")]
+
+    assert in_child(try_reads, uid=NOBODY) == [errno.EACCES] * 3 + ["0.1.0\n", 1, 16]
+    ok("del a")
+
+
+def drop_cap_sys_admin() -> None:
+    """Drop CAP_SYS_ADMIN from this process's bounding, effective, permitted
+    and inheritable sets, keeping uid 0 and every other capability."""
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                    ("inheritable", ctypes.c_uint32)]
+
+    def check(rc: int, what: str) -> None:
+        if rc != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"{what}: {os.strerror(err)}")
+
+    pr_capbset_drop, linux_capability_version_3 = 24, 0x20080522
+    check(libc.prctl(pr_capbset_drop, CAP_SYS_ADMIN, 0, 0, 0), "prctl(PR_CAPBSET_DROP)")
+    header, data = Header(linux_capability_version_3, 0), (Data * 2)()
+    check(libc.capget(ctypes.byref(header), data), "capget")
+    keep = ~(1 << CAP_SYS_ADMIN) & 0xFFFFFFFF  # CAP_SYS_ADMIN < 32: in data[0]
+    data[0].effective &= keep
+    data[0].permitted &= keep
+    data[0].inheritable &= keep
+    check(libc.capset(ctypes.byref(header), data), "capset")
+
+
+def effective_caps() -> int:
+    for line in read("/proc/self/status").splitlines():
+        if line.startswith("CapEff:"):
+            return int(line.split()[1], 16)
+    raise AssertionError("no CapEff in /proc/self/status")
+
+
+def test_writes_need_cap_sys_admin() -> None:
+    """uid 0 without CAP_SYS_ADMIN opens the files (it owns them) and every
+    write is refused with EPERM, changing nothing."""
+    ok("gpu 0 1000")
+    ok("add a 0:100")
+    before = snapshot()
+
+    def try_writes() -> list[object]:
+        drop_cap_sys_admin()
+        writes = [(CTL, "gpu 1 1000\n"), (CTL, "del a\n"), (ROOT / "default_memsize", "5"),
+                  (ROOT / "0/max_inst", "3"), (ROOT / "0/a/memsize", "50")]
+        return [os.getuid(), effective_caps() >> CAP_SYS_ADMIN & 1,
+                [write(path, text) for path, text in writes], read(CTL)]
+
+    uid, cap, results, dump = in_child(try_writes)  # type: ignore[misc]
+    assert (uid, cap) == (0, 0)
+    assert results == [errno.EPERM] * 5
+    assert dump == "gpu 0 1000\nadd a 0:100:0:0\n"  # reading needs no capability
+    assert snapshot() == before
+    assert refcount() == 1
+    ok("del a")
+
+
+def test_nul_bytes_are_refused() -> None:
+    """A NUL byte would end parsing early; writes containing one are EINVAL."""
+    ok("gpu 0 1000")
+    ok("add a 0:100")
+    refused("default_memsize", ["5\0", "5\x009", "\x005"], errno.EINVAL)
+    refused("0/max_inst", ["3\0", "3\n\0"], errno.EINVAL)
+    refused("0/a/memsize", ["50\0"], errno.EINVAL)
+    refused("0/a/highprio", ["1\0x"], errno.EINVAL)
+    refused("inst_ctl", ["gpu 1 1000\0", "del a\0", "del a\0\n", "add b 0:1\0junk",
+                         "\0gpu 1 1000"], errno.EINVAL)
+    assert refcount() == 1
     ok("del a")
 
 

@@ -111,6 +111,10 @@ def test_bind_rules(cgroups: MakeCgroup) -> None:
     assert ctl("bind a /gs-bind/cgroup.procs") == errno.ESRCH  # a file, not a cgroup
     assert ctl("bind nobody /gs-bind") == errno.ENOENT
     assert ctl(f"bind a {2**63}") == errno.ESRCH  # no cgroup has this id
+    for root in ("/", f"{os.stat(CGROUP2).st_ino}"):  # every process is below the root
+        assert ctl(f"bind a {root}") == errno.EINVAL, root
+    assert read(ROOT / "0/a/cgroup") == "0\n"
+    assert query_in(None) is None  # the test runs in the root cgroup
     ok("bind a /gs-bind")
     ok("bind a /gs-bind")  # binding again is fine
     assert ctl("bind b /gs-bind") == errno.EBUSY
