@@ -44,7 +44,8 @@ _CLASSES: dict[int, type[KmodError]] = {
 }
 _GENERIC: dict[int, str] = {
     errno.EPERM: "permission denied: writing /proc/gpushare needs root (CAP_SYS_ADMIN)",
-    errno.EACCES: "permission denied: writing /proc/gpushare needs root (CAP_SYS_ADMIN)",
+    errno.EACCES: "permission denied: the registry in /proc/gpushare is root-only"
+                  " (writes also need CAP_SYS_ADMIN)",
     errno.ENODEV: "gpushare.ko is being unloaded",
     errno.EINVAL: "the module refused it as invalid",
 }
@@ -246,6 +247,8 @@ class ProcfsKernelModule:
                              " cgroup exists (after the runtime created it, e.g. at"
                              " StartContainer)",
                 errno.EBUSY: f"cgroup {target} is already bound to another container",
+                errno.EINVAL: "a container cannot be bound to the root cgroup (it would"
+                              " claim every process on the node)",
             }
             raise self._error(e, what, hints) from None
 
