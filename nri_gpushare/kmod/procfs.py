@@ -44,8 +44,8 @@ _CLASSES: dict[int, type[KmodError]] = {
 }
 _GENERIC: dict[int, str] = {
     errno.EPERM: "permission denied: writing /proc/gpushare needs root (CAP_SYS_ADMIN)",
-    errno.EACCES: "permission denied: the registry in /proc/gpushare is root-only"
-                  " (writes also need CAP_SYS_ADMIN)",
+    errno.EACCES: "permission denied: /proc/gpushare's registry needs root"
+                  " (writes also CAP_SYS_ADMIN)",
     errno.ENODEV: "gpushare.ko is being unloaded",
     errno.EINVAL: "the module refused it as invalid",
 }
