@@ -6,6 +6,7 @@ under TCG); the others check the harness's pure parts without booting.
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import textwrap
 from pathlib import Path
@@ -59,12 +60,20 @@ def test_cli_passes_exit_status_through(kernel: Kernel) -> None:
 def test_kernel_environment_cwd_and_module(kernel: Kernel, tmp_path: Path) -> None:
     dummy = kernel.modules / "kernel/drivers/net/dummy.ko"
     value = "a 'b' \"c\" $HOME `x`"
+    host_only = tmp_path / "only-in-the-host-root"
+    host_only.write_text("host root\n")
     script = (
         'cat /proc/version; echo "cwd=$(pwd)"; printf "v=%s\\n" "$VALUE"; '
         'echo "py=$(command -v python)"; echo "autoload=$PYTEST_DISABLE_PLUGIN_AUTOLOAD"; '
         'test -d /sys/module/dummy && echo dummy=loaded; '
         'grep -q " /sys/fs/cgroup cgroup2 " /proc/mounts && echo cgroup2=mounted; '
-        'python -c "import sys; print(\'prefix=\' + sys.prefix)"'
+        'python -c "import sys; print(\'prefix=\' + sys.prefix)"; '
+        # A process joining a mount namespace (nsenter -m, runc exec, CRI ExecSync)
+        # must land in the overlay root, not in the initramfs underneath it.
+        'unshare -m sleep 60 & pid=$!; '
+        'while [ "$(readlink /proc/$pid/ns/mnt)" = "$(readlink /proc/self/ns/mnt)" ]; do '
+        'sleep 0.1; done; '
+        f'nsenter -t "$pid" -m cat {shlex.quote(str(host_only))} && echo setns=hostroot'
     )
     r = run_in_guest(["sh", "-c", script], cwd=tmp_path, env={"VALUE": value}, modules=[dummy])
     report(r)
@@ -79,6 +88,7 @@ def test_kernel_environment_cwd_and_module(kernel: Kernel, tmp_path: Path) -> No
     assert "dummy=loaded" in out
     assert "cgroup2=mounted" in out
     assert f"prefix={vm.REPO}/.venv" in out
+    assert "setns=hostroot" in out
 
 
 @pytest.mark.guest
