@@ -174,8 +174,8 @@ def py_query() -> object:
 async def create_querying(client: CriClient, pod: str) -> str:
     """A container that first asks the module for its quota (the static
     kmod_query, bind-mounted in, through the /dev/gpushare the plugin injected),
-    then sleeps.  CRI ExecSync is no use here: in the guest, runc exec'd
-    processes see the initramfs as / (the guest's init chroots)."""
+    then sleeps; its log holds the answer, so no exec into the container is
+    needed."""
     if not QUERY_EXE:
         pytest.fail("GPUSHARE_E2E_QUERY (a static kmod_query) is not set")
     config = cri.ContainerConfig(
