@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from nri_gpushare.config import DEFAULT_STATUS_SOCKET, Config, ConfigError, load_config
+from nri_gpushare.share.model import format_bytes
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -35,10 +36,6 @@ def _run(args: argparse.Namespace) -> int:
         return 130
 
 
-def _format_bytes(value: int) -> str:
-    return f"{value / (1 << 20):.0f}Mi"
-
-
 def _print_status(status: dict[str, Any]) -> None:
     kmod = status["kmod"]
     enforced = "loaded" if kmod["loaded"] else f"{kmod['problem']}: isolation not enforced"
@@ -46,8 +43,8 @@ def _print_status(status: dict[str, Any]) -> None:
     for gpu in status["gpus"]:
         print(
             f"GPU {gpu['index']} {gpu['uuid']} {gpu['name']}: "
-            f"memory {_format_bytes(gpu['memory_allocated'])} allocated, "
-            f"{_format_bytes(gpu['memory_free'])} free of {_format_bytes(gpu['memory_total'])}; "
+            f"memory {format_bytes(gpu['memory_allocated'])} allocated, "
+            f"{format_bytes(gpu['memory_free'])} free of {format_bytes(gpu['memory_total'])}; "
             f"core {gpu['core_allocated']}%; {len(gpu['containers'])} container(s)"
         )
     allocations = status["allocations"]
@@ -60,7 +57,7 @@ def _print_status(status: dict[str, Any]) -> None:
             core = f"{share['core']}%" if share["core"] else "-"
             print(
                 f"{alloc['container_id'][:13]:14} {(alloc['pod'] or '-')[:30]:30} "
-                f"{share['index']:>3} {_format_bytes(share['memory']):>9} {core:>5} "
+                f"{share['index']:>3} {format_bytes(share['memory']):>9} {core:>5} "
                 f"{alloc['priority']}"
             )
 
