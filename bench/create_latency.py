@@ -63,21 +63,27 @@ async def main(containers: int) -> None:
     beds = {arm: Containerd().start() for arm in ARMS}  # all with NRI enabled
     plugin = PluginProcess(beds["gpushare"].nri_socket, workdir, log_level="warning")
     null = subprocess.Popen(
-        [sys.executable, str(Path(__file__).with_name("null_plugin.py")),
-         str(beds["null plugin"].nri_socket)]
+        [
+            sys.executable,
+            str(Path(__file__).with_name("null_plugin.py")),
+            str(beds["null plugin"].nri_socket),
+        ]
     )
     timings: dict[str, list[float]] = {arm: [] for arm in ARMS}
     try:
         plugin.start()
         await wait_registered(beds["null plugin"], "null")
         async with contextlib.AsyncExitStack() as stack:
-            clients = {arm: await stack.enter_async_context(bed.cri_client())
-                       for arm, bed in beds.items()}
-            pods = {arm: await client.run_pod("bench", annotations=REQUEST)
-                    for arm, client in clients.items()}
+            clients = {
+                arm: await stack.enter_async_context(bed.cri_client()) for arm, bed in beds.items()
+            }
+            pods = {
+                arm: await client.run_pod("bench", annotations=REQUEST)
+                for arm, client in clients.items()
+            }
             for i in range(containers + WARMUP):
                 # Rotate which arm goes first so none gets a systematic edge.
-                order = ARMS[i % len(ARMS):] + ARMS[:i % len(ARMS)]
+                order = ARMS[i % len(ARMS) :] + ARMS[: i % len(ARMS)]
                 for arm in order:
                     elapsed = await timed_create(clients[arm], pods[arm], f"c{i}")
                     if i >= WARMUP:
@@ -103,8 +109,10 @@ async def main(containers: int) -> None:
     print(f"{'':12} {'p50':>10} {'p99':>10} {'mean':>10} {'+p50':>10} {'+p99':>10}")
     for arm, values in timings.items():
         p50, p99 = percentile(values, 0.5), percentile(values, 0.99)
-        print(f"{arm:12} {ms(p50)} {ms(p99)} {ms(statistics.mean(values))} "
-              f"{ms(p50 - base50)} {ms(p99 - base99)}")
+        print(
+            f"{arm:12} {ms(p50)} {ms(p99)} {ms(statistics.mean(values))} "
+            f"{ms(p50 - base50)} {ms(p99 - base99)}"
+        )
     print(
         f"gpushare's own CreateContainer handling: p50 {handler['p50']:.3f} ms, "
         f"p99 {handler['p99']:.3f} ms"

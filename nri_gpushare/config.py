@@ -159,15 +159,17 @@ def parse_config(data: object, source: str = "<config>") -> Config:
         plugin_name=plugin_name,
         plugin_index=plugin_index,
         status_socket=top.get("status_socket", defaults.status_socket, str),
-        log_level=top.choice("log_level", defaults.log_level,
-                             ("debug", "info", "warning", "error")),
+        log_level=top.choice(
+            "log_level", defaults.log_level, ("debug", "info", "warning", "error")
+        ),
         kmod=top.choice("kmod", defaults.kmod, ("required", "optional", "off")),
         kmod_root=top.get("kmod_root", defaults.kmod_root, str),
         placement=top.choice("placement", defaults.placement, ("binpack", "spread")),
         memory_reserve_bytes=top.quantity("memory_reserve", defaults.memory_reserve_bytes),
         max_inst=top.int_range("max_inst", defaults.max_inst, 1, 25),
         max_high_priority_per_gpu=top.int_range(
-            "max_high_priority_per_gpu", defaults.max_high_priority_per_gpu, 0, 25),
+            "max_high_priority_per_gpu", defaults.max_high_priority_per_gpu, 0, 25
+        ),
         use_nvml=top.get("use_nvml", defaults.use_nvml, bool),
         inventory=_parse_inventory(source, top.get("inventory", None, (list, type(None)))),
     )

@@ -63,9 +63,7 @@ def adjustment(plan: InjectionPlan) -> Adjustment:
             for d in plan.devices
         ],
         mounts=[
-            MountSpec(
-                destination=m.destination, type=m.type, source=m.source, options=m.options
-            )
+            MountSpec(destination=m.destination, type=m.type, source=m.source, options=m.options)
             for m in plan.mounts
         ],
     )
@@ -85,7 +83,9 @@ class GpuShareHandler(Plugin):
         self.service.synchronize(live)
         log.info(
             "synchronized: %d pod(s), %d container(s), %d GPU allocation(s)",
-            len(pods), len(containers), len(self.service.allocations),
+            len(pods),
+            len(containers),
+            len(self.service.allocations),
         )
         return []
 

@@ -58,8 +58,12 @@ async def demo() -> None:
 
             say("nri-gpushare status")
             status_cmd = [
-                sys.executable, "-m", "nri_gpushare.cli", "status",
-                "--status-socket", plugin.status_socket,
+                sys.executable,
+                "-m",
+                "nri_gpushare.cli",
+                "status",
+                "--status-socket",
+                plugin.status_socket,
             ]
             subprocess.run(status_cmd, check=True)
 

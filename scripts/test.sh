@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# The whole test suite: lint (ruff, shellcheck, checkpatch), the kernel
-# module's user-space unit tests, then pytest
-# (unit tests, the real containerd test bed, and the real kernel module in a
-# qemu guest).  Every prerequisite is installed by scripts/install-prereqs.sh;
+# The whole test suite: lint (ruff check and format, mypy --strict, shellcheck,
+# checkpatch), the kernel module's user-space unit tests, then pytest (unit
+# tests, the real containerd test bed, and the real kernel module in a qemu
+# guest).  Every prerequisite is installed by scripts/install-prereqs.sh;
 # with CI=true a missing one fails the run instead of skipping.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CI="${CI:-}"
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/mypy
 shellcheck scripts/*.sh .ci/run kmod/fetch-checkpatch.sh tests/guest/harness/init.sh
 make -C kmod check checkpatch
 exec .venv/bin/python -m pytest -ra -q "$@"

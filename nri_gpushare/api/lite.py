@@ -386,8 +386,16 @@ def decode_container(raw: bytes) -> ContainerView:
             pid = value & 0xFFFFFFFF
     s = [_text(ids.get(n, b""), what, n) for n in (1, 2, 3)]
     return ContainerView(
-        s[0], s[1], s[2], state, labels, annotations, env,
-        _text(cgroups_path, "LinuxContainer", 5), pid, raw,
+        s[0],
+        s[1],
+        s[2],
+        state,
+        labels,
+        annotations,
+        env,
+        _text(cgroups_path, "LinuxContainer", 5),
+        pid,
+        raw,
     )
 
 
@@ -601,15 +609,17 @@ def _map_entry(key: int, k: str, v: str) -> bytes:
 
 
 def _device(d: Device) -> bytes:
-    return b"".join((
-        _str(0x0A, d.path),
-        _str(0x12, d.type),
-        _int64(0x18, d.major),
-        _int64(0x20, d.minor),
-        _wrapped_uint32(0x2A, d.file_mode),
-        _wrapped_uint32(0x32, d.uid),
-        _wrapped_uint32(0x3A, d.gid),
-    ))
+    return b"".join(
+        (
+            _str(0x0A, d.path),
+            _str(0x12, d.type),
+            _int64(0x18, d.major),
+            _int64(0x20, d.minor),
+            _wrapped_uint32(0x2A, d.file_mode),
+            _wrapped_uint32(0x32, d.uid),
+            _wrapped_uint32(0x3A, d.gid),
+        )
+    )
 
 
 def _mount(m: MountSpec) -> bytes:

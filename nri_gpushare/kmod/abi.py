@@ -40,8 +40,16 @@ PRIO_RATIO_DEFAULT = 80
 # Container IDs the module accepts (it also refuses ".", ".." and GPU_FILES).
 ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 # Files in /proc/gpushare/<gpu>/; no container ID may take these names.
-GPU_FILES = ("free_weight", "major", "max_inst", "policy", "prio_ratio",
-             "total_memsize", "free_memsize", "nr_inst")
+GPU_FILES = (
+    "free_weight",
+    "major",
+    "max_inst",
+    "policy",
+    "prio_ratio",
+    "total_memsize",
+    "free_memsize",
+    "nr_inst",
+)
 CONTAINER_FILES = ("id", "memsize", "weight", "highprio", "meminfo", "cgroup")
 
 # struct gpushare_quota: __u64 memsize; __u32 gpu, weight, highprio, reserved
@@ -62,8 +70,11 @@ IOC_QUERY = _ior(IOC_MAGIC, 0x01, QUERY_SIZE)
 
 
 def valid_id(container_id: str) -> bool:
-    return (ID_RE.fullmatch(container_id) is not None
-            and container_id not in (".", "..") and container_id not in GPU_FILES)
+    return (
+        ID_RE.fullmatch(container_id) is not None
+        and container_id not in (".", "..")
+        and container_id not in GPU_FILES
+    )
 
 
 @dataclass(frozen=True)

@@ -37,9 +37,13 @@ def module_refcount(name: str, sysfs: str | os.PathLike[str] = "/sys/module") ->
         return None
 
 
-def uninstall(client: KernelModuleClient, *, module: str = "gpushare",
-              unload: Callable[[str], None] = delete_module,
-              sysfs: str | os.PathLike[str] = "/sys/module") -> tuple[int, str]:
+def uninstall(
+    client: KernelModuleClient,
+    *,
+    module: str = "gpushare",
+    unload: Callable[[str], None] = delete_module,
+    sysfs: str | os.PathLike[str] = "/sys/module",
+) -> tuple[int, str]:
     """Unload `module` unless containers are registered: (exit code, message for a person).
 
     Exit codes: EXIT_OK (unloaded, or was not loaded), EXIT_REFUSED (containers
@@ -61,7 +65,8 @@ def uninstall(client: KernelModuleClient, *, module: str = "gpushare",
             return EXIT_REFUSED, (
                 f"refusing to unload {module}: no container is registered but it is still in"
                 f" use (reference count {refs}); a process probably holds /dev/gpushare open"
-                " (find it with `fuser -v /dev/gpushare`), or another module depends on it")
+                " (find it with `fuser -v /dev/gpushare`), or another module depends on it"
+            )
         if e.errno == errno.EPERM:
             return EXIT_FAILED, f"unloading {module} needs root (CAP_SYS_MODULE)"
         return EXIT_FAILED, f"could not unload {module}: {os.strerror(e.errno or errno.EIO)}"
@@ -77,9 +82,13 @@ def _registered(client: KernelModuleClient) -> list[Registration]:
 
 def _refusal(module: str, regs: list[Registration]) -> str:
     n = len(regs)
-    lines = [f"refusing to unload {module}: {n} container{'s' if n != 1 else ''}"
-             f" {'are' if n != 1 else 'is'} still registered:"]
+    lines = [
+        f"refusing to unload {module}: {n} container{'s' if n != 1 else ''}"
+        f" {'are' if n != 1 else 'is'} still registered:"
+    ]
     lines += [f"  {r.container_id}  ({describe(r)})" for r in regs]
-    lines.append("Stop or remove these containers first (each releases its registration),"
-                 " then run `nri-gpushare uninstall` again.")
+    lines.append(
+        "Stop or remove these containers first (each releases its registration),"
+        " then run `nri-gpushare uninstall` again."
+    )
     return "\n".join(lines)

@@ -45,7 +45,7 @@ _CLASSES: dict[int, type[KmodError]] = {
 _GENERIC: dict[int, str] = {
     errno.EPERM: "permission denied: writing /proc/gpushare needs root (CAP_SYS_ADMIN)",
     errno.EACCES: "permission denied: /proc/gpushare's registry needs root"
-                  " (writes also CAP_SYS_ADMIN)",
+    " (writes also CAP_SYS_ADMIN)",
     errno.ENODEV: "gpushare.ko is being unloaded",
     errno.EINVAL: "the module refused it as invalid",
 }
@@ -117,23 +117,30 @@ def cgroup_v2_path(cgroups_path: str, mounts: Sequence[str] = ()) -> str:
         if len(parts) != 3:
             raise ValueError(f"{cgroups_path!r}: expected <slice>:<prefix>:<name>")
         slice_name, prefix, name = parts
-        unit = name if name.endswith(".slice") else \
-            (f"{prefix}-{name}.scope" if prefix else f"{name}.scope")
+        unit = (
+            name
+            if name.endswith(".slice")
+            else (f"{prefix}-{name}.scope" if prefix else f"{name}.scope")
+        )
         return f"{expand_systemd_slice(slice_name or 'system.slice')}/{unit}"
     for point in mounts:
         if path == point:
             return "/"
         if point != "/" and path.startswith(point + "/"):
-            return path[len(point):]
+            return path[len(point) :]
     return "/" + path.lstrip("/")
 
 
 class ProcfsKernelModule:
     """KernelModuleClient for the real gpushare.ko (see kmod/README.md)."""
 
-    def __init__(self, root: str | os.PathLike[str] = abi.PROC_ROOT, *,
-                 timeout: float = DEFAULT_TIMEOUT,
-                 mountinfo: str | os.PathLike[str] = "/proc/self/mountinfo") -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str] = abi.PROC_ROOT,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        mountinfo: str | os.PathLike[str] = "/proc/self/mountinfo",
+    ) -> None:
         self.root = Path(root)
         self.timeout = timeout
         self.mountinfo = mountinfo
@@ -159,7 +166,8 @@ class ProcfsKernelModule:
         cid = registration.container_id
         spec = ",".join(
             f"{q.gpu_index}:{q.memory_bytes}:{q.core_percent}:{int(q.high_priority)}"
-            for q in registration.quotas)
+            for q in registration.quotas
+        )
         what = f"registering container {cid} with gpushare.ko ({describe(registration)})"
         try:
             self._control(f"add {cid} {spec}")
@@ -187,10 +195,10 @@ class ProcfsKernelModule:
         try:
             self._control(f"del {container_id}")
         except OSError as e:
-            hints = {errno.ENOENT: "it is not registered",
-                     errno.EINVAL: "not a valid container ID"}
-            raise self._error(e, f"unregistering container {container_id} from gpushare.ko",
-                              hints) from None
+            hints = {errno.ENOENT: "it is not registered", errno.EINVAL: "not a valid container ID"}
+            raise self._error(
+                e, f"unregistering container {container_id} from gpushare.ko", hints
+            ) from None
 
     def registrations(self) -> list[Registration]:
         regs = []
@@ -205,7 +213,9 @@ class ProcfsKernelModule:
             except (IndexError, ValueError):
                 raise KmodError(
                     f"unexpected line in {self.root / 'inst_ctl'}: {' '.join(words)!r} "
-                    f"(module and plugin versions differ?)", errno.EPROTO) from None
+                    f"(module and plugin versions differ?)",
+                    errno.EPROTO,
+                ) from None
             regs.append(Registration(words[1], tuple(quotas)))
         return regs
 
@@ -220,11 +230,19 @@ class ProcfsKernelModule:
 
     def gpu_state(self, index: int) -> GpuState:
         d = self.root / str(index)
-        names = ("total_memsize", "free_memsize", "free_weight", "nr_inst", "max_inst",
-                 "policy", "prio_ratio")
+        names = (
+            "total_memsize",
+            "free_memsize",
+            "free_weight",
+            "nr_inst",
+            "max_inst",
+            "policy",
+            "prio_ratio",
+        )
         try:
-            values = self._bounded(lambda: [int((d / n).read_text()) for n in names],
-                                   f"reading {d}")
+            values = self._bounded(
+                lambda: [int((d / n).read_text()) for n in names], f"reading {d}"
+            )
         except FileNotFoundError:
             if not self.loaded():
                 raise self._not_loaded() from None
@@ -232,8 +250,11 @@ class ProcfsKernelModule:
         return GpuState(index, *values)
 
     def default_memsize(self) -> int:
-        return int(self._bounded(lambda: (self.root / "default_memsize").read_text(),
-                                 "reading default_memsize"))
+        return int(
+            self._bounded(
+                lambda: (self.root / "default_memsize").read_text(), "reading default_memsize"
+            )
+        )
 
     # -- internals --------------------------------------------------------------------
 
@@ -244,11 +265,11 @@ class ProcfsKernelModule:
             hints = {
                 errno.ENOENT: "the container is not registered",
                 errno.ESRCH: f"cgroup {target} does not exist (yet): bind once the container's"
-                             " cgroup exists (after the runtime created it, e.g. at"
-                             " StartContainer)",
+                " cgroup exists (after the runtime created it, e.g. at"
+                " StartContainer)",
                 errno.EBUSY: f"cgroup {target} is already bound to another container",
                 errno.EINVAL: "a container cannot be bound to the root cgroup (it would"
-                              " claim every process on the node)",
+                " claim every process on the node)",
             }
             raise self._error(e, what, hints) from None
 
@@ -266,8 +287,11 @@ class ProcfsKernelModule:
         thread.start()
         thread.join(self.timeout)
         if not box:
-            raise KmodError(f"gpushare.ko did not answer within {self.timeout:g} s ({what});"
-                            " the kernel may be stuck, see dmesg", errno.ETIMEDOUT)
+            raise KmodError(
+                f"gpushare.ko did not answer within {self.timeout:g} s ({what});"
+                " the kernel may be stuck, see dmesg",
+                errno.ETIMEDOUT,
+            )
         ok, value = box[0]
         if not ok:
             raise value  # type: ignore[misc]
@@ -304,7 +328,8 @@ class ProcfsKernelModule:
         return ModuleNotLoaded(
             f"gpushare.ko is not loaded ({self.root} does not exist): load it with"
             " `modprobe gpushare` (or `insmod kmod/gpushare.ko`), or run the plugin"
-            " without the kernel module")
+            " without the kernel module"
+        )
 
     def _error(self, e: OSError, what: str, hints: dict[int, str]) -> KmodError:
         err = e.errno or errno.EIO
@@ -314,8 +339,10 @@ class ProcfsKernelModule:
     def _explain_invalid(self, reg: Registration) -> str:
         gpus = [q.gpu_index for q in reg.quotas]
         if not abi.valid_id(reg.container_id):
-            return (f"the container ID must be 1..{abi.ID_MAX} characters of [A-Za-z0-9_.-]"
-                    f" and not one of {', '.join(abi.GPU_FILES)}")
+            return (
+                f"the container ID must be 1..{abi.ID_MAX} characters of [A-Za-z0-9_.-]"
+                f" and not one of {', '.join(abi.GPU_FILES)}"
+            )
         if not reg.quotas:
             return "it names no GPU"
         if len(set(gpus)) != len(gpus):
@@ -347,17 +374,25 @@ class ProcfsKernelModule:
                 s = self.gpu_state(q.gpu_index)
             except KmodError:
                 continue
-            if (q.memory_bytes > s.free_memory or q.core_percent > s.free_weight
-                    or s.containers >= s.max_inst):
+            if (
+                q.memory_bytes > s.free_memory
+                or q.core_percent > s.free_weight
+                or s.containers >= s.max_inst
+            ):
                 full.append(
                     f"GPU {q.gpu_index} has {human_bytes(s.free_memory)} and"
-                    f" {s.free_weight}% compute free, {s.containers}/{s.max_inst} containers")
+                    f" {s.free_weight}% compute free, {s.containers}/{s.max_inst} containers"
+                )
         why = "; ".join(full) or "a GPU is full"
         return f"it would over-commit: {why}"
 
 
 def describe(registration: Registration) -> str:
-    return ", ".join(
-        f"GPU {q.gpu_index}: {human_bytes(q.memory_bytes)}, {q.core_percent}% compute"
-        + (", high priority" if q.high_priority else "")
-        for q in registration.quotas) or "no GPU"
+    return (
+        ", ".join(
+            f"GPU {q.gpu_index}: {human_bytes(q.memory_bytes)}, {q.core_percent}% compute"
+            + (", high priority" if q.high_priority else "")
+            for q in registration.quotas
+        )
+        or "no GPU"
+    )

@@ -101,7 +101,8 @@ class ShareService:
         elif policy.kmod_mode == "optional":
             log.warning(
                 "gpushare kernel module %s (kmod: optional): GPU shares are placed "
-                "and injected, isolation is not enforced", self.kmod_problem
+                "and injected, isolation is not enforced",
+                self.kmod_problem,
             )
         else:
             log.error(
@@ -303,7 +304,8 @@ class ShareService:
                 )
             log.warning(
                 "%s: kernel module %s (kmod: optional): isolation is not enforced",
-                who, self.kmod_problem,
+                who,
+                self.kmod_problem,
             )
             return False
         assert self.kmod is not None

@@ -200,7 +200,9 @@ class Stub:
         )
         log.info(
             "configured by %s %s: events 0x%x",
-            request.runtime_name, request.runtime_version, mask,
+            request.runtime_name,
+            request.runtime_version,
+            mask,
         )
         await self.plugin.configure(request.config, request.runtime_name, request.runtime_version)
         self._sync_pods, self._sync_containers = [], []

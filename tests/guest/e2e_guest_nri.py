@@ -71,8 +71,12 @@ class Plugins:
 
     def start(self) -> PluginProcess:
         plugin = PluginProcess(
-            self.nri_socket, BASE / f"p{len(self.started)}",
-            kmod="required", use_nvml=False, inventory=gpu_inventory(2, "16Gi"))
+            self.nri_socket,
+            BASE / f"p{len(self.started)}",
+            kmod="required",
+            use_nvml=False,
+            inventory=gpu_inventory(2, "16Gi"),
+        )
         self.started.append(plugin)
         plugin.start(wait=False)
         plugin.wait_connected(timeout=SLOW)
@@ -99,8 +103,9 @@ def bed() -> Iterator[Containerd]:
         point.mkdir(parents=True, exist_ok=True)
         sh("mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", str(point))
     sh("ip", "link", "set", "lo", "up")
-    containerd = Containerd(BASE / "ctd", plugin_registration_timeout="60s",
-                            plugin_request_timeout="60s")
+    containerd = Containerd(
+        BASE / "ctd", plugin_registration_timeout="60s", plugin_request_timeout="60s"
+    )
     containerd.start(timeout=SLOW)
     yield containerd
     containerd.stop()
@@ -167,8 +172,11 @@ def py_query() -> object:
     r = abi.query()
     if r is None:
         return None
-    return [r.container_id, r.cgroup_id,
-            [[q.gpu_index, q.memory_bytes, q.core_percent, q.high_priority] for q in r.quotas]]
+    return [
+        r.container_id,
+        r.cgroup_id,
+        [[q.gpu_index, q.memory_bytes, q.core_percent, q.high_priority] for q in r.quotas],
+    ]
 
 
 async def create_querying(client: CriClient, pod: str) -> str:
@@ -184,11 +192,17 @@ async def create_querying(client: CriClient, pod: str) -> str:
         command=["sh", "-c", "/gs-query; exec sleep 3600"],
         mounts=[cri.Mount(container_path="/gs-query", host_path=QUERY_EXE, readonly=True)],
         log_path="main.log",
-        linux=cri.LinuxContainerConfig(security_context=cri.LinuxContainerSecurityContext(
-            namespace_options=cri.NamespaceOption(network=cri.NamespaceMode.NODE))),
+        linux=cri.LinuxContainerConfig(
+            security_context=cri.LinuxContainerSecurityContext(
+                namespace_options=cri.NamespaceOption(network=cri.NamespaceMode.NODE)
+            )
+        ),
     )
-    resp = await client.runtime.create_container(cri.CreateContainerRequest(
-        pod_sandbox_id=pod, config=config, sandbox_config=client.pod_config(pod)))
+    resp = await client.runtime.create_container(
+        cri.CreateContainerRequest(
+            pod_sandbox_id=pod, config=config, sandbox_config=client.pod_config(pod)
+        )
+    )
     return resp.container_id
 
 
@@ -245,8 +259,9 @@ async def test_share_registered_bound_queried_and_released(bed, plugin, client):
 
     [alloc] = plugin.status()["allocations"]
     assert alloc["container_id"] == cid and alloc["registered"] is True
-    assert alloc["gpus"] == [{"index": 0, "uuid": gpu_inventory(1, "16Gi")[0]["uuid"],
-                              "memory": 2 * GiB, "core": 30}]
+    assert alloc["gpus"] == [
+        {"index": 0, "uuid": gpu_inventory(1, "16Gi")[0]["uuid"], "memory": 2 * GiB, "core": 30}
+    ]
 
     await client.stop_pod(pod)
     assert registered() == [] and not d.exists()
@@ -265,8 +280,9 @@ async def test_refusals_leave_the_module_untouched(bed, plugin, client):
     # The plugin refuses: more memory than a 16 GiB GPU has.
     pod = await client.run_pod("refused")
     with pytest.raises(GRPCError) as info:
-        await client.create_container(pod, "greedy", command=["sleep", "3600"],
-                                      annotations={P + "gpu-memory": "20Gi"})
+        await client.create_container(
+            pod, "greedy", command=["sleep", "3600"], annotations={P + "gpu-memory": "20Gi"}
+        )
     assert "20480Mi" in (info.value.message or ""), info.value.message
     assert snapshot() == before and refcount() == 1
     assert len(plugin.status()["allocations"]) == 1
@@ -276,9 +292,12 @@ async def test_refusals_leave_the_module_untouched(bed, plugin, client):
     assert ctl(f"add foreign 1:{15 * GiB}") == 0
     before = snapshot()
     with pytest.raises(GRPCError) as info:
-        await client.create_container(pod, "pinned", command=["sleep", "3600"],
-                                      annotations={P + "gpu-memory": "4Gi",
-                                                   P + "gpu-devices": "1"})
+        await client.create_container(
+            pod,
+            "pinned",
+            command=["sleep", "3600"],
+            annotations={P + "gpu-memory": "4Gi", P + "gpu-devices": "1"},
+        )
     message = info.value.message or ""
     assert "kernel module refused" in message and f"errno {errno.ENOSPC}" in message, message
     assert snapshot() == before and refcount() == 2
@@ -290,8 +309,9 @@ async def test_refusals_leave_the_module_untouched(bed, plugin, client):
 
 async def test_plugin_restart_keeps_registrations_identical(bed, plugins, plugin, client):
     first = await sleeper(client, "a", SHARE)
-    second = await sleeper(client, "b", {P + "gpu-memory": "1Gi,3Gi", P + "gpu-count": "2",
-                                         P + "priority": "high"})
+    second = await sleeper(
+        client, "b", {P + "gpu-memory": "1Gi,3Gi", P + "gpu-count": "2", P + "priority": "high"}
+    )
     registry, procfs = read(CTL), snapshot()
     assert sorted(registered()) == sorted([first, second]) and refcount() == 2
     before = plugin.status()

@@ -98,8 +98,9 @@ def test_case4_refused_multi_gpu_registration_reserves_nothing() -> None:
 def test_case5_and_case7_full_gpus_refuse_more() -> None:
     c = client()
     for i, core in enumerate((25, 25, 50)):
-        c.register(reg(f"fill{i}", *((g, 10 * GiB + (2 * GiB if i == 2 else 0), core)
-                                     for g in range(3))))
+        c.register(
+            reg(f"fill{i}", *((g, 10 * GiB + (2 * GiB if i == 2 else 0), core) for g in range(3)))
+        )
     with pytest.raises(OverCommitted) as e:  # case 7: 25+25+50 = 100%, 10% more
         c.register(reg("more", (0, MiB, 10)))
     assert "0% compute free" in str(e.value)

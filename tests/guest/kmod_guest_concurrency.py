@@ -55,8 +55,9 @@ def worker(seed: int, rounds: int) -> int:
             err = 0
         if err not in allowed:
             unexpected += 1
-            os.write(2, f"worker {seed}: op {op} on {cid}/{gpu}: {errno.errorcode.get(err)}\n"
-                     .encode())
+            os.write(
+                2, f"worker {seed}: op {op} on {cid}/{gpu}: {errno.errorcode.get(err)}\n".encode()
+            )
     return unexpected
 
 

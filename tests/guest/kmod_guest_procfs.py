@@ -33,20 +33,46 @@ pytestmark = pytest.mark.usefixtures("kmod")
 
 GiB = 1 << 30
 CID = "0123456789abcdef" * 4  # a containerd-style 64 hex character ID
-GPU_FILES = {"free_weight": 0o444, "major": 0o444, "max_inst": 0o644, "policy": 0o644,
-             "prio_ratio": 0o644, "total_memsize": 0o444, "free_memsize": 0o444,
-             "nr_inst": 0o444}
-CTR_FILES = {"id": 0o444, "memsize": 0o644, "weight": 0o644, "highprio": 0o644,
-             "meminfo": 0o444, "cgroup": 0o444}
+GPU_FILES = {
+    "free_weight": 0o444,
+    "major": 0o444,
+    "max_inst": 0o644,
+    "policy": 0o644,
+    "prio_ratio": 0o644,
+    "total_memsize": 0o444,
+    "free_memsize": 0o444,
+    "nr_inst": 0o444,
+}
+CTR_FILES = {
+    "id": 0o444,
+    "memsize": 0o644,
+    "weight": 0o644,
+    "highprio": 0o644,
+    "meminfo": 0o444,
+    "cgroup": 0o444,
+}
 # Not a decimal number (optionally with one newline), or beyond 64 bits.
-NOT_NUMBERS = ["", "\n", "abc", "-1", "+1", "0x10", "1 2", " 1", "1\n\n", "1.5",
-               "18446744073709551616", "9" * 40]
+NOT_NUMBERS = [
+    "",
+    "\n",
+    "abc",
+    "-1",
+    "+1",
+    "0x10",
+    "1 2",
+    " 1",
+    "1\n\n",
+    "1.5",
+    "18446744073709551616",
+    "9" * 40,
+]
 CAP_SYS_ADMIN = 21
 
 
 def modes(directory: str) -> dict[str, int]:
-    return {e.name: stat.S_IMODE(e.stat().st_mode) for e in os.scandir(ROOT / directory)
-            if e.is_file()}
+    return {
+        e.name: stat.S_IMODE(e.stat().st_mode) for e in os.scandir(ROOT / directory) if e.is_file()
+    }
 
 
 def refused(path: str, texts: str | list[str], err: int) -> None:
@@ -85,18 +111,27 @@ def test_gpu_directory() -> None:
     ok("gpu 0 17179869184")
     assert modes("0") == GPU_FILES
     assert {f: value(ROOT / "0" / f) for f in GPU_FILES} == {
-        "free_weight": 100, "major": os.major(os.stat(DEV).st_rdev), "max_inst": 16,
-        "policy": 2, "prio_ratio": 80, "total_memsize": 17179869184,
-        "free_memsize": 17179869184, "nr_inst": 0}
+        "free_weight": 100,
+        "major": os.major(os.stat(DEV).st_rdev),
+        "max_inst": 16,
+        "policy": 2,
+        "prio_ratio": 80,
+        "total_memsize": 17179869184,
+        "free_memsize": 17179869184,
+        "nr_inst": 0,
+    }
     assert value(ROOT / "0/major") == 10
     assert read(CTL) == "gpu 0 17179869184\n"
 
 
-@pytest.mark.parametrize(("name", "good", "bad"), [
-    ("max_inst", [1, 25, 7], [0, 26, 1000]),
-    ("policy", [0, 5, 1], [6, 100]),
-    ("prio_ratio", [20, 99, 50], [0, 19, 100]),
-])
+@pytest.mark.parametrize(
+    ("name", "good", "bad"),
+    [
+        ("max_inst", [1, 25, 7], [0, 26, 1000]),
+        ("policy", [0, 5, 1], [6, 100]),
+        ("prio_ratio", [20, 99, 50], [0, 19, 100]),
+    ],
+)
 def test_gpu_settings(name: str, good: list[int], bad: list[int]) -> None:
     ok("gpu 1 1000")
     path = f"1/{name}"
@@ -106,8 +141,9 @@ def test_gpu_settings(name: str, good: list[int], bad: list[int]) -> None:
     refused(path, [str(v) for v in bad] + NOT_NUMBERS, errno.EINVAL)
 
 
-@pytest.mark.parametrize("name", ["free_weight", "major", "total_memsize", "free_memsize",
-                                  "nr_inst"])
+@pytest.mark.parametrize(
+    "name", ["free_weight", "major", "total_memsize", "free_memsize", "nr_inst"]
+)
 def test_gpu_read_only_files(name: str) -> None:
     ok("gpu 0 1000")
     refused(f"0/{name}", "5", errno.EACCES)
@@ -185,12 +221,33 @@ def test_inst_ctl_errors_change_nothing() -> None:
     ok("gpu 1 1000")
     ok("add a 0:500:60")
     cases = {
-        errno.EINVAL: ["", "\n", "hello", "gpu 0", "gpu 0 0", "gpu 16 5", "add", "add x",
-                       "add x 0", "add x 0:10:101", "add x 0:10:1:2", "add x 0:10,0:10",
-                       "add x 16:10", "add ./.. 0:1", "add . 0:1", "add max_inst 0:1",
-                       "add " + "a" * 65 + " 0:1", "add x 0:10 extra", "del", "del a b",
-                       "bind a", "bind a x", "add x 0:0", "add x 0:1\nadd y 0:1",
-                       "x" * 5000],
+        errno.EINVAL: [
+            "",
+            "\n",
+            "hello",
+            "gpu 0",
+            "gpu 0 0",
+            "gpu 16 5",
+            "add",
+            "add x",
+            "add x 0",
+            "add x 0:10:101",
+            "add x 0:10:1:2",
+            "add x 0:10,0:10",
+            "add x 16:10",
+            "add ./.. 0:1",
+            "add . 0:1",
+            "add max_inst 0:1",
+            "add " + "a" * 65 + " 0:1",
+            "add x 0:10 extra",
+            "del",
+            "del a b",
+            "bind a",
+            "bind a x",
+            "add x 0:0",
+            "add x 0:1\nadd y 0:1",
+            "x" * 5000,
+        ],
         errno.EEXIST: ["add a 1:1"],
         errno.ENOENT: ["del x", "bind x 5", "bind x /"],
         errno.ENXIO: ["add x 2:10", "add x 0:10,3:10"],
@@ -207,12 +264,20 @@ def test_inst_ctl_errors_change_nothing() -> None:
 
 def test_inst_ctl_dump_rebuilds_the_registry(cgroups: Callable[[str], Path]) -> None:
     cgroup = os.stat(cgroups("gs-dump")).st_ino
-    for cmd in ("gpu 0 1000", "gpu 3 5000", "add a 0:100:10:1,3:200:20:0", "add b 3:300",
-                "add c 0:1:0:0", f"bind c {cgroup}"):
+    for cmd in (
+        "gpu 0 1000",
+        "gpu 3 5000",
+        "add a 0:100:10:1,3:200:20:0",
+        "add b 3:300",
+        "add c 0:1:0:0",
+        f"bind c {cgroup}",
+    ):
         ok(cmd)
     dump = read(CTL)
-    assert dump == ("gpu 0 1000\ngpu 3 5000\nadd a 0:100:10:1,3:200:20:0\nadd b 3:300:0:0\n"
-                    f"add c 0:1:0:0\nbind c {cgroup}\n")
+    assert dump == (
+        "gpu 0 1000\ngpu 3 5000\nadd a 0:100:10:1,3:200:20:0\nadd b 3:300:0:0\n"
+        f"add c 0:1:0:0\nbind c {cgroup}\n"
+    )
     for cid in registered():
         ok(f"del {cid}")
     for line in dump.splitlines():
@@ -265,9 +330,14 @@ def test_registry_is_root_only() -> None:
     ok("add a 0:100")
 
     def try_reads() -> list[object]:
-        return [errno_of(lambda: read(CTL)), errno_of(lambda: os.listdir(ROOT / "0/a")),
-                errno_of(lambda: read(ROOT / "0/a/memsize")),
-                read(ROOT / "version"), value(ROOT / "0/nr_inst"), value(ROOT / "0/max_inst")]
+        return [
+            errno_of(lambda: read(CTL)),
+            errno_of(lambda: os.listdir(ROOT / "0/a")),
+            errno_of(lambda: read(ROOT / "0/a/memsize")),
+            read(ROOT / "version"),
+            value(ROOT / "0/nr_inst"),
+            value(ROOT / "0/max_inst"),
+        ]
 
     assert in_child(try_reads, uid=NOBODY) == [errno.EACCES] * 3 + ["0.1.0\n", 1, 16]
     ok("del a")
@@ -282,8 +352,11 @@ def drop_cap_sys_admin() -> None:
         _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
 
     class Data(ctypes.Structure):
-        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                    ("inheritable", ctypes.c_uint32)]
+        _fields_ = [
+            ("effective", ctypes.c_uint32),
+            ("permitted", ctypes.c_uint32),
+            ("inheritable", ctypes.c_uint32),
+        ]
 
     def check(rc: int, what: str) -> None:
         if rc != 0:
@@ -317,10 +390,19 @@ def test_writes_need_cap_sys_admin() -> None:
 
     def try_writes() -> list[object]:
         drop_cap_sys_admin()
-        writes = [(CTL, "gpu 1 1000\n"), (CTL, "del a\n"), (ROOT / "default_memsize", "5"),
-                  (ROOT / "0/max_inst", "3"), (ROOT / "0/a/memsize", "50")]
-        return [os.getuid(), effective_caps() >> CAP_SYS_ADMIN & 1,
-                [write(path, text) for path, text in writes], read(CTL)]
+        writes = [
+            (CTL, "gpu 1 1000\n"),
+            (CTL, "del a\n"),
+            (ROOT / "default_memsize", "5"),
+            (ROOT / "0/max_inst", "3"),
+            (ROOT / "0/a/memsize", "50"),
+        ]
+        return [
+            os.getuid(),
+            effective_caps() >> CAP_SYS_ADMIN & 1,
+            [write(path, text) for path, text in writes],
+            read(CTL),
+        ]
 
     uid, cap, results, dump = in_child(try_writes)  # type: ignore[misc]
     assert (uid, cap) == (0, 0)
@@ -339,8 +421,11 @@ def test_nul_bytes_are_refused() -> None:
     refused("0/max_inst", ["3\0", "3\n\0"], errno.EINVAL)
     refused("0/a/memsize", ["50\0"], errno.EINVAL)
     refused("0/a/highprio", ["1\0x"], errno.EINVAL)
-    refused("inst_ctl", ["gpu 1 1000\0", "del a\0", "del a\0\n", "add b 0:1\0junk",
-                         "\0gpu 1 1000"], errno.EINVAL)
+    refused(
+        "inst_ctl",
+        ["gpu 1 1000\0", "del a\0", "del a\0\n", "add b 0:1\0junk", "\0gpu 1 1000"],
+        errno.EINVAL,
+    )
     assert refcount() == 1
     ok("del a")
 

@@ -28,8 +28,11 @@ def py_query() -> object:
     r = abi.query()
     if r is None:
         return None
-    return [r.container_id, r.cgroup_id,
-            [[q.gpu_index, q.memory_bytes, q.core_percent, q.high_priority] for q in r.quotas]]
+    return [
+        r.container_id,
+        r.cgroup_id,
+        [[q.gpu_index, q.memory_bytes, q.core_percent, q.high_priority] for q in r.quotas],
+    ]
 
 
 def query_in(cgroup: Path | None, uid: int | None = None) -> object:

@@ -77,11 +77,12 @@ def check_against(model: Model) -> None:
     lines = read(ROOT / "inst_ctl").splitlines()
     assert lines[: len(GPUS)] == expected
     got = {}
-    for line in lines[len(GPUS):]:
+    for line in lines[len(GPUS) :]:
         verb, cid, spec = line.split()
         assert verb == "add"
-        got[cid] = {int(g): [int(m), int(w)]
-                    for g, m, w, _ in (item.split(":") for item in spec.split(","))}
+        got[cid] = {
+            int(g): [int(m), int(w)] for g, m, w, _ in (item.split(":") for item in spec.split(","))
+        }
     assert got == model.quotas
     for g, total in GPUS.items():
         mem, weight, n = model.usage(g)
@@ -92,8 +93,9 @@ def check_against(model: Model) -> None:
         assert value(ROOT / f"{g}/max_inst") == model.max_inst[g]
         for cid, q in model.quotas.items():
             if g in q:
-                assert [value(ROOT / f"{g}/{cid}/memsize"),
-                        value(ROOT / f"{g}/{cid}/weight")] == q[g]
+                assert [value(ROOT / f"{g}/{cid}/memsize"), value(ROOT / f"{g}/{cid}/weight")] == q[
+                    g
+                ]
 
 
 def test_random_operations() -> None:
@@ -109,8 +111,10 @@ def test_random_operations() -> None:
             gpus = rng.sample([0, 1, 2, 3, 16], rng.choice([1, 1, 2, 3]))
             if rng.random() < 0.1:
                 gpus.append(gpus[0])  # the same GPU twice
-            spec = [(g, rng.choice([0, 1, 50, 100, 200, 400, 700]),
-                     rng.choice([0, 5, 10, 25, 50, 101])) for g in gpus]
+            spec = [
+                (g, rng.choice([0, 1, 50, 100, 200, 400, 700]), rng.choice([0, 5, 10, 25, 50, 101]))
+                for g in gpus
+            ]
             command = f"add {cid} " + ",".join(f"{g}:{m}:{w}" for g, m, w in spec)
             want, got = model.add(cid, spec), ctl(command)
         elif kind == "del":
@@ -121,8 +125,11 @@ def test_random_operations() -> None:
             cid = rng.choice(sorted(model.quotas))
             gpu = rng.choice(sorted(model.quotas[cid]))
             what = rng.choice(["memsize", "weight"])
-            v = rng.choice([0, 1, 30, 60, 150, 300, 600, 101] if what == "memsize"
-                           else [0, 5, 20, 40, 80, 100, 101])
+            v = rng.choice(
+                [0, 1, 30, 60, 150, 300, 600, 101]
+                if what == "memsize"
+                else [0, 5, 20, 40, 80, 100, 101]
+            )
             command = f"{gpu}/{cid}/{what} <- {v}"
             want, got = model.change(cid, gpu, what, v), write(ROOT / f"{gpu}/{cid}/{what}", str(v))
         elif kind == "max_inst":
@@ -130,8 +137,17 @@ def test_random_operations() -> None:
             command = f"{gpu}/max_inst <- {v}"
             want, got = model.set_max_inst(gpu, v), write(ROOT / f"{gpu}/max_inst", str(v))
         else:
-            command = rng.choice(["add", "del", "bind x", "add a 0:1:1:1:1", "gpu 0 -1",
-                                  "add ctr1 0:x", "del ctr1 ctr2"])
+            command = rng.choice(
+                [
+                    "add",
+                    "del",
+                    "bind x",
+                    "add a 0:1:1:1:1",
+                    "gpu 0 -1",
+                    "add ctr1 0:x",
+                    "del ctr1 ctr2",
+                ]
+            )
             want, got = errno.EINVAL, ctl(command)
         counts[errno.errorcode.get(want, "OK")] = counts.get(errno.errorcode.get(want, "OK"), 0) + 1
         assert got == want, f"step {step} (seed {SEED}): {command}: got {got}, want {want}"

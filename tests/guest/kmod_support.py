@@ -121,8 +121,9 @@ def snapshot() -> dict[str, bytes]:
     return out
 
 
-def in_child(fn: Callable[[], object], *, uid: int | None = None,
-             cgroup: Path | None = None) -> object:
+def in_child(
+    fn: Callable[[], object], *, uid: int | None = None, cgroup: Path | None = None
+) -> object:
     """fn() in a forked child, first moved into `cgroup` and/or switched to
     `uid`; returns what fn returned (JSON-serialisable)."""
     rfd, wfd = os.pipe()

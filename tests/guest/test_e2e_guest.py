@@ -25,10 +25,12 @@ from tests.testbed.images import build_images
 
 REPO = Path(__file__).resolve().parents[2]
 KMOD = REPO / "kmod"
-SUITE = sorted(p.relative_to(REPO).as_posix()
-               for p in (REPO / "tests" / "guest").glob("e2e_guest_*.py"))
-BUILD_PRODUCTS = shutil.ignore_patterns("*.o", "*.ko", "*.mod", "*.mod.c", ".*",
-                                        "Module.symvers", "modules.order", "build")
+SUITE = sorted(
+    p.relative_to(REPO).as_posix() for p in (REPO / "tests" / "guest").glob("e2e_guest_*.py")
+)
+BUILD_PRODUCTS = shutil.ignore_patterns(
+    "*.o", "*.ko", "*.mod", "*.mod.c", ".*", "Module.symvers", "modules.order", "build"
+)
 
 pytestmark = pytest.mark.guest
 
@@ -44,24 +46,58 @@ def test_containerd_plugin_and_module_end_to_end_in_guest(tmp_path: Path) -> Non
 
     src = tmp_path / "kmod"
     shutil.copytree(KMOD, src, ignore=BUILD_PRODUCTS)
-    subprocess.run(["make", "-C", str(src), f"KDIR={kernel.build}"], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        ["make", "-C", str(src), f"KDIR={kernel.build}"], check=True, stdout=subprocess.DEVNULL
+    )
     query = tmp_path / "kmod_query"
-    subprocess.run([cc, "-static", "-Wall", "-Werror", "-O2",
-                    "-I", str(KMOD / "include" / "uapi"), "-o", str(query),
-                    str(REPO / "tests" / "guest" / "kmod_query.c")], check=True)
+    subprocess.run(
+        [
+            cc,
+            "-static",
+            "-Wall",
+            "-Werror",
+            "-O2",
+            "-I",
+            str(KMOD / "include" / "uapi"),
+            "-o",
+            str(query),
+            str(REPO / "tests" / "guest" / "kmod_query.c"),
+        ],
+        check=True,
+    )
     build_images()  # cached on the host: the guest's writes are thrown away
 
     out = tmp_path / "out"
     junit = out / "e2e.xml"
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--noconftest",
-           "-p", "pytest_asyncio.plugin", "-p", "tests.guest.e2e_support",
-           "-q", "-rfE", "--durations=10", "-W", "ignore::pytest.PytestConfigWarning",
-           f"--junitxml={junit}", *SUITE]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "--noconftest",
+        "-p",
+        "pytest_asyncio.plugin",
+        "-p",
+        "tests.guest.e2e_support",
+        "-q",
+        "-rfE",
+        "--durations=10",
+        "-W",
+        "ignore::pytest.PytestConfigWarning",
+        f"--junitxml={junit}",
+        *SUITE,
+    ]
     try:
-        result = run_in_guest(cmd, cwd=REPO, env={"GPUSHARE_E2E_QUERY": str(query)},
-                              timeout=480, rwdirs=[out], modules=[src / "gpushare.ko"],
-                              memory_mb=1536)
+        result = run_in_guest(
+            cmd,
+            cwd=REPO,
+            env={"GPUSHARE_E2E_QUERY": str(query)},
+            timeout=480,
+            rwdirs=[out],
+            modules=[src / "gpushare.ko"],
+            memory_mb=1536,
+        )
     except GuestError as e:
         pytest.fail(f"{e}\n--- guest console (end) ---\n{e.console[-8000:]}")
     tail = result.console[-12000:]
@@ -71,5 +107,7 @@ def test_containerd_plugin_and_module_end_to_end_in_guest(tmp_path: Path) -> Non
     counts = junit_counts(junit)
     assert counts["tests"] >= 5, counts
     assert counts["failures"] == counts["errors"] == counts["skipped"] == 0, counts
-    print(f"guest: {counts['tests']} end-to-end tests passed; boot {result.boot_s:.1f} s,"
-          f" total {result.total_s:.1f} s")
+    print(
+        f"guest: {counts['tests']} end-to-end tests passed; boot {result.boot_s:.1f} s,"
+        f" total {result.total_s:.1f} s"
+    )

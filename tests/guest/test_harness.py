@@ -65,14 +65,14 @@ def test_kernel_environment_cwd_and_module(kernel: Kernel, tmp_path: Path) -> No
     script = (
         'cat /proc/version; echo "cwd=$(pwd)"; printf "v=%s\\n" "$VALUE"; '
         'echo "py=$(command -v python)"; echo "autoload=$PYTEST_DISABLE_PLUGIN_AUTOLOAD"; '
-        'test -d /sys/module/dummy && echo dummy=loaded; '
+        "test -d /sys/module/dummy && echo dummy=loaded; "
         'grep -q " /sys/fs/cgroup cgroup2 " /proc/mounts && echo cgroup2=mounted; '
-        'python -c "import sys; print(\'prefix=\' + sys.prefix)"; '
+        "python -c \"import sys; print('prefix=' + sys.prefix)\"; "
         # A process joining a mount namespace (nsenter -m, runc exec, CRI ExecSync)
         # must land in the overlay root, not in the initramfs underneath it.
-        'unshare -m sleep 60 & pid=$!; '
+        "unshare -m sleep 60 & pid=$!; "
         'while [ "$(readlink /proc/$pid/ns/mnt)" = "$(readlink /proc/self/ns/mnt)" ]; do '
-        'sleep 0.1; done; '
+        "sleep 0.1; done; "
         f'nsenter -t "$pid" -m cat {shlex.quote(str(host_only))} && echo setns=hostroot'
     )
     r = run_in_guest(["sh", "-c", script], cwd=tmp_path, env={"VALUE": value}, modules=[dummy])
@@ -94,8 +94,9 @@ def test_kernel_environment_cwd_and_module(kernel: Kernel, tmp_path: Path) -> No
 @pytest.mark.guest
 def test_rwdir_writes_reach_the_host_and_nothing_else_does(kernel: Kernel, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    r = run_in_guest("echo hello > out/file; id -u > out/uid; echo leak > leaked",
-                     cwd=tmp_path, rwdirs=[out])
+    r = run_in_guest(
+        "echo hello > out/file; id -u > out/uid; echo leak > leaked", cwd=tmp_path, rwdirs=[out]
+    )
     assert r.status == 0
     assert (out / "file").read_text() == "hello\n"
     assert (out / "uid").read_text() == "0\n"
@@ -104,7 +105,8 @@ def test_rwdir_writes_reach_the_host_and_nothing_else_does(kernel: Kernel, tmp_p
 
 @pytest.mark.guest
 def test_pytest_runs_inside_the_guest(kernel: Kernel, tmp_path: Path) -> None:
-    (tmp_path / "test_inner.py").write_text(textwrap.dedent("""\
+    (tmp_path / "test_inner.py").write_text(
+        textwrap.dedent("""\
         import os
 
         def test_in_guest_kernel():
@@ -113,7 +115,8 @@ def test_pytest_runs_inside_the_guest(kernel: Kernel, tmp_path: Path) -> None:
 
         def test_expected_to_fail():
             assert False, "this failure must reach the host"
-    """))
+    """)
+    )
     junit = tmp_path / "out" / "junit.xml"
     r = pytest_in_guest(["-v", "test_inner.py"], junit=junit, cwd=tmp_path)
     report(r)
@@ -132,8 +135,9 @@ def test_kernel_crash_is_a_failure(kernel: Kernel) -> None:
 
 @pytest.mark.guest
 def test_timeout_is_a_failure(kernel: Kernel) -> None:
-    p = subprocess.run([CLI, "--timeout", "3", "--", "sleep 600"], capture_output=True,
-                       text=True, timeout=600)
+    p = subprocess.run(
+        [CLI, "--timeout", "3", "--", "sleep 600"], capture_output=True, text=True, timeout=600
+    )
     assert p.returncode == 124, p.stdout + p.stderr
     assert "did not finish within 3 s" in p.stderr
 
@@ -161,19 +165,27 @@ def test_missing_prerequisite_fails_unless_skipping_is_allowed(
 
 def test_module_order_puts_dependencies_first(tmp_path: Path) -> None:
     dep = tmp_path / "modules.dep"
-    dep.write_text(textwrap.dedent("""\
+    dep.write_text(
+        textwrap.dedent("""\
         kernel/fs/9p/9p.ko: kernel/fs/netfs/netfs.ko kernel/net/9p/9pnet.ko kernel/fs/fscache.ko
         kernel/fs/fscache.ko: kernel/fs/netfs/netfs.ko
         kernel/fs/netfs/netfs.ko:
         kernel/net/9p/9pnet.ko:
         kernel/net/9p/9pnet_virtio.ko: kernel/drivers/virtio_ring.ko kernel/net/9p/9pnet.ko
         kernel/drivers/virtio_ring.ko:
-    """))
+    """)
+    )
     (tmp_path / "modules.builtin").write_text("kernel/fs/overlayfs/overlay.ko\n")
     order = vm.module_order(dep, ["9pnet_virtio", "9p", "overlay"])
     names = [Path(m).name for m in order]
-    assert names == ["virtio_ring.ko", "9pnet.ko", "9pnet_virtio.ko", "netfs.ko",
-                     "fscache.ko", "9p.ko"]
+    assert names == [
+        "virtio_ring.ko",
+        "9pnet.ko",
+        "9pnet_virtio.ko",
+        "netfs.ko",
+        "fscache.ko",
+        "9p.ko",
+    ]
     with pytest.raises(GuestUnavailable, match="nosuch"):
         vm.module_order(dep, ["nosuch"])
 

@@ -23,8 +23,9 @@ from tests.prereqs import missing
 
 REPO = Path(__file__).resolve().parents[2]
 KMOD = REPO / "kmod"
-SUITE = sorted(p.relative_to(REPO).as_posix()
-               for p in (REPO / "tests" / "guest").glob("kmod_guest_*.py"))
+SUITE = sorted(
+    p.relative_to(REPO).as_posix() for p in (REPO / "tests" / "guest").glob("kmod_guest_*.py")
+)
 
 pytestmark = pytest.mark.guest
 
@@ -39,16 +40,43 @@ def test_kmod_suite_in_guest(tmp_path: Path) -> None:
         missing("a C compiler and make are needed to build gpushare.ko")
     assert len(SUITE) >= 6, SUITE
 
-    subprocess.run(["make", "-C", str(KMOD), f"KDIR={kernel.build}"], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        ["make", "-C", str(KMOD), f"KDIR={kernel.build}"], check=True, stdout=subprocess.DEVNULL
+    )
     query = tmp_path / "kmod_query"
-    subprocess.run([cc, "-Wall", "-Werror", "-O2", "-I", str(KMOD / "include" / "uapi"),
-                    "-o", str(query), str(REPO / "tests/guest/kmod_query.c")], check=True)
+    subprocess.run(
+        [
+            cc,
+            "-Wall",
+            "-Werror",
+            "-O2",
+            "-I",
+            str(KMOD / "include" / "uapi"),
+            "-o",
+            str(query),
+            str(REPO / "tests/guest/kmod_query.c"),
+        ],
+        check=True,
+    )
     out = tmp_path / "out"
     junit = out / "kmod.xml"
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--noconftest",
-           "-p", "tests.guest.kmod_support", "-q", "-rfE", "--durations=8",
-           "-W", "ignore::pytest.PytestConfigWarning", f"--junitxml={junit}", *SUITE]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "--noconftest",
+        "-p",
+        "tests.guest.kmod_support",
+        "-q",
+        "-rfE",
+        "--durations=8",
+        "-W",
+        "ignore::pytest.PytestConfigWarning",
+        f"--junitxml={junit}",
+        *SUITE,
+    ]
     env = {"GPUSHARE_KO": str(KMOD / "gpushare.ko"), "GPUSHARE_KMOD_QUERY": str(query)}
     if seed := os.environ.get("GPUSHARE_RANDOM_SEED"):
         env["GPUSHARE_RANDOM_SEED"] = seed  # replays kmod_guest_random.py's run
@@ -66,5 +94,7 @@ def test_kmod_suite_in_guest(tmp_path: Path) -> None:
     counts = {k: int(suite.get(k, "0")) for k in ("tests", "failures", "errors", "skipped")}
     assert counts["tests"] >= 30 and counts["failures"] == counts["errors"] == 0, counts
     assert counts["skipped"] == 0, counts
-    print(f"guest: {counts['tests']} tests passed; boot {result.boot_s:.1f} s,"
-          f" total {result.total_s:.1f} s")
+    print(
+        f"guest: {counts['tests']} tests passed; boot {result.boot_s:.1f} s,"
+        f" total {result.total_s:.1f} s"
+    )

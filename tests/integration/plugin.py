@@ -19,8 +19,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def gpu_inventory(count: int, memory: str) -> list[dict[str, Any]]:
     return [
-        {"index": i, "uuid": f"GPU-{i:08x}-1111-2222-3333-444444444444",
-         "name": "Simulated GPU", "memory": memory}
+        {
+            "index": i,
+            "uuid": f"GPU-{i:08x}-1111-2222-3333-444444444444",
+            "name": "Simulated GPU",
+            "memory": memory,
+        }
         for i in range(count)
     ]
 
@@ -48,7 +52,9 @@ class PluginProcess:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "nri_gpushare.cli", "run", "--config", str(self.config_path)],
-            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         log.close()

@@ -13,7 +13,10 @@ def test_create_latency_benchmark_runs():
     require_testbed()
     result = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "create_latency.py"), "--containers", "3"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()

@@ -132,20 +132,29 @@ async def test_status_cli_text_and_json(containerd, start_plugin, cri):
     pod_id = await cri.run_pod("shown", annotations={"gpushare.io/gpu-memory": "3Gi"})
     cid = await cri.create_container(pod_id, "main", command=["sleep", "3600"])
     await cri.start(cid)
-    base = [sys.executable, "-m", "nri_gpushare.cli", "status", "--config",
-            str(plugin.config_path)]
+    base = [sys.executable, "-m", "nri_gpushare.cli", "status", "--config", str(plugin.config_path)]
     text = subprocess.run(base, capture_output=True, text=True, check=True).stdout
     assert "3072Mi" in text and cid[:13] in text and "default/shown" in text
-    data = json.loads(subprocess.run(base + ["--json"], capture_output=True, text=True,
-                                     check=True).stdout)
+    data = json.loads(
+        subprocess.run(base + ["--json"], capture_output=True, text=True, check=True).stdout
+    )
     assert data["allocations"][0]["container_id"] == cid
     assert data["gpus"][0]["memory_allocated"] == 3 << 30
 
 
 def test_status_cli_without_a_plugin_says_so(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "nri_gpushare.cli", "status", "--status-socket",
-         str(tmp_path / "none.sock")], capture_output=True, text=True)
+        [
+            sys.executable,
+            "-m",
+            "nri_gpushare.cli",
+            "status",
+            "--status-socket",
+            str(tmp_path / "none.sock"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 1
     assert "cannot reach the plugin" in result.stderr and "nri-gpushare run" in result.stderr
 
@@ -155,10 +164,16 @@ async def test_plugin_launched_by_containerd_uses_fd3(tmp_path):
     require_testbed()
     bed = Containerd()
     config = tmp_path / "gpushare.yaml"
-    config.write_text(yaml.safe_dump({
-        "status_socket": str(tmp_path / "status.sock"),
-        "kmod": "off", "use_nvml": False, "inventory": gpu_inventory(1, "8Gi"),
-    }))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "status_socket": str(tmp_path / "status.sock"),
+                "kmod": "off",
+                "use_nvml": False,
+                "inventory": gpu_inventory(1, "8Gi"),
+            }
+        )
+    )
     bed.nri_plugin_dir.mkdir(parents=True, exist_ok=True)
     launcher = bed.nri_plugin_dir / "10-gpushare"
     launcher.write_text(

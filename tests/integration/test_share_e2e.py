@@ -23,8 +23,9 @@ def uuids(count: int, memory: str = "16Gi") -> list[str]:
     return [g["uuid"] for g in gpu_inventory(count, memory)]
 
 
-async def run_sleeper(cri, name: str, annotations: dict[str, str] | None = None,
-                      env: dict[str, str] | None = None) -> str:
+async def run_sleeper(
+    cri, name: str, annotations: dict[str, str] | None = None, env: dict[str, str] | None = None
+) -> str:
     """A pod whose container keeps running (and so keeps its share)."""
     pod_id = await cri.run_pod(name, annotations=annotations)
     cid = await cri.create_container(pod_id, "main", command=["sleep", "3600"], env=env)
@@ -89,11 +90,11 @@ async def test_egpu_case4_partial_reservation_rolls_back(containerd, start_plugi
 async def test_egpu_case5_full_cards_refuse_a_fourth(containerd, start_plugin, cri):
     plugin = start_plugin(containerd, inventory=gpu_inventory(4, "32Gi"))
     for index in range(3):
-        await run_sleeper(cri, f"fill{index}", {P + "gpu-memory": "32768Mi",
-                                                P + "gpu-devices": str(index)})
+        await run_sleeper(
+            cri, f"fill{index}", {P + "gpu-memory": "32768Mi", P + "gpu-devices": str(index)}
+        )
     before = reserved(plugin)
-    message = await refused(cri, "fourth", {P + "gpu-memory": "1024Mi",
-                                            P + "gpu-devices": "0,1,2"})
+    message = await refused(cri, "fourth", {P + "gpu-memory": "1024Mi", P + "gpu-devices": "0,1,2"})
     for index in range(3):
         assert f"GPU {index} ({uuids(4)[index]})" in message, message
     assert "gpu-memory 1024Mi exceeds the free 0Mi by 1024Mi" in message, message
@@ -111,8 +112,9 @@ async def test_egpu_case6_core_110_refused_before_reserving(containerd, start_pl
 async def test_egpu_case7_full_compute_refuses_ten_percent(containerd, start_plugin, cri):
     plugin = start_plugin(containerd, inventory=gpu_inventory(4, "32Gi"))
     for name, core in (("a", "25"), ("b", "25"), ("c", "50")):
-        await run_sleeper(cri, name, {P + "gpu-memory": "1024Mi", P + "gpu-core": core,
-                                      P + "gpu-count": "4"})
+        await run_sleeper(
+            cri, name, {P + "gpu-memory": "1024Mi", P + "gpu-core": core, P + "gpu-count": "4"}
+        )
     assert {v[1] for v in reserved(plugin).values()} == {100}
     message = await refused(cri, "d", {P + "gpu-memory": "1024Mi", P + "gpu-core": "10"})
     for index in range(4):

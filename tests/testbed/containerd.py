@@ -157,15 +157,23 @@ class Containerd:
     def start(self, timeout: float = 30.0) -> Containerd:
         if self.running:
             return self
-        for d in (self.nri_plugin_dir, self.nri_plugin_config_dir, self.pod_log_dir,
-                  self.base / "cni" / "bin", self.base / "cni" / "conf"):
+        for d in (
+            self.nri_plugin_dir,
+            self.nri_plugin_config_dir,
+            self.pod_log_dir,
+            self.base / "cni" / "bin",
+            self.base / "cni" / "conf",
+        ):
             d.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(self.config_text())
         env = dict(os.environ, PATH=f"{self.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}")
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [str(self.bin_dir / "containerd"), "--config", str(self.config_path)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env=env,
                 start_new_session=True,
             )
         self._wait_ready(timeout)
@@ -180,7 +188,8 @@ class Containerd:
         while True:
             if self.proc is not None and self.proc.poll() is not None:
                 raise ContainerdError(
-                    f"containerd exited with {self.proc.returncode}:\n{self.log_tail()}")
+                    f"containerd exited with {self.proc.returncode}:\n{self.log_tail()}"
+                )
             probe = subprocess.run(
                 [str(self.ctr), "-a", str(self.cri_socket), "--timeout", "1s", "version"],
                 capture_output=True,
@@ -251,8 +260,9 @@ class Containerd:
             return
         for ns_root in self.runc_root.iterdir():
             for cid in (p.name for p in ns_root.iterdir() if p.is_dir()):
-                subprocess.run(["runc", "--root", str(ns_root), "delete", "--force", cid],
-                               capture_output=True)
+                subprocess.run(
+                    ["runc", "--root", str(ns_root), "delete", "--force", cid], capture_output=True
+                )
 
     def _shims(self) -> dict[int, list[str]]:
         """Shims started by this containerd (their argv names our address), by PID."""
@@ -280,7 +290,8 @@ class Containerd:
                 # containerd 1.7 names the socket sha256(address/namespace/id).
                 key = f"{self.cri_socket}/{opts['-namespace']}/{opts['-id']}"
                 Path(SHIM_SOCKET_DIR, hashlib.sha256(key.encode()).hexdigest()).unlink(
-                    missing_ok=True)
+                    missing_ok=True
+                )
 
     def _cleanup_dirs(self, remove: bool) -> None:
         """Unmount what containerd left mounted under base, then delete it."""

@@ -190,8 +190,11 @@ class CriClient:
         )
         if pod_config.log_directory:
             config.log_path = f"{name}.log"
-        resp = await self.runtime.create_container(cri.CreateContainerRequest(
-            pod_sandbox_id=pod_id, config=config, sandbox_config=pod_config))
+        resp = await self.runtime.create_container(
+            cri.CreateContainerRequest(
+                pod_sandbox_id=pod_id, config=config, sandbox_config=pod_config
+            )
+        )
         return resp.container_id
 
     async def start(self, container_id: str) -> None:
@@ -199,20 +202,23 @@ class CriClient:
 
     async def stop(self, container_id: str, timeout: int = 0) -> None:
         await self.runtime.stop_container(
-            cri.StopContainerRequest(container_id=container_id, timeout=timeout))
+            cri.StopContainerRequest(container_id=container_id, timeout=timeout)
+        )
 
     async def remove(self, container_id: str) -> None:
         await self.runtime.remove_container(cri.RemoveContainerRequest(container_id=container_id))
 
     async def container_status(self, container_id: str) -> cri.ContainerStatus:
         resp = await self.runtime.container_status(
-            cri.ContainerStatusRequest(container_id=container_id))
+            cri.ContainerStatusRequest(container_id=container_id)
+        )
         return resp.status
 
     async def container_info(self, container_id: str) -> dict[str, Any]:
         """containerd's verbose status info (pid, runtimeSpec, ...) as a dict."""
         resp = await self.runtime.container_status(
-            cri.ContainerStatusRequest(container_id=container_id, verbose=True))
+            cri.ContainerStatusRequest(container_id=container_id, verbose=True)
+        )
         return json.loads(resp.info["info"])
 
     async def list_containers(self, pod_id: str = "") -> list[cri.Container]:
@@ -259,8 +265,14 @@ class CriClient:
         """
         pod_id = await self.run_pod(name, annotations=pod_annotations, labels=pod_labels)
         cid = await self.create_container(
-            pod_id, name, image=image, command=command, env=env,
-            labels=labels, annotations=annotations)
+            pod_id,
+            name,
+            image=image,
+            command=command,
+            env=env,
+            labels=labels,
+            annotations=annotations,
+        )
         await self.start(cid)
         status = await self.wait_exit(cid, timeout)
         return ContainerRun(pod_id, cid, status.exit_code, await self.read_logs(cid), status)

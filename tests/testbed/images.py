@@ -85,29 +85,35 @@ def _layout(layer: bytes) -> bytes:
     blobs: dict[str, bytes] = {_digest(layer): layer}
     entries = []
     for name, cmd in _IMAGES.items():
-        config = _json({
-            "architecture": "amd64",
-            "os": "linux",
-            "config": {"Cmd": cmd, "Env": [_PATH], "WorkingDir": "/"},
-            "rootfs": {"type": "layers", "diff_ids": [_digest(layer)]},
-        })
-        manifest = _json({
-            "schemaVersion": 2,
-            "mediaType": _MANIFEST,
-            "config": {"mediaType": _CONFIG, "digest": _digest(config), "size": len(config)},
-            "layers": [{"mediaType": _LAYER, "digest": _digest(layer), "size": len(layer)}],
-        })
+        config = _json(
+            {
+                "architecture": "amd64",
+                "os": "linux",
+                "config": {"Cmd": cmd, "Env": [_PATH], "WorkingDir": "/"},
+                "rootfs": {"type": "layers", "diff_ids": [_digest(layer)]},
+            }
+        )
+        manifest = _json(
+            {
+                "schemaVersion": 2,
+                "mediaType": _MANIFEST,
+                "config": {"mediaType": _CONFIG, "digest": _digest(config), "size": len(config)},
+                "layers": [{"mediaType": _LAYER, "digest": _digest(layer), "size": len(layer)}],
+            }
+        )
         blobs[_digest(config)] = config
         blobs[_digest(manifest)] = manifest
-        entries.append({
-            "mediaType": _MANIFEST,
-            "digest": _digest(manifest),
-            "size": len(manifest),
-            "annotations": {
-                "io.containerd.image.name": name,
-                "org.opencontainers.image.ref.name": name.rsplit(":", 1)[1],
-            },
-        })
+        entries.append(
+            {
+                "mediaType": _MANIFEST,
+                "digest": _digest(manifest),
+                "size": len(manifest),
+                "annotations": {
+                    "io.containerd.image.name": name,
+                    "org.opencontainers.image.ref.name": name.rsplit(":", 1)[1],
+                },
+            }
+        )
     files = {
         "oci-layout": _json({"imageLayoutVersion": "1.0.0"}),
         "index.json": _json({"schemaVersion": 2, "manifests": entries}),

@@ -21,7 +21,10 @@ FEW = settings(max_examples=60, deadline=None, suppress_health_check=[HealthChec
 
 def assert_pod(view: lite.PodSandboxView, pod: nri.PodSandbox) -> None:
     assert (view.id, view.name, view.uid, view.namespace) == (
-        pod.id, pod.name, pod.uid, pod.namespace,
+        pod.id,
+        pod.name,
+        pod.uid,
+        pod.namespace,
     )
     assert view.labels == pod.labels
     assert view.annotations == pod.annotations
@@ -44,9 +47,13 @@ def bp_device(d: Device) -> nri.LinuxDevice:
         return None if value is None else cls(value=value)
 
     return nri.LinuxDevice(
-        path=d.path, type=d.type, major=d.major, minor=d.minor,
+        path=d.path,
+        type=d.type,
+        major=d.major,
+        minor=d.minor,
         file_mode=opt(nri.OptionalFileMode, d.file_mode),
-        uid=opt(nri.OptionalUInt32, d.uid), gid=opt(nri.OptionalUInt32, d.gid),
+        uid=opt(nri.OptionalUInt32, d.uid),
+        gid=opt(nri.OptionalUInt32, d.gid),
     )
 
 
@@ -55,14 +62,16 @@ def bp_adjustment(a: Adjustment) -> nri.ContainerAdjustment:
     return nri.ContainerAdjustment(
         annotations=dict(a.annotations),
         mounts=[
-            nri.Mount(destination=m.destination, type=m.type, source=m.source,
-                      options=list(m.options))
+            nri.Mount(
+                destination=m.destination, type=m.type, source=m.source, options=list(m.options)
+            )
             for m in a.mounts
         ],
         env=[nri.KeyValue(key=k, value=v) for k, v in a.env],
         linux=(
             nri.LinuxContainerAdjustment(devices=[bp_device(d) for d in a.devices])
-            if a.devices else None
+            if a.devices
+            else None
         ),
     )
 
@@ -89,11 +98,12 @@ resources = st.builds(
     unified=str_maps,
     pids=st.one_of(st.none(), st.builds(nri.LinuxPids, limit=INT64)),
 )
-mounts = st.builds(
-    nri.Mount, destination=words, type=words, source=words, options=str_lists
-)
+mounts = st.builds(nri.Mount, destination=words, type=words, source=words, options=str_lists)
 devices = st.builds(
-    nri.LinuxDevice, path=words, type=st.sampled_from(["c", "b", ""]), major=INT64,
+    nri.LinuxDevice,
+    path=words,
+    type=st.sampled_from(["c", "b", ""]),
+    major=INT64,
     minor=INT64,
     file_mode=st.one_of(st.none(), st.builds(nri.OptionalFileMode, value=UINT32)),
 )
@@ -107,39 +117,63 @@ linux_container = st.builds(
 )
 pods = st.builds(
     nri.PodSandbox,
-    id=words, name=words, uid=words, namespace=long_words,
-    labels=str_maps, annotations=str_maps, runtime_handler=words,
+    id=words,
+    name=words,
+    uid=words,
+    namespace=long_words,
+    labels=str_maps,
+    annotations=str_maps,
+    runtime_handler=words,
     linux=st.one_of(
         st.none(), st.builds(nri.LinuxPodSandbox, cgroup_parent=words, resources=resources)
     ),
-    pid=UINT32, ips=str_lists,
+    pid=UINT32,
+    ips=str_lists,
 )
 containers = st.builds(
     nri.Container,
-    id=words, pod_sandbox_id=words, name=long_words,
+    id=words,
+    pod_sandbox_id=words,
+    name=long_words,
     state=st.sampled_from(list(nri.ContainerState)),
-    labels=str_maps, annotations=str_maps, args=str_lists,
+    labels=str_maps,
+    annotations=str_maps,
+    args=str_lists,
     env=st.lists(st.one_of(words, long_words), max_size=6),
     mounts=st.lists(mounts, max_size=3),
-    hooks=st.one_of(st.none(), st.builds(
-        nri.Hooks, prestart=st.lists(st.builds(nri.Hook, path=words, args=str_lists), max_size=2)
-    )),
+    hooks=st.one_of(
+        st.none(),
+        st.builds(
+            nri.Hooks,
+            prestart=st.lists(st.builds(nri.Hook, path=words, args=str_lists), max_size=2),
+        ),
+    ),
     linux=st.one_of(st.none(), linux_container),
     pid=UINT32,
-    rlimits=st.lists(st.builds(nri.PosixRlimit, type=words, hard=st.integers(0, (1 << 64) - 1)),
-                     max_size=2),
-    created_at=INT64, exit_code=st.integers(-(1 << 31), (1 << 31) - 1),
+    rlimits=st.lists(
+        st.builds(nri.PosixRlimit, type=words, hard=st.integers(0, (1 << 64) - 1)), max_size=2
+    ),
+    created_at=INT64,
+    exit_code=st.integers(-(1 << 31), (1 << 31) - 1),
     status_message=words,
     cdi_devices=st.lists(st.builds(nri.CdiDevice, name=words), max_size=2),
 )
 
 lite_devices = st.builds(
-    Device, path=words, type=st.sampled_from(["c", "b", "u", "p", ""]), major=INT64,
-    minor=INT64, file_mode=st.one_of(st.none(), UINT32), uid=st.one_of(st.none(), UINT32),
+    Device,
+    path=words,
+    type=st.sampled_from(["c", "b", "u", "p", ""]),
+    major=INT64,
+    minor=INT64,
+    file_mode=st.one_of(st.none(), UINT32),
+    uid=st.one_of(st.none(), UINT32),
     gid=st.one_of(st.none(), UINT32),
 )
 lite_mounts = st.builds(
-    MountSpec, destination=words, type=words, source=words,
+    MountSpec,
+    destination=words,
+    type=words,
+    source=words,
     options=st.lists(words, max_size=4).map(tuple),
 )
 adjustments = st.builds(
@@ -151,7 +185,9 @@ adjustments = st.builds(
 )
 updates = st.lists(
     st.builds(
-        nri.ContainerUpdate, container_id=words, ignore_failure=st.booleans(),
+        nri.ContainerUpdate,
+        container_id=words,
+        ignore_failure=st.booleans(),
         linux=st.one_of(st.none(), st.builds(nri.LinuxContainerUpdate, resources=resources)),
     ).map(bytes),
     max_size=3,
@@ -234,8 +270,12 @@ def test_configure_request_matches_betterproto(
     config: str, name: str, version: str, reg: int, req: int, nri_version: str
 ) -> None:
     msg = nri.ConfigureRequest(
-        config=config, runtime_name=name, runtime_version=version,
-        registration_timeout=reg, request_timeout=req, nri_version=nri_version,
+        config=config,
+        runtime_name=name,
+        runtime_version=version,
+        registration_timeout=reg,
+        request_timeout=req,
+        nri_version=nri_version,
     )
     got = lite.decode_configure_request(bytes(msg))
     assert (got.config, got.runtime_name, got.runtime_version) == (config, name, version)
@@ -296,9 +336,9 @@ def test_pod_container_request_matches_betterproto(
 @settings(max_examples=20, deadline=None)
 @given(pods, resources)
 def test_pod_request_skips_resources(pod: nri.PodSandbox, res: nri.LinuxResources) -> None:
-    data = bytes(nri.UpdatePodSandboxRequest(
-        pod=pod, overhead_linux_resources=res, linux_resources=res
-    ))
+    data = bytes(
+        nri.UpdatePodSandboxRequest(pod=pod, overhead_linux_resources=res, linux_resources=res)
+    )
     got = lite.decode_pod_request(data, "UpdatePodSandboxRequest")
     assert_pod(got, nri.PodSandbox().parse(bytes(pod)))
 
@@ -518,8 +558,10 @@ def test_message_reports_deep_damage() -> None:
 
 def _only_decode_errors(data: bytes) -> None:
     for decode in (
-        lite.decode_create_container_request, lite.decode_synchronize_request,
-        lite.decode_configure_request, lite.decode_state_change,
+        lite.decode_create_container_request,
+        lite.decode_synchronize_request,
+        lite.decode_configure_request,
+        lite.decode_state_change,
         lite.decode_update_container_request,
     ):
         try:

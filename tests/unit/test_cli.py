@@ -7,8 +7,12 @@ import sys
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "nri_gpushare.cli", *args],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "nri_gpushare.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_run_refuses_unknown_key(tmp_path):

@@ -24,17 +24,19 @@ def test_bare_off_in_yaml_means_off(tmp_path):
 
 
 def test_full_config():
-    config = parse_config({
-        "nri": {"socket": "/tmp/nri.sock", "plugin_index": 5},
-        "kmod": "off",
-        "placement": "spread",
-        "memory_reserve": "512Mi",
-        "max_inst": 25,
-        "inventory": [
-            {"index": 1, "uuid": UUID1, "name": "B", "memory": "16Gi"},
-            {"index": 0, "uuid": UUID0, "memory": 32, "minor": 3},
-        ],
-    })
+    config = parse_config(
+        {
+            "nri": {"socket": "/tmp/nri.sock", "plugin_index": 5},
+            "kmod": "off",
+            "placement": "spread",
+            "memory_reserve": "512Mi",
+            "max_inst": 25,
+            "inventory": [
+                {"index": 1, "uuid": UUID1, "name": "B", "memory": "16Gi"},
+                {"index": 0, "uuid": UUID0, "memory": 32, "minor": 3},
+            ],
+        }
+    )
     assert config.plugin_index == "05"
     assert config.memory_reserve_bytes == 512 << 20
     assert [g.index for g in config.inventory] == [0, 1]
@@ -45,8 +47,14 @@ def test_full_config():
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [("2Gi", 2 << 30), ("3276Mi", 3276 << 20), ("512M", 512 * 10**6), (4, 4 << 30),
-     ("1Ki", 1024), ("1.5Gi", 3 << 29)],
+    [
+        ("2Gi", 2 << 30),
+        ("3276Mi", 3276 << 20),
+        ("512M", 512 * 10**6),
+        (4, 4 << 30),
+        ("1Ki", 1024),
+        ("1.5Gi", 3 << 29),
+    ],
 )
 def test_quantity(value, expected):
     assert parse_quantity(value) == expected
@@ -67,8 +75,12 @@ def test_quantity(value, expected):
         ({"inventory": [{"index": 0, "uuid": "nope", "memory": "1Gi"}]}, "inventory[0].uuid"),
         ({"inventory": [{"index": 0, "uuid": UUID0}]}, "inventory[0].memory: missing"),
         (
-            {"inventory": [{"index": 0, "uuid": UUID0, "memory": 1},
-                           {"index": 0, "uuid": UUID1, "memory": 1}]},
+            {
+                "inventory": [
+                    {"index": 0, "uuid": UUID0, "memory": 1},
+                    {"index": 0, "uuid": UUID1, "memory": 1},
+                ]
+            },
             "duplicate index 0",
         ),
         ({"inventory": {"index": 0}}, "inventory: expected list"),

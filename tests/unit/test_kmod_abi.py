@@ -51,8 +51,7 @@ def header_values(tmp_path: Path) -> dict[str, str]:
     src = tmp_path / "abi.c"
     src.write_text(PROGRAM)
     exe = tmp_path / "abi"
-    subprocess.run([cc, "-Wall", "-Werror", "-I", str(UAPI), "-o", str(exe), str(src)],
-                   check=True)
+    subprocess.run([cc, "-Wall", "-Werror", "-I", str(UAPI), "-o", str(exe), str(src)], check=True)
     out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
     return dict(line.split(" ", 1) for line in out.splitlines())
 
@@ -63,16 +62,28 @@ def test_python_mirror_matches_header(tmp_path: Path) -> None:
     assert h["PROC_ROOT"] == abi.PROC_ROOT
     assert h["DEV_NAME"] == abi.DEV_NAME
     ints = {
-        "ABI_VERSION": abi.ABI_VERSION, "MAX_GPUS": abi.MAX_GPUS, "ID_MAX": abi.ID_MAX,
-        "CMD_MAX": abi.CMD_MAX, "WEIGHT_MAX": abi.WEIGHT_MAX,
-        "MAX_INST_MIN": abi.MAX_INST_MIN, "MAX_INST_MAX": abi.MAX_INST_MAX,
-        "MAX_INST_DEFAULT": abi.MAX_INST_DEFAULT, "POLICY_MAX": abi.POLICY_MAX,
-        "POLICY_DEFAULT": abi.POLICY_DEFAULT, "PRIO_RATIO_MIN": abi.PRIO_RATIO_MIN,
-        "PRIO_RATIO_MAX": abi.PRIO_RATIO_MAX, "PRIO_RATIO_DEFAULT": abi.PRIO_RATIO_DEFAULT,
-        "IOC_MAGIC": abi.IOC_MAGIC, "IOC_QUERY": abi.IOC_QUERY,
-        "QUERY_SIZE": abi.QUERY_SIZE, "QUOTA_SIZE": abi.QUOTA.size,
-        "QUERY_QUOTAS_AT": abi.QUERY_HEAD.size, "QUERY_ID_AT": 16, "QUERY_CGROUP_AT": 8,
-        "QUOTA_GPU_AT": 8, "QUOTA_HIGHPRIO_AT": 16,
+        "ABI_VERSION": abi.ABI_VERSION,
+        "MAX_GPUS": abi.MAX_GPUS,
+        "ID_MAX": abi.ID_MAX,
+        "CMD_MAX": abi.CMD_MAX,
+        "WEIGHT_MAX": abi.WEIGHT_MAX,
+        "MAX_INST_MIN": abi.MAX_INST_MIN,
+        "MAX_INST_MAX": abi.MAX_INST_MAX,
+        "MAX_INST_DEFAULT": abi.MAX_INST_DEFAULT,
+        "POLICY_MAX": abi.POLICY_MAX,
+        "POLICY_DEFAULT": abi.POLICY_DEFAULT,
+        "PRIO_RATIO_MIN": abi.PRIO_RATIO_MIN,
+        "PRIO_RATIO_MAX": abi.PRIO_RATIO_MAX,
+        "PRIO_RATIO_DEFAULT": abi.PRIO_RATIO_DEFAULT,
+        "IOC_MAGIC": abi.IOC_MAGIC,
+        "IOC_QUERY": abi.IOC_QUERY,
+        "QUERY_SIZE": abi.QUERY_SIZE,
+        "QUOTA_SIZE": abi.QUOTA.size,
+        "QUERY_QUOTAS_AT": abi.QUERY_HEAD.size,
+        "QUERY_ID_AT": 16,
+        "QUERY_CGROUP_AT": 8,
+        "QUOTA_GPU_AT": 8,
+        "QUOTA_HIGHPRIO_AT": 16,
     }
     assert {k: int(h[k]) for k in ints} == ints
 
@@ -93,5 +104,7 @@ def test_unpack_query_round_trip() -> None:
     abi.QUOTA.pack_into(buf, abi.QUERY_HEAD.size + abi.QUOTA.size, 1 << 30, 3, 0, 0, 0)
     r = abi.unpack_query(bytes(buf))
     assert r.container_id == "ctr-1" and r.cgroup_id == 77
-    assert [(q.gpu_index, q.memory_bytes, q.core_percent, q.high_priority) for q in r.quotas] \
-        == [(0, 5 << 30, 30, True), (3, 1 << 30, 0, False)]
+    assert [(q.gpu_index, q.memory_bytes, q.core_percent, q.high_priority) for q in r.quotas] == [
+        (0, 5 << 30, 30, True),
+        (3, 1 << 30, 0, False),
+    ]

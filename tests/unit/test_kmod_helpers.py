@@ -26,19 +26,24 @@ from tests.fakes import FakeKernelModule
 CID = "c" * 64
 
 
-@pytest.mark.parametrize(("given", "want"), [
-    ("/k8s.io/abc", "/k8s.io/abc"),
-    ("k8s.io/abc", "/k8s.io/abc"),
-    ("/sys/fs/cgroup/k8s.io/abc", "/k8s.io/abc"),
-    ("/sys/fs/cgroup/unified/k8s.io/abc", "/k8s.io/abc"),
-    ("/sys/fs/cgroup", "/"),
-    ("kubepods-besteffort-pod12.slice:cri-containerd:abc",
-     "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod12.slice"
-     "/cri-containerd-abc.scope"),
-    ("system.slice:docker:abc", "/system.slice/docker-abc.scope"),
-    (":cri-containerd:abc", "/system.slice/cri-containerd-abc.scope"),
-    ("-.slice:x:abc", "/x-abc.scope"),
-])
+@pytest.mark.parametrize(
+    ("given", "want"),
+    [
+        ("/k8s.io/abc", "/k8s.io/abc"),
+        ("k8s.io/abc", "/k8s.io/abc"),
+        ("/sys/fs/cgroup/k8s.io/abc", "/k8s.io/abc"),
+        ("/sys/fs/cgroup/unified/k8s.io/abc", "/k8s.io/abc"),
+        ("/sys/fs/cgroup", "/"),
+        (
+            "kubepods-besteffort-pod12.slice:cri-containerd:abc",
+            "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod12.slice"
+            "/cri-containerd-abc.scope",
+        ),
+        ("system.slice:docker:abc", "/system.slice/docker-abc.scope"),
+        (":cri-containerd:abc", "/system.slice/cri-containerd-abc.scope"),
+        ("-.slice:x:abc", "/x-abc.scope"),
+    ],
+)
 def test_cgroup_v2_path(given: str, want: str) -> None:
     mounts = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
     assert cgroup_v2_path(given, mounts) == want
@@ -63,7 +68,8 @@ def test_cgroup2_mounts(tmp_path: Path) -> None:
         "22 1 0:21 / /sys rw - sysfs sysfs rw\n"
         "30 22 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n"
         "31 22 0:27 / /mnt/my\\040cg rw shared:5 - cgroup2 none rw\n"
-        "32 22 0:28 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n")
+        "32 22 0:28 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n"
+    )
     assert cgroup2_mounts(info) == ["/sys/fs/cgroup", "/mnt/my cg"]
     assert cgroup2_mounts(tmp_path / "missing") == []
 
@@ -100,17 +106,21 @@ def test_uninstall_unloads_when_empty(tmp_path: Path) -> None:
 
 
 def test_uninstall_not_loaded(tmp_path: Path) -> None:
-    code, message = admin.uninstall(FakeKernelModule(loaded=False), unload=pytest.fail,
-                                    sysfs=tmp_path)
+    code, message = admin.uninstall(
+        FakeKernelModule(loaded=False), unload=pytest.fail, sysfs=tmp_path
+    )
     assert code == admin.EXIT_OK and "not loaded" in message
 
 
-@pytest.mark.parametrize(("err", "code", "words"), [
-    (errno.EAGAIN, admin.EXIT_REFUSED, "reference count 3"),
-    (errno.EPERM, admin.EXIT_FAILED, "needs root"),
-    (errno.ENOENT, admin.EXIT_OK, "not loaded"),
-    (errno.EIO, admin.EXIT_FAILED, "could not unload"),
-])
+@pytest.mark.parametrize(
+    ("err", "code", "words"),
+    [
+        (errno.EAGAIN, admin.EXIT_REFUSED, "reference count 3"),
+        (errno.EPERM, admin.EXIT_FAILED, "needs root"),
+        (errno.ENOENT, admin.EXIT_OK, "not loaded"),
+        (errno.EIO, admin.EXIT_FAILED, "could not unload"),
+    ],
+)
 def test_uninstall_kernel_refusals(tmp_path: Path, err: int, code: int, words: str) -> None:
     (tmp_path / "gpushare").mkdir()
     (tmp_path / "gpushare" / "refcnt").write_text("3\n")

@@ -289,8 +289,9 @@ def test_egpu_string_is_honoured():
 
 def unguarded(gpus=None, **policy):
     """A service with kmod: off: the domain alone stands between a GPU and over-commit."""
-    return ShareService(gpus or make_gpus(1, 16 * GiB), NodePolicy(kmod_mode="off", **policy),
-                        None, FakeDevices())
+    return ShareService(
+        gpus or make_gpus(1, 16 * GiB), NodePolicy(kmod_mode="off", **policy), None, FakeDevices()
+    )
 
 
 def test_compute_boundary_without_module():

@@ -61,8 +61,15 @@ def pytest_in_guest(
     for plugin in plugins:
         argv += ["-p", plugin]
     argv += [f"--junitxml={junit}", *args]
-    return run_in_guest(argv, cwd=cwd, env=env, timeout=timeout, modules=modules,
-                        rwdirs=[junit.parent, *rwdirs], echo=echo)
+    return run_in_guest(
+        argv,
+        cwd=cwd,
+        env=env,
+        timeout=timeout,
+        modules=modules,
+        rwdirs=[junit.parent, *rwdirs],
+        echo=echo,
+    )
 
 
 def junit_counts(junit: str | os.PathLike[str]) -> dict[str, int]:

@@ -110,14 +110,19 @@ def find_kernel() -> Kernel:
     for version in sorted(versions, key=_version_key, reverse=True):
         if wanted and version != wanted:
             continue
-        k = Kernel(version, Path("/boot", f"vmlinuz-{version}"), Path("/lib/modules", version),
-                   Path("/lib/modules", version, "build"))
+        k = Kernel(
+            version,
+            Path("/boot", f"vmlinuz-{version}"),
+            Path("/lib/modules", version),
+            Path("/lib/modules", version, "build"),
+        )
         if (k.build / "Makefile").is_file() and k.modules_dep.is_file():
             return k
     which = wanted or "6.1.*"
     raise GuestUnavailable(
         f"no kernel /boot/vmlinuz-{which} with modules and headers in /lib/modules/"
-        " (run scripts/install-prereqs.sh: linux-image-amd64, linux-headers-amd64)")
+        " (run scripts/install-prereqs.sh: linux-image-amd64, linux-headers-amd64)"
+    )
 
 
 def check_prereqs() -> Kernel:
@@ -151,8 +156,11 @@ def module_order(modules_dep: Path, names: Iterable[str]) -> list[str]:
         deps[mod] = rest.split()
     by_name = {_mod_name(m): m for m in deps}
     builtin_file = modules_dep.with_name("modules.builtin")
-    builtin = {_mod_name(m) for m in builtin_file.read_text().split()} \
-        if builtin_file.is_file() else set()
+    builtin = (
+        {_mod_name(m) for m in builtin_file.read_text().split()}
+        if builtin_file.is_file()
+        else set()
+    )
     order: list[str] = []
 
     def visit(mod: str) -> None:
@@ -209,8 +217,12 @@ def _pad4(b: bytes) -> bytes:
 def initramfs(kernel: Kernel) -> Path:
     """The cached initramfs for kernel; built when the kernel or the harness changed."""
     inputs = hashlib.sha256()
-    for part in (kernel.version.encode(), INIT.read_bytes(), Path(__file__).read_bytes(),
-                 str(BUSYBOX.stat().st_mtime_ns).encode()):
+    for part in (
+        kernel.version.encode(),
+        INIT.read_bytes(),
+        Path(__file__).read_bytes(),
+        str(BUSYBOX.stat().st_mtime_ns).encode(),
+    ):
         inputs.update(part + b"\0")
     path = CACHE / f"initramfs-{kernel.version}-{inputs.hexdigest()[:16]}.cpio"
     if path.is_file():
@@ -218,13 +230,26 @@ def initramfs(kernel: Kernel) -> Path:
 
     mods = module_order(kernel.modules_dep, BASE_MODULES)
     cpio = _Cpio()
-    for d in ("bin", "dev", "etc", "lib", "lib/modules", "mnt", "mnt/lower", "mnt/rw",
-              "newroot", "proc", "sys", "tmp"):
+    for d in (
+        "bin",
+        "dev",
+        "etc",
+        "lib",
+        "lib/modules",
+        "mnt",
+        "mnt/lower",
+        "mnt/rw",
+        "newroot",
+        "proc",
+        "sys",
+        "tmp",
+    ):
         cpio.dir(d)
     cpio.add("dev/console", stat.S_IFCHR | 0o600, rdev=(5, 1))
     cpio.file("bin/busybox", BUSYBOX.read_bytes(), 0o755)
-    applets = subprocess.run([str(BUSYBOX), "--list"], check=True, capture_output=True,
-                             text=True).stdout.split()
+    applets = subprocess.run(
+        [str(BUSYBOX), "--list"], check=True, capture_output=True, text=True
+    ).stdout.split()
     for applet in applets:
         if applet != "busybox":
             cpio.symlink(f"bin/{applet}", "busybox")
@@ -267,8 +292,10 @@ def boot_image(kernel: Kernel) -> Path:
 
 def _decompress_payload(bz: bytes) -> bytes | None:
     """The ELF vmlinux inside a bzImage compressed with xz or gzip, else None."""
-    for magic, make in ((b"\xfd7zXZ\x00", lambda: lzma.LZMADecompressor(lzma.FORMAT_XZ)),
-                        (b"\x1f\x8b\x08\x00", lambda: zlib.decompressobj(16 + zlib.MAX_WBITS))):
+    for magic, make in (
+        (b"\xfd7zXZ\x00", lambda: lzma.LZMADecompressor(lzma.FORMAT_XZ)),
+        (b"\x1f\x8b\x08\x00", lambda: zlib.decompressobj(16 + zlib.MAX_WBITS)),
+    ):
         at = bz.find(magic)
         while at >= 0:
             try:
@@ -307,8 +334,9 @@ def guest_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return base | dict(env or {})
 
 
-def job_script(cmd: Sequence[str] | str, cwd: str, env: Mapping[str, str],
-               modules: Sequence[str]) -> str:
+def job_script(
+    cmd: Sequence[str] | str, cwd: str, env: Mapping[str, str], modules: Sequence[str]
+) -> str:
     """The shell script the guest runs (from an empty environment) in its chroot."""
     q = shlex.quote
     for k in env:
@@ -389,20 +417,43 @@ def run_in_guest(
     raise GuestCrashed(f"{why} {where}", console)
 
 
-def qemu_argv(kernel: Kernel, initrd: Path, job: str, rwdirs: Sequence[str],
-              memory_mb: int) -> list[str]:
+def qemu_argv(
+    kernel: Kernel, initrd: Path, job: str, rwdirs: Sequence[str], memory_mb: int
+) -> list[str]:
     if any(c.isspace() for c in job):
         raise ValueError(f"job directory {job!r} has white space (set TMPDIR)")
     # loglevel=5 rather than quiet: WARN splats (KERN_WARNING) show up live.
     # cryptomgr.notests skips the crypto self-tests, a second of boot under TCG.
-    append = ("console=ttyS0 oops=panic panic=-1 loglevel=5 cryptomgr.notests"
-              f" gsjob={job}")
+    append = f"console=ttyS0 oops=panic panic=-1 loglevel=5 cryptomgr.notests gsjob={job}"
     argv = [
-        QEMU, "-machine", "q35", "-accel", "tcg", "-cpu", "max", "-smp", "1",
-        "-m", str(memory_mb), "-nodefaults", "-no-user-config", "-no-reboot",
-        "-display", "none", "-serial", "stdio", "-net", "none",
-        "-device", "isa-debug-exit,iobase=0xf4,iosize=0x04",
-        "-kernel", str(boot_image(kernel)), "-initrd", str(initrd), "-append", append,
+        QEMU,
+        "-machine",
+        "q35",
+        "-accel",
+        "tcg",
+        "-cpu",
+        "max",
+        "-smp",
+        "1",
+        "-m",
+        str(memory_mb),
+        "-nodefaults",
+        "-no-user-config",
+        "-no-reboot",
+        "-display",
+        "none",
+        "-serial",
+        "stdio",
+        "-net",
+        "none",
+        "-device",
+        "isa-debug-exit,iobase=0xf4,iosize=0x04",
+        "-kernel",
+        str(boot_image(kernel)),
+        "-initrd",
+        str(initrd),
+        "-append",
+        append,
         "-virtfs",
         "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
     ]
@@ -412,14 +463,20 @@ def qemu_argv(kernel: Kernel, initrd: Path, job: str, rwdirs: Sequence[str],
     return argv
 
 
-def _run_qemu(argv: list[str], timeout: float, echo: TextIO,
-              log: TextIO) -> tuple[int | None, str, float | None, float]:
+def _run_qemu(
+    argv: list[str], timeout: float, echo: TextIO, log: TextIO
+) -> tuple[int | None, str, float | None, float]:
     """Run qemu, teeing its output; (exit code or None on timeout, console, boot s, total s)."""
     start = time.monotonic()
     deadline = start + timeout
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True,
-                            preexec_fn=_die_with_parent)
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
+    )
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
@@ -473,8 +530,9 @@ def _new_log_path() -> Path:
     old = sorted(logs.glob("serial-*.log"), key=lambda p: p.stat().st_mtime)
     for p in old[: max(0, len(old) - KEEP_LOGS)]:
         p.unlink(missing_ok=True)
-    fd, name = tempfile.mkstemp(prefix=time.strftime("serial-%Y%m%d-%H%M%S-"), suffix=".log",
-                                dir=logs)
+    fd, name = tempfile.mkstemp(
+        prefix=time.strftime("serial-%Y%m%d-%H%M%S-"), suffix=".log", dir=logs
+    )
     os.close(fd)
     return Path(name)
 
@@ -487,14 +545,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="run-in-guest.sh",
         description="Run CMD as root in Debian's 6.1 kernel under qemu (host / read-only, "
         "tmpfs overlay). Exit status: CMD's, 124 on timeout, 125 if the guest failed "
-        "(panic, boot failure, missing prerequisite).")
+        "(panic, boot failure, missing prerequisite).",
+    )
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S")
-    p.add_argument("--rwdir", action="append", default=[], metavar="DIR",
-                   help="share DIR writable at the same path (repeatable)")
-    p.add_argument("--load-module", action="append", default=[], metavar="KO",
-                   help="insmod KO before CMD (repeatable)")
-    p.add_argument("--cwd", default=os.getcwd(), metavar="DIR",
-                   help="directory to run CMD in (default: the current one)")
+    p.add_argument(
+        "--rwdir",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="share DIR writable at the same path (repeatable)",
+    )
+    p.add_argument(
+        "--load-module",
+        action="append",
+        default=[],
+        metavar="KO",
+        help="insmod KO before CMD (repeatable)",
+    )
+    p.add_argument(
+        "--cwd",
+        default=os.getcwd(),
+        metavar="DIR",
+        help="directory to run CMD in (default: the current one)",
+    )
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--serial-log", metavar="FILE", help="where to keep the console log")
     p.add_argument("cmd", nargs="+", metavar="CMD", help="argv; a single word is run by sh -c")
@@ -502,8 +575,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = dict(e.split("=", 1) for e in args.env)
     cmd: Sequence[str] | str = args.cmd[0] if len(args.cmd) == 1 else args.cmd
     try:
-        r = run_in_guest(cmd, cwd=args.cwd, env=env, timeout=args.timeout, rwdirs=args.rwdir,
-                         modules=args.load_module, serial_log=args.serial_log)
+        r = run_in_guest(
+            cmd,
+            cwd=args.cwd,
+            env=env,
+            timeout=args.timeout,
+            rwdirs=args.rwdir,
+            modules=args.load_module,
+            serial_log=args.serial_log,
+        )
     except GuestTimeout as e:
         print(f"run-in-guest: {e}", file=sys.stderr)
         return 124
@@ -513,8 +593,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("run-in-guest: interrupted", file=sys.stderr)
         return 130
-    print(f"run-in-guest: status {r.status}, command started after {r.boot_s:.1f} s, "
-          f"total {r.total_s:.1f} s (serial log: {r.serial_log})", file=sys.stderr)
+    print(
+        f"run-in-guest: status {r.status}, command started after {r.boot_s:.1f} s, "
+        f"total {r.total_s:.1f} s (serial log: {r.serial_log})",
+        file=sys.stderr,
+    )
     return r.status
 
 
