@@ -43,6 +43,15 @@ class ProtocolError(WireError):
     """The peer broke the mux or ttrpc protocol; the connection cannot go on."""
 
 
+class DecodeError(ProtocolError, ValueError):
+    """Bytes that are not a well-formed protobuf message of the expected type.
+
+    Raised by the protobuf walker (`wire.pb`) for ttrpc envelopes, where it ends
+    the connection like any ProtocolError, and for NRI payloads
+    (`nri_gpushare.api.lite`), where the stub answers INVALID_ARGUMENT.
+    """
+
+
 class MessageTooLarge(WireError, ValueError):
     """A message we were asked to send exceeds what the peer will accept."""
 

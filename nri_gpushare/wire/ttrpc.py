@@ -17,6 +17,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Final
 
 from . import pb
 from .errors import Code, MessageTooLarge, ProtocolError, WireError, as_code
@@ -97,6 +98,44 @@ class MessageDecoder:
             )
 
 
+class RequestField:
+    """Field numbers of ttrpc's Request."""
+
+    SERVICE: Final = 1
+    METHOD: Final = 2
+    PAYLOAD: Final = 3
+    TIMEOUT_NANO: Final = 4
+    METADATA: Final = 5
+
+
+class KeyValueField:
+    KEY: Final = 1
+    VALUE: Final = 2
+
+
+class ResponseField:
+    STATUS: Final = 1
+    PAYLOAD: Final = 2
+
+
+class StatusField:
+    CODE: Final = 1
+    MESSAGE: Final = 2
+    DETAILS: Final = 3  # repeated Any: skipped
+
+
+_REQUEST: pb.WireTypes = {
+    RequestField.SERVICE: pb.LEN,
+    RequestField.METHOD: pb.LEN,
+    RequestField.PAYLOAD: pb.LEN,
+    RequestField.TIMEOUT_NANO: pb.VARINT,
+    RequestField.METADATA: pb.LEN,
+}
+_KEY_VALUE: pb.WireTypes = {KeyValueField.KEY: pb.LEN, KeyValueField.VALUE: pb.LEN}
+_RESPONSE: pb.WireTypes = {ResponseField.STATUS: pb.LEN, ResponseField.PAYLOAD: pb.LEN}
+_STATUS: pb.WireTypes = {StatusField.CODE: pb.VARINT, StatusField.MESSAGE: pb.LEN}
+
+
 @dataclass(frozen=True)
 class Request:
     """ttrpc Request {service=1, method=2, payload=3, timeout_nano=4, metadata=5}."""
@@ -108,14 +147,19 @@ class Request:
     metadata: tuple[tuple[str, str], ...] = ()
 
     def encode(self) -> bytes:
+        F = RequestField
         return b"".join(
             [
-                pb.string_field(1, self.service),
-                pb.string_field(2, self.method),
-                pb.bytes_field(3, self.payload),
-                pb.varint_field(4, self.timeout_nano),
+                pb.string_field(F.SERVICE, self.service),
+                pb.string_field(F.METHOD, self.method),
+                pb.bytes_field(F.PAYLOAD, self.payload),
+                pb.varint_field(F.TIMEOUT_NANO, self.timeout_nano),
                 *(
-                    pb.bytes_field(5, pb.string_field(1, k) + pb.string_field(2, v), always=True)
+                    pb.len_field(
+                        F.METADATA,
+                        pb.string_field(KeyValueField.KEY, k)
+                        + pb.string_field(KeyValueField.VALUE, v),
+                    )
                     for k, v in self.metadata
                 ),
             ]
@@ -124,40 +168,33 @@ class Request:
     @classmethod
     def decode(cls, data: bytes) -> Request:
         what = "ttrpc Request"
+        F = RequestField
         service = method = ""
         payload = b""
         timeout = 0
         metadata: list[tuple[str, str]] = []
-        for field, wire_type, value in pb.fields(data, what):
-            if field in (1, 2, 3, 5):
-                pb.expect(what, field, wire_type, pb.LEN)
-                assert isinstance(value, bytes)
-                if field == 1:
-                    service = pb.text(what, field, value)
-                elif field == 2:
-                    method = pb.text(what, field, value)
-                elif field == 3:
-                    payload = value
-                else:
-                    metadata.append(_decode_key_value(value))
-            elif field == 4:
-                pb.expect(what, field, wire_type, pb.VARINT)
-                assert isinstance(value, int)
+        for field, value in pb.fields(data, what, _REQUEST):
+            if field == F.SERVICE:
+                service = pb.text(value, what, field)
+            elif field == F.METHOD:
+                method = pb.text(value, what, field)
+            elif field == F.PAYLOAD:
+                payload = value
+            elif field == F.TIMEOUT_NANO:
                 timeout = pb.signed(value, 64)
+            elif field == F.METADATA:
+                metadata.append(_decode_key_value(value))
         return cls(service, method, payload, timeout, tuple(metadata))
 
 
 def _decode_key_value(data: bytes) -> tuple[str, str]:
     what = "ttrpc KeyValue"
     key = value = ""
-    for field, wire_type, raw in pb.fields(data, what):
-        if field in (1, 2):
-            pb.expect(what, field, wire_type, pb.LEN)
-            assert isinstance(raw, bytes)
-            if field == 1:
-                key = pb.text(what, field, raw)
-            else:
-                value = pb.text(what, field, raw)
+    for field, raw in pb.fields(data, what, _KEY_VALUE):
+        if field == KeyValueField.KEY:
+            key = pb.text(raw, what, field)
+        elif field == KeyValueField.VALUE:
+            value = pb.text(raw, what, field)
     return key, value
 
 
@@ -171,8 +208,12 @@ class Response:
 
     def encode(self) -> bytes:
         # Like ttrpc's Go server, always include the status, even for OK.
-        status = pb.varint_field(1, int(self.code)) + pb.string_field(2, self.message)
-        return pb.bytes_field(1, status, always=True) + pb.bytes_field(2, self.payload)
+        status = pb.varint_field(StatusField.CODE, int(self.code)) + pb.string_field(
+            StatusField.MESSAGE, self.message
+        )
+        return pb.len_field(ResponseField.STATUS, status) + pb.bytes_field(
+            ResponseField.PAYLOAD, self.payload
+        )
 
     @classmethod
     def decode(cls, data: bytes) -> Response:
@@ -180,14 +221,11 @@ class Response:
         code: int = Code.OK
         message = ""
         payload = b""
-        for field, wire_type, value in pb.fields(data, what):
-            if field in (1, 2):
-                pb.expect(what, field, wire_type, pb.LEN)
-                assert isinstance(value, bytes)
-                if field == 1:
-                    code, message = _decode_status(value)
-                else:
-                    payload = value
+        for field, value in pb.fields(data, what, _RESPONSE):
+            if field == ResponseField.STATUS:
+                code, message = _decode_status(value)
+            elif field == ResponseField.PAYLOAD:
+                payload = value
         return cls(code, message, payload)
 
 
@@ -195,16 +233,11 @@ def _decode_status(data: bytes) -> tuple[int, str]:
     what = "ttrpc Status"
     code: int = Code.OK
     message = ""
-    for field, wire_type, value in pb.fields(data, what):
-        if field == 1:
-            pb.expect(what, field, wire_type, pb.VARINT)
-            assert isinstance(value, int)
+    for field, value in pb.fields(data, what, _STATUS):
+        if field == StatusField.CODE:
             code = as_code(pb.signed(value, 32))
-        elif field == 2:
-            pb.expect(what, field, wire_type, pb.LEN)
-            assert isinstance(value, bytes)
-            message = pb.text(what, field, value)
-        # field 3 (details, repeated Any) is skipped
+        elif field == StatusField.MESSAGE:
+            message = pb.text(value, what, field)
     return code, message
 
 
