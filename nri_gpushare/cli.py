@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from nri_gpushare.config import DEFAULT_STATUS_SOCKET, Config, ConfigError, load_config
-from nri_gpushare.share.model import format_bytes
+from nri_gpushare.share.units import format_bytes
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -123,7 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    code: int = args.func(args)
+    return code
 
 
 if __name__ == "__main__":

@@ -10,13 +10,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 
 from nri_gpushare.kmod.abi import MAX_GPUS
 from nri_gpushare.share.model import Gpu
-from nri_gpushare.share.request import parse_memory
+from nri_gpushare.share.units import parse_size
 
 DEFAULT_SOCKET = "/var/run/nri/nri.sock"
 DEFAULT_STATUS_SOCKET = "/run/nri-gpushare/status.sock"
@@ -49,7 +49,7 @@ def parse_quantity(value: object) -> int:
     """Bytes from `2Gi`, `3276Mi`, `512M` or a bare integer (GiB), as in share requests."""
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise ValueError(f"{value!r} is not a size such as 16Gi, 3276Mi or 512M")
-    return parse_memory(str(value))
+    return parse_size(str(value))
 
 
 class _Reader:
@@ -64,7 +64,7 @@ class _Reader:
         self.data: dict[str, Any] = data
         self.used: set[str] = set()
 
-    def fail(self, key: str, reason: str) -> None:
+    def fail(self, key: str, reason: str) -> NoReturn:
         raise ConfigError(f"{self.source}: {key}: {reason}")
 
     def key(self, name: str) -> str:
@@ -83,15 +83,15 @@ class _Reader:
         return value
 
     def choice(self, name: str, default: str, allowed: tuple[str, ...]) -> str:
-        value = self.get(name, default, (str, bool))
+        value: str | bool = self.get(name, default, (str, bool))
         if value is False and "off" in allowed:
             value = "off"  # YAML 1.1 reads a bare `off` as false
         if value not in allowed:
             self.fail(self.key(name), f"{value!r} is not one of {', '.join(allowed)}")
-        return value
+        return str(value)
 
     def int_range(self, name: str, default: int, low: int, high: int) -> int:
-        value = self.get(name, default, int)
+        value: int = self.get(name, default, int)
         if not low <= value <= high:
             self.fail(self.key(name), f"{value} is outside {low}..{high}")
         return value
@@ -104,7 +104,6 @@ class _Reader:
             return parse_quantity(self.data[name])
         except ValueError as exc:
             self.fail(self.key(name), str(exc))
-            raise  # unreachable; fail() raises
 
     def finish(self) -> None:
         unknown = sorted(set(self.data) - self.used)

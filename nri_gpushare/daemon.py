@@ -5,6 +5,10 @@ containers into `ContainerInfo` values, asks the `ShareService`, and turns its
 `InjectionPlan` into a ContainerAdjustment.  `run_daemon` wires config,
 inventory, kernel module, status socket and the NRI stub, and shuts down
 cleanly on SIGTERM/SIGINT.
+
+The event loop never blocks on the kernel module: the service awaits it, and
+the blocking procfs client runs on one worker thread under a timeout
+(`nri_gpushare.kmod.worker`).
 """
 
 from __future__ import annotations
@@ -17,9 +21,9 @@ from collections.abc import Iterable
 from nri_gpushare.api import nri
 from nri_gpushare.api.lite import Adjustment, ContainerView, Device, MountSpec, PodSandboxView
 from nri_gpushare.config import Config, ConfigError
-from nri_gpushare.kmod.client import KernelModuleClient
-from nri_gpushare.share.devices import HostDevices
-from nri_gpushare.share.inventory import load_inventory
+from nri_gpushare.host import HostDevices, load_inventory
+from nri_gpushare.kmod.client import KernelModule
+from nri_gpushare.kmod.worker import OffLoopKernelModule
 from nri_gpushare.share.model import (
     ContainerInfo,
     InjectionPlan,
@@ -80,7 +84,7 @@ class GpuShareHandler(Plugin):
     ) -> list[nri.ContainerUpdate]:
         by_id = {p.id: p for p in pods}
         live = [container_info(by_id.get(c.pod_sandbox_id), c) for c in containers]
-        self.service.synchronize(live)
+        await self.service.synchronize(live)
         log.info(
             "synchronized: %d pod(s), %d container(s), %d GPU allocation(s)",
             len(pods),
@@ -93,7 +97,7 @@ class GpuShareHandler(Plugin):
         self, pod: PodSandboxView, container: ContainerView
     ) -> Adjustment | None:
         try:
-            plan = self.service.create_container(container_info(pod, container))
+            plan = await self.service.create_container(container_info(pod, container))
         except ShareRefused as exc:
             log.warning("refused %s/%s: %s", pod.namespace, container.name, exc)
             raise PluginError(str(exc)) from None
@@ -101,29 +105,32 @@ class GpuShareHandler(Plugin):
 
     async def start_container(self, pod: PodSandboxView, container: ContainerView) -> None:
         try:
-            self.service.start_container(container_info(pod, container))
+            await self.service.start_container(container_info(pod, container))
         except ShareRefused as exc:
             raise PluginError(str(exc)) from None
 
     async def stop_container(
         self, pod: PodSandboxView, container: ContainerView
     ) -> list[nri.ContainerUpdate]:
-        self.service.release(container.id)
+        await self.service.release(container.id)
         return []
 
     async def remove_container(self, pod: PodSandboxView, container: ContainerView) -> None:
-        self.service.release(container.id)
+        await self.service.release(container.id)
 
 
-def _kmod_client(config: Config) -> KernelModuleClient | None:
+def kmod_worker(config: Config) -> OffLoopKernelModule | None:
+    """The real kernel-module client on its worker thread; None with kmod: off."""
     if config.kmod == "off":
         return None
     from nri_gpushare.kmod.procfs import ProcfsKernelModule
 
-    return ProcfsKernelModule(config.kmod_root)
+    return OffLoopKernelModule(ProcfsKernelModule(config.kmod_root))
 
 
-def build_service(config: Config, kmod: KernelModuleClient | None = None) -> ShareService:
+async def build_service(config: Config, kmod: KernelModule | None) -> ShareService:
+    """The service for `config`, its kernel module looked for (`kmod`: None
+    with kmod: off or no client).  ConfigError when it cannot serve."""
     # The config has already refused duplicate indexes, UUIDs and minors.
     gpus = load_inventory(config.inventory) if config.use_nvml else list(config.inventory)
     if not gpus:
@@ -135,8 +142,8 @@ def build_service(config: Config, kmod: KernelModuleClient | None = None) -> Sha
         max_high_priority_per_gpu=config.max_high_priority_per_gpu,
         kmod_mode=config.kmod,
     )
-    kmod = kmod if kmod is not None else _kmod_client(config)
     service = ShareService(gpus, policy, kmod, HostDevices())
+    await service.start()
     kmod_state = service.status()["kmod"]
     if config.kmod == "required" and not kmod_state["loaded"]:
         raise ConfigError(
@@ -161,7 +168,13 @@ def _summary(samples: Iterable[float]) -> dict[str, float]:
 async def run_daemon(
     config: Config, *, socket_path: str | None = None, prelaunched: bool = False
 ) -> int:
-    service = build_service(config)
+    kmod = kmod_worker(config)
+    try:
+        service = await build_service(config, kmod)
+    except BaseException:
+        if kmod is not None:
+            kmod.close()
+        raise
     handler = GpuShareHandler(service)
     if prelaunched:
         stub = Stub.from_environment(handler)
@@ -199,6 +212,8 @@ async def run_daemon(
         await stub.run()
     finally:
         await status.close()
+        if kmod is not None:
+            kmod.close()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
     log.info("nri-gpushare: stopped")

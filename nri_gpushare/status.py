@@ -57,4 +57,7 @@ def query_status(path: str, timeout: float = 5.0) -> dict[str, Any]:
         chunks = []
         while chunk := sock.recv(65536):
             chunks.append(chunk)
-    return json.loads(b"".join(chunks))
+    document = json.loads(b"".join(chunks))
+    if not isinstance(document, dict):
+        raise ValueError("the status reply is not a JSON object")
+    return document

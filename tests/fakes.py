@@ -5,16 +5,23 @@ the module's rules: EEXIST on a double registration, ENOENT for an unknown
 container, ENODEV when not loaded, and it refuses over-commit on its own (per
 GPU: memory sum <= the declared memory, compute percent sum <= 100, at most
 max_inst containers), all-or-nothing over a registration's GPUs.
+
+`Inline` gives a blocking client the awaited `KernelModule` interface the
+share domain uses, answering at once on the caller's thread; `done` runs a
+coroutine that never waits (the service over `Inline`) without a loop.
 """
 
 from __future__ import annotations
 
 import errno
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
 
 from nri_gpushare.kmod.client import (
     AlreadyRegistered,
     GpuDeclaration,
+    GpusNotDeclared,
+    KernelModuleClient,
     KmodError,
     ModuleNotLoaded,
     NotRegistered,
@@ -58,7 +65,7 @@ class FakeKernelModule:
             raise AlreadyRegistered(f"{cid}: already registered")
         for q in registration.quotas:
             if q.gpu_index not in self.gpus:
-                raise KmodError(f"GPU {q.gpu_index} not declared", errno.ENXIO)
+                raise GpusNotDeclared(f"GPU {q.gpu_index} not declared")
             if not 0 <= q.core_percent <= 100 or q.memory_bytes <= 0:
                 raise KmodError(f"bad quota {q}", errno.EINVAL)
             memory, core, count = self.usage(q.gpu_index)
@@ -109,6 +116,45 @@ class FakeKernelModule:
 
     def load(self) -> None:
         self.is_loaded = True
+
+
+class Inline:
+    """KernelModule over a blocking client, answered on the caller's thread."""
+
+    def __init__(self, client: KernelModuleClient) -> None:
+        self.client = client
+
+    async def loaded(self) -> bool:
+        return self.client.loaded()
+
+    async def declare_gpus(self, gpus: Sequence[GpuDeclaration]) -> None:
+        self.client.declare_gpus(gpus)
+
+    async def register(self, registration: Registration) -> None:
+        self.client.register(registration)
+
+    async def bind_cgroup(self, container_id: str, cgroup_path: str) -> None:
+        self.client.bind_cgroup(container_id, cgroup_path)
+
+    async def unregister(self, container_id: str) -> None:
+        self.client.unregister(container_id)
+
+    async def registrations(self) -> list[Registration]:
+        return self.client.registrations()
+
+
+T = TypeVar("T")
+
+
+def done(coro: Coroutine[Any, Any, T]) -> T:
+    """The result of a coroutine that completes without waiting."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        result: T = stop.value
+        return result
+    coro.close()
+    raise AssertionError("the coroutine waited for something")
 
 
 # -- share-domain helpers ---------------------------------------------------------------

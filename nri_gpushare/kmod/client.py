@@ -1,10 +1,16 @@
 """The kernel-module client interface: what the share domain needs from gpushare.ko.
 
-The domain talks to the module only through `KernelModuleClient`.  Two
-implementations exist: the real one (procfs + ioctl, `nri_gpushare.kmod.procfs`)
-and an in-memory fake used by unit tests (`tests/fakes.py`).  Both follow the
-module's rules: a double registration is `AlreadyRegistered` (EEXIST), an
-unknown container is `NotRegistered` (ENOENT), over-commit is `OverCommitted`.
+`KernelModuleClient` is the blocking interface: the real one (procfs + ioctl,
+`nri_gpushare.kmod.procfs`) and an in-memory fake used by unit tests
+(`tests/fakes.py`) implement it.  `KernelModule` is the same requests, awaited:
+the share domain uses only that one, and the daemon gives it a
+`KernelModuleClient` run off the event loop (`nri_gpushare.kmod.worker`).
+
+Both follow the module's rules: a double registration is `AlreadyRegistered`
+(EEXIST), an unknown container is `NotRegistered` (ENOENT), over-commit is
+`OverCommitted` (ENOSPC), a GPU the module was not told about is
+`GpusNotDeclared` (ENXIO: the module was reloaded since the GPUs were declared).
+The errno values stay here: callers catch the classes.
 """
 
 from __future__ import annotations
@@ -66,6 +72,10 @@ class OverCommitted(KmodError):
     errno = errno.ENOSPC
 
 
+class GpusNotDeclared(KmodError):
+    errno = errno.ENXIO
+
+
 class KernelModuleClient(Protocol):
     def loaded(self) -> bool:
         """True when the module is present and answering."""
@@ -85,3 +95,19 @@ class KernelModuleClient(Protocol):
 
     def registrations(self) -> list[Registration]:
         """Everything the module holds now."""
+
+
+class KernelModule(Protocol):
+    """`KernelModuleClient`'s requests, awaited; what the share domain talks to."""
+
+    async def loaded(self) -> bool: ...
+
+    async def declare_gpus(self, gpus: Sequence[GpuDeclaration]) -> None: ...
+
+    async def register(self, registration: Registration) -> None: ...
+
+    async def bind_cgroup(self, container_id: str, cgroup_path: str) -> None: ...
+
+    async def unregister(self, container_id: str) -> None: ...
+
+    async def registrations(self) -> list[Registration]: ...

@@ -3,11 +3,9 @@
 Every request is one write to /proc/gpushare/inst_ctl in the grammar of
 kmod/README.md; the registry is read back from the same file.  The module's
 errno answers become the client interface's exceptions, with messages that
-say what was asked, what is free and what to do.  Each access runs in a
-helper thread and fails after `timeout` seconds: a stuck kernel then fails
-the request (after that wait) instead of hanging the caller for good.  The
-default is kept well under containerd's 2 s per NRI call, since one
-CreateContainer makes two or three accesses.
+say what was asked, what is free and what to do.  Every call blocks until the
+kernel answers: the plugin runs this client off its event loop, under a
+timeout (`nri_gpushare.kmod.worker`); the CLI and the tests call it directly.
 """
 
 from __future__ import annotations
@@ -15,32 +13,30 @@ from __future__ import annotations
 import errno
 import os
 import re
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 from nri_gpushare.kmod import abi
 from nri_gpushare.kmod.client import (
     AlreadyRegistered,
     GpuDeclaration,
     GpuQuota,
+    GpusNotDeclared,
     KmodError,
     ModuleNotLoaded,
     NotRegistered,
     OverCommitted,
     Registration,
 )
-
-DEFAULT_TIMEOUT = 0.5  # seconds per access; real ones take microseconds
-T = TypeVar("T")
+from nri_gpushare.share.units import format_bytes
 
 _CLASSES: dict[int, type[KmodError]] = {
     errno.EEXIST: AlreadyRegistered,
     errno.ENOENT: NotRegistered,
     errno.ENOSPC: OverCommitted,
     errno.ENODEV: ModuleNotLoaded,
+    errno.ENXIO: GpusNotDeclared,
 }
 _GENERIC: dict[int, str] = {
     errno.EPERM: "permission denied: writing /proc/gpushare needs root (CAP_SYS_ADMIN)",
@@ -63,13 +59,6 @@ class GpuState:
     max_inst: int
     policy: int
     prio_ratio: int
-
-
-def human_bytes(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}" if n % size else f"{n // size} {unit}"
-    return f"{n} bytes"
 
 
 def expand_systemd_slice(slice_name: str) -> str:
@@ -138,11 +127,9 @@ class ProcfsKernelModule:
         self,
         root: str | os.PathLike[str] = abi.PROC_ROOT,
         *,
-        timeout: float = DEFAULT_TIMEOUT,
         mountinfo: str | os.PathLike[str] = "/proc/self/mountinfo",
     ) -> None:
         self.root = Path(root)
-        self.timeout = timeout
         self.mountinfo = mountinfo
 
     # -- KernelModuleClient -----------------------------------------------------------
@@ -152,7 +139,7 @@ class ProcfsKernelModule:
 
     def declare_gpus(self, gpus: Sequence[GpuDeclaration]) -> None:
         for gpu in gpus:
-            what = f"declaring GPU {gpu.index} ({human_bytes(gpu.memory_bytes)}) to gpushare.ko"
+            what = f"declaring GPU {gpu.index} ({format_bytes(gpu.memory_bytes)}) to gpushare.ko"
             try:
                 self._control(f"gpu {gpu.index} {gpu.memory_bytes}")
             except OSError as e:
@@ -240,21 +227,15 @@ class ProcfsKernelModule:
             "prio_ratio",
         )
         try:
-            values = self._bounded(
-                lambda: [int((d / n).read_text()) for n in names], f"reading {d}"
-            )
+            values = [int((d / n).read_text()) for n in names]
         except FileNotFoundError:
             if not self.loaded():
                 raise self._not_loaded() from None
-            raise KmodError(f"GPU {index} is not declared to gpushare.ko", errno.ENXIO) from None
+            raise GpusNotDeclared(f"GPU {index} is not declared to gpushare.ko") from None
         return GpuState(index, *values)
 
     def default_memsize(self) -> int:
-        return int(
-            self._bounded(
-                lambda: (self.root / "default_memsize").read_text(), "reading default_memsize"
-            )
-        )
+        return int((self.root / "default_memsize").read_text())
 
     # -- internals --------------------------------------------------------------------
 
@@ -273,51 +254,24 @@ class ProcfsKernelModule:
             }
             raise self._error(e, what, hints) from None
 
-    def _bounded(self, fn: Callable[[], T], what: str) -> T:
-        """fn() in a helper thread, abandoned after self.timeout seconds."""
-        box: list[tuple[bool, object]] = []
-
-        def run() -> None:
-            try:
-                box.append((True, fn()))
-            except BaseException as e:  # noqa: BLE001 - handed to the caller
-                box.append((False, e))
-
-        thread = threading.Thread(target=run, name="gpushare-kmod", daemon=True)
-        thread.start()
-        thread.join(self.timeout)
-        if not box:
-            raise KmodError(
-                f"gpushare.ko did not answer within {self.timeout:g} s ({what});"
-                " the kernel may be stuck, see dmesg",
-                errno.ETIMEDOUT,
-            )
-        ok, value = box[0]
-        if not ok:
-            raise value  # type: ignore[misc]
-        return value  # type: ignore[return-value]
-
     def _control(self, command: str) -> None:
         """One inst_ctl command; OSError carries the module's errno."""
         path = self.root / "inst_ctl"
         data = (command + "\n").encode()
 
-        def write() -> None:
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                raise self._not_loaded() from None
-            try:
-                os.write(fd, data)
-            finally:
-                os.close(fd)
-
-        self._bounded(write, f"writing `{command}` to {path}")
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise self._not_loaded() from None
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
 
     def _dump(self) -> list[list[str]]:
         path = self.root / "inst_ctl"
         try:
-            text = self._bounded(path.read_text, f"reading {path}")
+            text = path.read_text()
         except FileNotFoundError:
             raise self._not_loaded() from None
         except OSError as e:
@@ -380,7 +334,7 @@ class ProcfsKernelModule:
                 or s.containers >= s.max_inst
             ):
                 full.append(
-                    f"GPU {q.gpu_index} has {human_bytes(s.free_memory)} and"
+                    f"GPU {q.gpu_index} has {format_bytes(s.free_memory)} and"
                     f" {s.free_weight}% compute free, {s.containers}/{s.max_inst} containers"
                 )
         why = "; ".join(full) or "a GPU is full"
@@ -390,7 +344,7 @@ class ProcfsKernelModule:
 def describe(registration: Registration) -> str:
     return (
         ", ".join(
-            f"GPU {q.gpu_index}: {human_bytes(q.memory_bytes)}, {q.core_percent}% compute"
+            f"GPU {q.gpu_index}: {format_bytes(q.memory_bytes)}, {q.core_percent}% compute"
             + (", high priority" if q.high_priority else "")
             for q in registration.quotas
         )

@@ -1,12 +1,12 @@
-"""The share domain: requests, inventory, placement, allocations, injection plans.
+"""The share domain: requests, placement, allocations, injection plans.
 
-Plain values in, plain values out: nothing here knows NRI, protobuf, sockets or
-YAML.  The daemon builds `ContainerInfo`, `Gpu` and `NodePolicy` values and
-turns an `InjectionPlan` into a ContainerAdjustment.
+Plain values in, plain values out: nothing here knows NRI, protobuf, sockets,
+YAML or the host.  The daemon builds `ContainerInfo`, `Gpu` and `NodePolicy`
+values, wires in the host's device nodes (`nri_gpushare.host`) and the kernel
+module, and turns an `InjectionPlan` into a ContainerAdjustment.
 """
 
-from .devices import DeviceLookup, HostDevices
-from .inventory import load_inventory
+from .assigned import assigned_annotation
 from .model import (
     ASSIGNED,
     Allocation,
@@ -19,8 +19,10 @@ from .model import (
     NodePolicy,
     ShareRefused,
 )
+from .plan import DeviceLookup
 from .request import ShareRequest, parse_request
-from .service import ShareService, assigned_annotation
+from .service import ShareService
+from .units import format_bytes, parse_size
 
 __all__ = [
     "ASSIGNED",
@@ -30,7 +32,6 @@ __all__ = [
     "DeviceNode",
     "Gpu",
     "GpuShare",
-    "HostDevices",
     "InjectionPlan",
     "Mount",
     "NodePolicy",
@@ -38,6 +39,7 @@ __all__ = [
     "ShareRequest",
     "ShareService",
     "assigned_annotation",
-    "load_inventory",
+    "format_bytes",
     "parse_request",
+    "parse_size",
 ]

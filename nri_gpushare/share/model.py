@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-MiB = 1 << 20
-GiB = 1 << 30
+from .units import format_bytes
 
 PREFIX = "gpushare.io/"
 ASSIGNED = PREFIX + "assigned"
@@ -104,8 +103,13 @@ class ContainerInfo:
     env: Mapping[str, str] = field(default_factory=dict)
     cgroups_path: str = ""
 
+    @property
+    def pod(self) -> str:
+        """ "namespace/name", "" outside Kubernetes."""
+        return f"{self.pod_namespace}/{self.pod_name}" if self.pod_name else ""
+
     def describe(self) -> str:
-        pod = f" (pod {self.pod_namespace}/{self.pod_name})" if self.pod_name else ""
+        pod = f" (pod {self.pod})" if self.pod_name else ""
         return f"container '{self.name or self.id}'{pod}"
 
 
@@ -144,6 +148,14 @@ class Allocation:
     def high_priority(self) -> bool:
         return self.priority == "high"
 
+    def describe_shares(self) -> str:
+        """'GPU 0 2048Mi 30%, GPU 1 1024Mi (high priority)', for messages."""
+        parts = []
+        for s in self.shares:
+            core = f" {s.core_percent}%" if s.core_percent else ""
+            parts.append(f"GPU {s.index} {format_bytes(s.memory_bytes)}{core}")
+        return ", ".join(parts) + (" (high priority)" if self.high_priority else "")
+
 
 class ShareRefused(Exception):
     """A request the domain will not serve; str() is a message for a person.
@@ -157,12 +169,3 @@ class ShareRefused(Exception):
         super().__init__(message)
         self.reason = reason
         self.key = key
-
-
-def format_bytes(n: int) -> str:
-    """Bytes in the unit people write in requests: Mi when whole, else Ki, else bytes."""
-    if n % MiB == 0:
-        return f"{n // MiB}Mi"
-    if n % 1024 == 0:
-        return f"{n // 1024}Ki"
-    return f"{n}B"

@@ -24,8 +24,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
 
-from .model import Allocation, Gpu, GpuShare, NodePolicy, ShareRefused, format_bytes
+from .model import Allocation, Gpu, GpuShare, NodePolicy, ShareRefused
 from .request import ShareRequest
+from .units import format_bytes
 
 
 @dataclass

@@ -6,10 +6,16 @@ import pytest
 
 from nri_gpushare.api import lite, nri
 from nri_gpushare.config import ConfigError, parse_config
-from nri_gpushare.daemon import GpuShareHandler, adjustment, build_service, container_info
+from nri_gpushare.daemon import (
+    GpuShareHandler,
+    adjustment,
+    build_service,
+    container_info,
+    kmod_worker,
+)
 from nri_gpushare.share.model import DeviceNode, InjectionPlan, Mount
 from nri_gpushare.stub import PluginError
-from tests.fakes import FakeKernelModule
+from tests.fakes import FakeKernelModule, Inline
 
 UUID = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 INVENTORY = [{"index": 0, "uuid": UUID, "memory": "16Gi"}]
@@ -76,7 +82,7 @@ def test_adjustment_carries_the_plan():
     )
 
 
-def test_kmod_required_without_module_refuses_to_start(tmp_path):
+async def test_kmod_required_without_module_refuses_to_start(tmp_path):
     config = parse_config(
         {
             "kmod": "required",
@@ -85,19 +91,20 @@ def test_kmod_required_without_module_refuses_to_start(tmp_path):
             "inventory": INVENTORY,
         }
     )
+    kmod = kmod_worker(config)
     with pytest.raises(ConfigError, match="kmod: required.*not loaded"):
-        build_service(config)
+        await build_service(config, kmod)
 
 
-def test_no_gpus_is_a_config_error():
+async def test_no_gpus_is_a_config_error():
     with pytest.raises(ConfigError, match="no GPUs"):
-        build_service(parse_config({"use_nvml": False, "kmod": "off"}))
+        await build_service(parse_config({"use_nvml": False, "kmod": "off"}), None)
 
 
 async def test_handler_refusal_is_a_plugin_error_and_release_is_idempotent():
     config = parse_config({"kmod": "optional", "use_nvml": False, "inventory": INVENTORY})
     kmod = FakeKernelModule()
-    handler = GpuShareHandler(build_service(config, kmod))
+    handler = GpuShareHandler(await build_service(config, Inline(kmod)))
     pod, big = views(
         nri.PodSandbox(id="p", name="p", annotations={"gpushare.io/gpu-memory": "17Gi"}),
         nri.Container(id="big", name="main"),
@@ -118,7 +125,7 @@ async def test_handler_refusal_is_a_plugin_error_and_release_is_idempotent():
 async def test_remove_without_stop_releases():
     config = parse_config({"kmod": "optional", "use_nvml": False, "inventory": INVENTORY})
     kmod = FakeKernelModule()
-    handler = GpuShareHandler(build_service(config, kmod))
+    handler = GpuShareHandler(await build_service(config, Inline(kmod)))
     pod, container = views(
         nri.PodSandbox(id="p", name="p", annotations={"gpushare.io/gpu-memory": "1Gi"}),
         nri.Container(id="c", name="main"),

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
 from nri_gpushare.share import ContainerInfo, NodePolicy, ShareRefused, ShareService
-from tests.fakes import FakeDevices, FakeKernelModule, GiB, make_gpus
+from tests.fakes import FakeDevices, FakeKernelModule, GiB, Inline, done, make_gpus
 
 P = "gpushare.io/"
 GPUS = make_gpus(3, 4 * GiB)
@@ -34,7 +34,8 @@ class ShareMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.kmod = FakeKernelModule(max_inst=POLICY.max_inst)
-        self.svc = ShareService(GPUS, POLICY, self.kmod, FakeDevices())
+        self.svc = ShareService(GPUS, POLICY, Inline(self.kmod), FakeDevices())
+        done(self.svc.start())
         self.live: dict[str, ContainerInfo] = {}
         self.enforced: set[str] = set()
         self.next_id = 0
@@ -71,7 +72,7 @@ class ShareMachine(RuleBasedStateMachine):
         )
         before = (copy.deepcopy(self.svc.status()), dict(self.kmod.regs))
         try:
-            plan = self.svc.create_container(c)
+            plan = done(self.svc.create_container(c))
         except ShareRefused as refusal:
             # The plugin must refuse over-commit itself, never lean on the
             # module's backstop (with kmod: off there is none).
@@ -79,7 +80,7 @@ class ShareMachine(RuleBasedStateMachine):
             assert (self.svc.status(), dict(self.kmod.regs)) == before
             return cid
         assert plan is not None
-        self.svc.start_container(c)
+        done(self.svc.start_container(c))
         self.live[cid] = ContainerInfo(
             id=cid,
             name=c.name,
@@ -96,14 +97,14 @@ class ShareMachine(RuleBasedStateMachine):
     @rule(cid=containers)
     def stop(self, cid):
         managed = cid in self.live
-        assert self.svc.release(cid) == managed
+        assert done(self.svc.release(cid)) == managed
         self.live.pop(cid, None)  # a stopped container is not reported by Synchronize
         self.enforced.discard(cid)
 
     @rule(cid=consumes(containers))
     def remove(self, cid):
         self.stop(cid)
-        assert self.svc.release(cid) is False
+        assert done(self.svc.release(cid)) is False
 
     @rule(reload_module=st.booleans())
     def restart(self, reload_module):
@@ -111,8 +112,8 @@ class ShareMachine(RuleBasedStateMachine):
         if reload_module:
             self.kmod.unload()
             self.kmod.load()
-        self.svc = ShareService(GPUS, POLICY, self.kmod, FakeDevices())
-        self.svc.synchronize(list(self.live.values()))
+        self.svc = ShareService(GPUS, POLICY, Inline(self.kmod), FakeDevices())
+        done(self.svc.synchronize(list(self.live.values())))
         assert self.svc.status() == before
 
     @invariant()
@@ -146,7 +147,7 @@ class ShareMachine(RuleBasedStateMachine):
 
     def teardown(self):
         for cid in list(self.live):
-            assert self.svc.release(cid)
+            assert done(self.svc.release(cid))
         status = self.svc.status()
         assert status["allocations"] == []
         assert all(

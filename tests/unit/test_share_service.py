@@ -22,7 +22,7 @@ from nri_gpushare.share import (
     ShareRefused,
     ShareService,
 )
-from tests.fakes import FakeDevices, FakeKernelModule, GiB, make_gpus
+from tests.fakes import FakeDevices, FakeKernelModule, GiB, Inline, done, make_gpus
 
 P = "gpushare.io/"
 
@@ -45,9 +45,10 @@ def make(kmod_mode="optional", kmod=None, gpus=None, devices=None, **policy):
     svc = ShareService(
         gpus or make_gpus(2),
         NodePolicy(kmod_mode=kmod_mode, **policy),
-        kmod,
+        Inline(kmod),
         devices or FakeDevices(),
     )
+    done(svc.start())
     return svc, kmod
 
 
@@ -73,9 +74,9 @@ REQ = {P + "gpu-memory": "2Gi", P + "gpu-core": "30"}
 # -- injection -------------------------------------------------------------------------------
 
 
-def test_plan_devices_env_and_annotation():
+async def test_plan_devices_env_and_annotation():
     svc, kmod = make(gpus=make_gpus(4), devices=FakeDevices(uvm=True))
-    plan = svc.create_container(
+    plan = await svc.create_container(
         ctr("c1", {P + "gpu-memory": "2Gi,1Gi", P + "gpu-core": "30", P + "gpu-devices": "3,1"})
     )
     assert [d.path for d in plan.devices] == [
@@ -111,31 +112,31 @@ def test_plan_devices_env_and_annotation():
     )
 
 
-def test_no_core_limit_means_no_core_env():
+async def test_no_core_limit_means_no_core_env():
     svc, _ = make()
-    plan = svc.create_container(ctr("c1", {P + "gpu-memory": "1Gi", P + "priority": "high"}))
+    plan = await svc.create_container(ctr("c1", {P + "gpu-memory": "1Gi", P + "priority": "high"}))
     assert "GPUSHARE_CORE_LIMIT" not in plan.env
     assert plan.env["GPUSHARE_PRIORITY"] == "high"
 
 
-def test_not_managed_gives_no_plan():
+async def test_not_managed_gives_no_plan():
     svc, kmod = make()
-    assert svc.create_container(ctr("c1")) is None
-    assert svc.create_container(ctr("c2", {P + "gpu-memory": "0"})) is None
+    assert await svc.create_container(ctr("c1")) is None
+    assert await svc.create_container(ctr("c2", {P + "gpu-memory": "0"})) is None
     assert svc.allocations == {} and kmod.regs == {}
 
 
-def test_create_twice_is_idempotent():
+async def test_create_twice_is_idempotent():
     svc, kmod = make()
     c = ctr("c1", REQ)
-    assert svc.create_container(c) == svc.create_container(c)
+    assert await svc.create_container(c) == await svc.create_container(c)
     assert svc.status()["gpus"][0]["memory_allocated"] == 2 * GiB
     assert len([x for x in kmod.calls if x[0] == "register"]) == 1
 
 
-def test_isolation_none_is_accounted_not_registered():
+async def test_isolation_none_is_accounted_not_registered():
     svc, kmod = make()
-    plan = svc.create_container(ctr("c1", {**REQ, P + "isolation": "none"}))
+    plan = await svc.create_container(ctr("c1", {**REQ, P + "isolation": "none"}))
     assert kmod.regs == {}
     assert "/dev/gpushare" not in [d.path for d in plan.devices]
     assert plan.env["GPUSHARE_ISOLATION"] == "none"
@@ -143,9 +144,11 @@ def test_isolation_none_is_accounted_not_registered():
     assert svc.status()["gpus"][0]["core_allocated"] == 30
 
 
-def test_isolation_memory_registers_without_compute():
+async def test_isolation_memory_registers_without_compute():
     svc, kmod = make()
-    plan = svc.create_container(ctr("c1", {P + "gpu-memory": "1Gi", P + "isolation": "memory"}))
+    plan = await svc.create_container(
+        ctr("c1", {P + "gpu-memory": "1Gi", P + "isolation": "memory"})
+    )
     assert kmod.regs["c1"].quotas == (GpuQuota(0, GiB, 0, False),)
     assert "GPUSHARE_CORE_LIMIT" not in plan.env
 
@@ -153,10 +156,10 @@ def test_isolation_memory_registers_without_compute():
 # -- kernel-module modes -----------------------------------------------------------------------
 
 
-def test_required_without_module_refuses_and_reserves_nothing():
+async def test_required_without_module_refuses_and_reserves_nothing():
     svc, kmod = make("required", FakeKernelModule(loaded=False))
     with pytest.raises(ShareRefused) as info:
-        svc.create_container(ctr("c1", REQ))
+        await svc.create_container(ctr("c1", REQ))
     assert "kernel module is not loaded" in str(info.value)
     assert "kmod: required" in str(info.value)
     assert info.value.reason == "kmod"
@@ -164,19 +167,19 @@ def test_required_without_module_refuses_and_reserves_nothing():
     assert svc.status()["gpus"][0]["memory_allocated"] == 0
 
 
-def test_required_with_no_client_refuses():
+async def test_required_with_no_client_refuses():
     svc, _ = make("required", kmod=None)
-    svc.kmod = None
+    svc.link.kmod = None
     with pytest.raises(ShareRefused):
-        svc.create_container(ctr("c1", REQ))
+        await svc.create_container(ctr("c1", REQ))
 
 
-def test_optional_without_module_places_and_says_unenforced(caplog):
+async def test_optional_without_module_places_and_says_unenforced(caplog):
     caplog.set_level(logging.WARNING)
     svc, kmod = make("optional", FakeKernelModule(loaded=False))
     assert "isolation is not enforced" in caplog.text
     caplog.clear()
-    plan = svc.create_container(ctr("c1", REQ))
+    plan = await svc.create_container(ctr("c1", REQ))
     assert plan is not None
     assert "isolation is not enforced" in caplog.text
     assert "/dev/gpushare" not in [d.path for d in plan.devices]
@@ -184,73 +187,73 @@ def test_optional_without_module_places_and_says_unenforced(caplog):
     assert svc.status()["allocations"][0]["registered"] is False
 
 
-def test_optional_with_no_client_at_all():
+async def test_optional_with_no_client_at_all():
     svc = ShareService(make_gpus(1), NodePolicy(), None, FakeDevices())
-    assert svc.create_container(ctr("c1", REQ)) is not None
-    assert svc.release("c1")
+    assert await svc.create_container(ctr("c1", REQ)) is not None
+    assert await svc.release("c1")
 
 
-def test_off_never_touches_the_module(caplog):
+async def test_off_never_touches_the_module(caplog):
     caplog.set_level(logging.WARNING)
     svc, kmod = make("off")
     assert "isolation is not enforced" in caplog.text
-    svc.create_container(ctr("c1", REQ, cgroups_path="/kubepods/c1"))
-    svc.start_container(ctr("c1", REQ, cgroups_path="/kubepods/c1"))
-    svc.release("c1")
-    svc.synchronize([])
+    await svc.create_container(ctr("c1", REQ, cgroups_path="/kubepods/c1"))
+    await svc.start_container(ctr("c1", REQ, cgroups_path="/kubepods/c1"))
+    await svc.release("c1")
+    await svc.synchronize([])
     assert kmod.calls == []
 
 
-def test_module_refusal_rolls_back_placement():
+async def test_module_refusal_rolls_back_placement():
     svc, kmod = make()
     kmod.fail_next["register"] = OverCommitted("GPU 0: memory over-committed")
     with pytest.raises(ShareRefused) as info:
-        svc.create_container(ctr("c1", REQ))
+        await svc.create_container(ctr("c1", REQ))
     assert "kernel module refused" in str(info.value)
     assert f"errno {errno.ENOSPC}" in str(info.value)
     assert info.value.reason == "kmod"
     assert svc.allocations == {} and kmod.regs == {}
     assert svc.status()["gpus"][0]["memory_allocated"] == 0
-    assert svc.create_container(ctr("c1", REQ)) is not None  # nothing left behind
+    assert await svc.create_container(ctr("c1", REQ)) is not None  # nothing left behind
 
 
-def test_module_refuses_overcommit_on_its_own():
+async def test_module_refuses_overcommit_on_its_own():
     # the module holds a registration the service does not know about
     svc, kmod = make(gpus=make_gpus(1))
     kmod.regs["ghost"] = Registration("ghost", (GpuQuota(0, 31 * GiB, 0),))
     with pytest.raises(ShareRefused) as info:
-        svc.create_container(ctr("c1", REQ))
+        await svc.create_container(ctr("c1", REQ))
     assert "over-committed" in str(info.value)
     assert svc.allocations == {}
 
 
-def test_optional_module_unloaded_during_register():
+async def test_optional_module_unloaded_during_register():
     svc, kmod = make()
     kmod.fail_next["register"] = ModuleNotLoaded("gone")
-    assert svc.create_container(ctr("c1", REQ)) is not None
+    assert await svc.create_container(ctr("c1", REQ)) is not None
     assert "c1" not in svc.registered
 
 
-def test_required_module_unloaded_during_register():
+async def test_required_module_unloaded_during_register():
     svc, kmod = make("required")
     kmod.fail_next["register"] = ModuleNotLoaded("gone")
     with pytest.raises(ShareRefused):
-        svc.create_container(ctr("c1", REQ))
+        await svc.create_container(ctr("c1", REQ))
     assert svc.allocations == {}
 
 
-def test_stale_registration_is_replaced():
+async def test_stale_registration_is_replaced():
     svc, kmod = make()
     kmod.regs["c1"] = Registration("c1", (GpuQuota(1, GiB, 0),))
-    svc.create_container(ctr("c1", REQ))
+    await svc.create_container(ctr("c1", REQ))
     assert kmod.regs["c1"].quotas == (GpuQuota(0, 2 * GiB, 30, False),)
 
 
-def test_gpus_declared_when_module_appears():
+async def test_gpus_declared_when_module_appears():
     kmod = FakeKernelModule(loaded=False)
     svc, _ = make(kmod=kmod)
     kmod.load()
-    svc.create_container(ctr("c1", REQ))
+    await svc.create_container(ctr("c1", REQ))
     assert kmod.gpus == {0: 32 * GiB, 1: 32 * GiB}
     assert "c1" in kmod.regs
 
@@ -258,76 +261,76 @@ def test_gpus_declared_when_module_appears():
 # -- start, release ----------------------------------------------------------------------------
 
 
-def test_start_binds_cgroup():
+async def test_start_binds_cgroup():
     svc, kmod = make()
     c = ctr("c1", REQ, cgroups_path="/kubepods/pod1/c1")
-    svc.create_container(c)
-    svc.start_container(c)
+    await svc.create_container(c)
+    await svc.start_container(c)
     assert kmod.cgroups == {"c1": "/kubepods/pod1/c1"}
 
 
-def test_start_bind_failure_optional_is_logged(caplog):
+async def test_start_bind_failure_optional_is_logged(caplog):
     svc, kmod = make()
     c = ctr("c1", REQ, cgroups_path="/x")
-    svc.create_container(c)
+    await svc.create_container(c)
     kmod.fail_next["bind_cgroup"] = KmodError("no such cgroup", errno.ENOENT)
-    svc.start_container(c)
+    await svc.start_container(c)
     assert "could not bind cgroup /x" in caplog.text
 
 
-def test_start_bind_failure_required_raises():
+async def test_start_bind_failure_required_raises():
     svc, kmod = make("required")
     c = ctr("c1", REQ, cgroups_path="/x")
-    svc.create_container(c)
+    await svc.create_container(c)
     kmod.fail_next["bind_cgroup"] = KmodError("no such cgroup", errno.ENOENT)
     with pytest.raises(ShareRefused):
-        svc.start_container(c)
+        await svc.start_container(c)
 
 
-def test_start_of_unmanaged_container_does_nothing():
+async def test_start_of_unmanaged_container_does_nothing():
     svc, kmod = make()
-    svc.start_container(ctr("c9", cgroups_path="/x"))
+    await svc.start_container(ctr("c9", cgroups_path="/x"))
     assert [c for c in kmod.calls if c[0] == "bind_cgroup"] == []
 
 
-def test_release_is_idempotent():
+async def test_release_is_idempotent():
     svc, kmod = make()
-    svc.create_container(ctr("c1", REQ))
-    assert svc.release("c1") is True  # StopContainer
-    assert svc.release("c1") is False  # RemoveContainer
-    assert svc.release("never-seen") is False
+    await svc.create_container(ctr("c1", REQ))
+    assert await svc.release("c1") is True  # StopContainer
+    assert await svc.release("c1") is False  # RemoveContainer
+    assert await svc.release("never-seen") is False
     assert kmod.regs == {} and svc.allocations == {}
     assert [c for c in kmod.calls if c[0] == "unregister"] == [("unregister", "c1")]
     assert svc.status()["gpus"][0]["memory_allocated"] == 0
 
 
-def test_failed_unregister_is_retried_on_next_release():
+async def test_failed_unregister_is_retried_on_next_release():
     svc, kmod = make()
-    svc.create_container(ctr("c1", REQ))
+    await svc.create_container(ctr("c1", REQ))
     kmod.fail_next["unregister"] = KmodError("busy", errno.EBUSY)
-    assert svc.release("c1") is True
+    assert await svc.release("c1") is True
     assert "c1" in kmod.regs
-    assert svc.release("c1") is False
+    assert await svc.release("c1") is False
     assert kmod.regs == {}
 
 
-def test_release_when_module_already_lost_it():
+async def test_release_when_module_already_lost_it():
     svc, kmod = make()
-    svc.create_container(ctr("c1", REQ))
+    await svc.create_container(ctr("c1", REQ))
     kmod.unload()
-    assert svc.release("c1") is True
+    assert await svc.release("c1") is True
 
 
 # -- recovery ------------------------------------------------------------------------------------
 
 
-def restart(svc, kmod, live_containers, **kw):
-    fresh = ShareService(svc.gpus, svc.policy, kmod, FakeDevices(), **kw)
-    fresh.synchronize(live_containers)
+async def restart(svc, kmod, live_containers, **kw):
+    fresh = ShareService(svc.gpus, svc.policy, Inline(kmod), FakeDevices(), **kw)
+    await fresh.synchronize(live_containers)
     return fresh
 
 
-def test_restart_leaves_identical_allocations():
+async def test_restart_leaves_identical_allocations():
     svc, kmod = make(gpus=make_gpus(4))
     containers = []
     for i, ann in enumerate(
@@ -339,83 +342,83 @@ def test_restart_leaves_identical_allocations():
         ]
     ):
         c = ctr(f"c{i}", ann, cgroups_path=f"/cg/c{i}")
-        containers.append(live(c, svc.create_container(c)))
+        containers.append(live(c, await svc.create_container(c)))
     regs_before = dict(kmod.regs)
     before = svc.status()
     calls = len(kmod.calls)
-    fresh = restart(svc, kmod, containers)
+    fresh = await restart(svc, kmod, containers)
     assert fresh.status() == before
     assert kmod.regs == regs_before
     assert [c[0] for c in kmod.calls[calls:]] == ["declare_gpus", "registrations"]
 
 
-def test_restart_never_double_allocates():
+async def test_restart_never_double_allocates():
     svc, kmod = make(gpus=make_gpus(1))
     c = ctr("c1", {P + "gpu-memory": "32Gi"})
-    lc = live(c, svc.create_container(c))
-    fresh = restart(svc, kmod, [lc])
+    lc = live(c, await svc.create_container(c))
+    fresh = await restart(svc, kmod, [lc])
     with pytest.raises(ShareRefused):
-        fresh.create_container(ctr("c2", {P + "gpu-memory": "1Gi"}))
+        await fresh.create_container(ctr("c2", {P + "gpu-memory": "1Gi"}))
     # CreateContainer replayed for the live one is answered from the table
-    assert fresh.create_container(c).annotations == lc.annotations
+    assert (await fresh.create_container(c)).annotations == lc.annotations
     assert fresh.status()["gpus"][0]["memory_allocated"] == 32 * GiB
 
 
-def test_recovery_without_module_uses_annotations_only():
+async def test_recovery_without_module_uses_annotations_only():
     svc, kmod = make(kmod=FakeKernelModule(loaded=False))
     c = ctr("c1", REQ)
-    lc = live(c, svc.create_container(c))
-    fresh = restart(svc, kmod, [lc])
+    lc = live(c, await svc.create_container(c))
+    fresh = await restart(svc, kmod, [lc])
     assert fresh.status()["allocations"] == svc.status()["allocations"]
 
 
-def test_orphan_registrations_are_removed():
+async def test_orphan_registrations_are_removed():
     svc, kmod = make()
     for cid in ("c1", "c2"):
-        svc.create_container(ctr(cid, REQ))
+        await svc.create_container(ctr(cid, REQ))
     c3 = ctr("c3", REQ)
-    lc3 = live(c3, svc.create_container(c3))
-    fresh = restart(svc, kmod, [lc3])
+    lc3 = live(c3, await svc.create_container(c3))
+    fresh = await restart(svc, kmod, [lc3])
     assert set(kmod.regs) == {"c3"}
     assert set(fresh.allocations) == {"c3"}
     assert fresh.status()["gpus"][0]["memory_allocated"] == 2 * GiB
 
 
-def test_lost_registrations_are_registered_again_and_bound():
+async def test_lost_registrations_are_registered_again_and_bound():
     svc, kmod = make()
     c = ctr("c1", REQ, cgroups_path="/cg/c1")
-    lc = live(c, svc.create_container(c))
+    lc = live(c, await svc.create_container(c))
     kmod.unload()
     kmod.load()  # module reloaded: it forgot everything
-    fresh = restart(svc, kmod, [lc])
+    fresh = await restart(svc, kmod, [lc])
     assert kmod.gpus == {0: 32 * GiB, 1: 32 * GiB}
     assert kmod.regs["c1"].quotas == (GpuQuota(0, 2 * GiB, 30, False),)
     assert kmod.cgroups == {"c1": "/cg/c1"}
     assert "c1" in fresh.registered
 
 
-def test_differing_registration_is_replaced():
+async def test_differing_registration_is_replaced():
     svc, kmod = make()
     c = ctr("c1", REQ)
-    lc = live(c, svc.create_container(c))
+    lc = live(c, await svc.create_container(c))
     kmod.regs["c1"] = Registration("c1", (GpuQuota(1, GiB, 0),))
-    restart(svc, kmod, [lc])
+    await restart(svc, kmod, [lc])
     assert kmod.regs["c1"].quotas == (GpuQuota(0, 2 * GiB, 30, False),)
 
 
-def test_live_container_without_annotation_recovered_from_module():
+async def test_live_container_without_annotation_recovered_from_module():
     svc, kmod = make()
     kmod.declare_gpus([])
     kmod.gpus.update({0: 32 * GiB, 1: 32 * GiB})
     kmod.regs["c1"] = Registration("c1", (GpuQuota(1, 4 * GiB, 20, True),))
-    fresh = restart(svc, kmod, [ctr("c1")])
+    fresh = await restart(svc, kmod, [ctr("c1")])
     alloc = fresh.allocations["c1"]
     assert [(s.index, s.memory_bytes, s.core_percent) for s in alloc.shares] == [(1, 4 * GiB, 20)]
     assert alloc.priority == "high"
     assert "c1" in fresh.registered
 
 
-def test_bad_annotation_is_ignored_with_a_warning(caplog):
+async def test_bad_annotation_is_ignored_with_a_warning(caplog):
     svc, kmod = make()
     bad = ContainerInfo(id="c1", name="c1", annotations={ASSIGNED: "{not json"})
     unknown_gpu = ContainerInfo(
@@ -423,44 +426,44 @@ def test_bad_annotation_is_ignored_with_a_warning(caplog):
         name="c2",
         annotations={ASSIGNED: json.dumps({"gpus": [{"uuid": "GPU-x", "memory": 1, "core": 0}]})},
     )
-    fresh = restart(svc, kmod, [bad, unknown_gpu])
+    fresh = await restart(svc, kmod, [bad, unknown_gpu])
     assert fresh.allocations == {}
     assert "unusable gpushare.io/assigned" in caplog.text
 
 
-def test_recovered_shares_over_capacity_are_kept(caplog):
+async def test_recovered_shares_over_capacity_are_kept(caplog):
     svc, kmod = make(kmod_mode="off", gpus=make_gpus(1))
     c = ctr("c1", {P + "gpu-memory": "32Gi"})
-    lc = live(c, svc.create_container(c))
+    lc = live(c, await svc.create_container(c))
     fresh = ShareService(
         svc.gpus, NodePolicy(kmod_mode="off", memory_reserve_bytes=GiB), None, FakeDevices()
     )
-    fresh.synchronize([lc])
+    await fresh.synchronize([lc])
     assert "over capacity" in caplog.text
     assert fresh.status()["gpus"][0]["memory_free"] == 0
     with pytest.raises(ShareRefused):
-        fresh.create_container(ctr("c2", {P + "gpu-memory": "1Mi"}))
+        await fresh.create_container(ctr("c2", {P + "gpu-memory": "1Mi"}))
 
 
-def test_synchronize_replaces_the_table():
+async def test_synchronize_replaces_the_table():
     svc, kmod = make()
-    svc.create_container(ctr("c1", REQ))
-    svc.synchronize([])
+    await svc.create_container(ctr("c1", REQ))
+    await svc.synchronize([])
     assert svc.allocations == {} and kmod.regs == {}
     assert svc.status()["gpus"][0]["memory_allocated"] == 0
 
 
-def test_already_registered_error_type_from_module():
+async def test_already_registered_error_type_from_module():
     # the module's EEXIST for a replayed registration is not surfaced as a refusal
     svc, kmod = make()
     kmod.fail_next["register"] = AlreadyRegistered("exists")
-    assert svc.create_container(ctr("c1", REQ)) is not None
+    assert await svc.create_container(ctr("c1", REQ)) is not None
     assert "c1" in kmod.regs
 
 
-def test_status_is_json():
+async def test_status_is_json():
     svc, _ = make()
-    svc.create_container(ctr("c1", REQ))
+    await svc.create_container(ctr("c1", REQ))
     status = svc.status()
     assert json.loads(json.dumps(status)) == status
     gpu0 = status["gpus"][0]
@@ -471,14 +474,14 @@ def test_status_is_json():
     assert status["kmod"] == {"mode": "optional", "loaded": True, "problem": ""}
 
 
-def test_memory_dev_mismatch_is_only_logged(caplog):
+async def test_memory_dev_mismatch_is_only_logged(caplog):
     svc, _ = make()
     env = {"ALIYUN_COM_GPU_MEM_CONTAINER": "2", "ALIYUN_COM_GPU_MEM_DEV": "15"}
-    assert svc.create_container(ctr("c1", env=env)) is not None
+    assert await svc.create_container(ctr("c1", env=env)) is not None
     assert "ALIYUN_COM_GPU_MEM_DEV=15 GiB but GPU 0 has 32.0 GiB" in caplog.text
 
 
-def test_policy_validation():
+async def test_policy_validation():
     for bad in (
         dict(max_inst=0),
         dict(max_inst=26),
@@ -502,25 +505,25 @@ class LandsThenTimesOut(FakeKernelModule):
         raise KmodError("gpushare.ko did not answer within 1 s", errno.ETIMEDOUT)
 
 
-def test_registration_that_lands_after_a_timeout_is_undone():
+async def test_registration_that_lands_after_a_timeout_is_undone():
     kmod = LandsThenTimesOut()
     svc, _ = make(kmod=kmod)
     with pytest.raises(ShareRefused, match="errno 110"):
-        svc.create_container(ctr("c1", REQ))
+        await svc.create_container(ctr("c1", REQ))
     assert kmod.regs == {} and svc.allocations == {}
 
 
-def test_module_reloaded_between_calls_gets_the_gpus_declared_again():
+async def test_module_reloaded_between_calls_gets_the_gpus_declared_again():
     svc, kmod = make()
-    svc.create_container(ctr("c1", REQ))
-    svc.release("c1")
+    await svc.create_container(ctr("c1", REQ))
+    await svc.release("c1")
     kmod.unload()
     kmod.load()  # forgot the GPUs; the service has not noticed yet
-    svc.create_container(ctr("c2", REQ))
+    await svc.create_container(ctr("c2", REQ))
     assert set(kmod.regs) == {"c2"} and kmod.gpus == {0: 32 * GiB, 1: 32 * GiB}
 
 
-def test_refused_gpu_list_is_reported_as_such():
+async def test_refused_gpu_list_is_reported_as_such():
     kmod = FakeKernelModule()
     kmod.fail_next["declare_gpus"] = OverCommitted("GPU index 16 out of range", errno.EINVAL)
     svc, _ = make("required", kmod=kmod)

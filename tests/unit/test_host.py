@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from nri_gpushare.share import DeviceNode, Gpu, HostDevices, load_inventory
+from nri_gpushare.host import HostDevices, load_inventory
+from nri_gpushare.share import DeviceNode, Gpu
 from tests.fakes import GiB, make_gpus
 
 

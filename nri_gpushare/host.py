@@ -1,0 +1,137 @@
+"""The host adapter: what the share domain needs to know about this machine,
+looked up here so that the domain works on plain values.
+
+- `load_inventory`: the node's GPUs from NVML (nvidia-ml-py) when it answers,
+  else the static inventory of the config.  NVML is the truth when it is
+  present and reports at least one GPU; any NVML failure (no library, no
+  driver, an error while asking) falls back to the static list, with a log
+  line saying so.
+- `HostDevices`: the device nodes to give a container (a `DeviceLookup`).
+
+NVIDIA's nodes: /dev/nvidiactl and /dev/nvidia<minor> have the fixed major 195
+(nvidiactl is minor 255); where the host lacks them (no driver, test machines)
+the configured values are used.  /dev/nvidia-uvm and /dev/nvidia-uvm-tools have
+a dynamic major, so they are given only when the host has them, and so is the
+kernel module's control device (/dev/gpushare).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat as statmod
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any
+
+from nri_gpushare.share.model import DeviceNode, Gpu
+
+log = logging.getLogger(__name__)
+
+NVIDIA_MAJOR = 195
+NVIDIACTL_MINOR = 255
+
+
+class HostDevices:
+    """DeviceLookup on the host; `stat` and `dev_dir` are injectable for tests."""
+
+    def __init__(
+        self,
+        dev_dir: str = "/dev",
+        nvidia_major: int = NVIDIA_MAJOR,
+        nvidiactl_minor: int = NVIDIACTL_MINOR,
+        control_name: str = "gpushare",
+        stat: Callable[[str], os.stat_result] = os.stat,
+    ) -> None:
+        self.dev_dir = dev_dir
+        self.nvidia_major = nvidia_major
+        self.nvidiactl_minor = nvidiactl_minor
+        self.control_name = control_name
+        self._stat = stat
+
+    def find(self, name: str) -> DeviceNode | None:
+        """The host's character device /dev/<name> (path as seen in containers)."""
+        try:
+            st = self._stat(os.path.join(self.dev_dir, name))
+        except OSError:
+            return None
+        if not statmod.S_ISCHR(st.st_mode):
+            return None
+        return DeviceNode(f"/dev/{name}", "c", os.major(st.st_rdev), os.minor(st.st_rdev))
+
+    def common(self) -> tuple[DeviceNode, ...]:
+        ctl = self.find("nvidiactl") or DeviceNode(
+            "/dev/nvidiactl", "c", self.nvidia_major, self.nvidiactl_minor
+        )
+        uvm = [d for d in (self.find("nvidia-uvm"), self.find("nvidia-uvm-tools")) if d]
+        return (ctl, *uvm)
+
+    def gpu(self, minor: int) -> DeviceNode:
+        name = f"nvidia{minor}"
+        return self.find(name) or DeviceNode(f"/dev/{name}", "c", self.nvidia_major, minor)
+
+    def control(self) -> DeviceNode | None:
+        return self.find(self.control_name)
+
+
+# -- GPUs -----------------------------------------------------------------------------
+
+
+def load_inventory(static: Sequence[Gpu], nvml_module: ModuleType | Any | None = None) -> list[Gpu]:
+    """GPUs by index; `nvml_module` replaces `pynvml` (tests use a fake)."""
+    try:
+        nvml = nvml_module if nvml_module is not None else _import_pynvml()
+        gpus = _from_nvml(nvml)
+    except Exception as e:  # any NVML trouble means: use the configuration
+        log.info("NVML unavailable (%s); using the static inventory (%d GPUs)", e, len(static))
+        return _checked(static)
+    if not gpus:
+        log.info("NVML reports no GPUs; using the static inventory (%d GPUs)", len(static))
+        return _checked(static)
+    if static:
+        log.info("NVML found %d GPUs; the static inventory is not used", len(gpus))
+    return gpus
+
+
+def _import_pynvml() -> ModuleType:
+    import pynvml
+
+    module: ModuleType = pynvml
+    return module
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _from_nvml(nvml: Any) -> list[Gpu]:
+    nvml.nvmlInit()
+    try:
+        gpus = []
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            gpus.append(
+                Gpu(
+                    index=index,
+                    uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+                    name=_text(nvml.nvmlDeviceGetName(handle)),
+                    memory_bytes=int(nvml.nvmlDeviceGetMemoryInfo(handle).total),
+                    minor=int(nvml.nvmlDeviceGetMinorNumber(handle)),
+                )
+            )
+        return gpus
+    finally:
+        nvml.nvmlShutdown()
+
+
+def _checked(static: Sequence[Gpu]) -> list[Gpu]:
+    """The static list, sorted by index; duplicate indexes or UUIDs are config errors."""
+    gpus = sorted(static, key=lambda g: g.index)
+    for attr in ("index", "uuid", "minor"):
+        values = [getattr(g, attr) for g in gpus]
+        if len(set(values)) != len(values):
+            raise ValueError(f"static GPU inventory: duplicate {attr} in {values}")
+    for g in gpus:
+        if g.memory_bytes <= 0:
+            raise ValueError(f"static GPU inventory: GPU {g.index} has no memory")
+    return gpus

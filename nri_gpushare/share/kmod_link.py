@@ -1,0 +1,282 @@
+"""The share domain's link to the kernel module: modes, GPU declaration,
+registration, retries, re-registration after a module reload.
+
+Modes (NodePolicy.kmod_mode):
+
+- required: a share is refused unless the module is loaded and registers it.
+- optional: the module is used when loaded; without it shares are placed and
+  injected and a warning says that isolation is not enforced.  A module that is
+  loaded and refuses a registration refuses the share.
+- off: the module is never used.
+
+Isolation ``none`` shares are never registered; ``memory`` shares are
+registered without a compute limit.
+
+The module is reached through the awaited `KernelModule` interface; a request
+that times out may still reach the module later, so a registration that timed
+out is unregistered again (queued behind it), and unregistrations that fail
+are retried on the container's next release.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..kmod.client import (
+    AlreadyRegistered,
+    GpuDeclaration,
+    GpuQuota,
+    GpusNotDeclared,
+    KernelModule,
+    KmodError,
+    ModuleNotLoaded,
+    NotRegistered,
+    Registration,
+)
+from .model import Allocation, ContainerInfo, Gpu, ShareRefused
+
+log = logging.getLogger(__name__)
+
+
+def quotas(alloc: Allocation) -> tuple[GpuQuota, ...]:
+    """What the module is told about an allocation (no compute limit unless full)."""
+    full = alloc.isolation == "full"
+    return tuple(
+        GpuQuota(s.index, s.memory_bytes, s.core_percent if full else 0, alloc.high_priority)
+        for s in alloc.shares
+    )
+
+
+def _sorted(qs: Sequence[GpuQuota]) -> list[GpuQuota]:
+    return sorted(qs, key=lambda q: q.gpu_index)
+
+
+class KernelLink:
+    def __init__(self, gpus: Sequence[Gpu], mode: str, kmod: KernelModule | None) -> None:
+        self.gpus = list(gpus)
+        self.mode = mode
+        self.kmod = kmod if mode != "off" else None
+        self.registered: set[str] = set()  # container IDs registered by this link
+        self._unregister_later: set[str] = set()  # unregistrations that failed
+        self.loaded = False
+        self._declared = False
+        #: Why the module cannot be used, for messages ("is not loaded", ...).
+        self.problem = "is not loaded"
+        self._advice = "load gpushare.ko or set kmod: optional in the node config"
+
+    def state(self) -> dict[str, Any]:
+        """The module as the status document shows it."""
+        return {
+            "mode": self.mode,
+            "loaded": self.loaded,
+            "problem": "" if self.loaded else self.problem,
+        }
+
+    async def start(self) -> None:
+        """Look for the module once and say what that means for isolation."""
+        if self.mode == "off":
+            log.warning("kmod: off: GPU shares are placed and injected, isolation is not enforced")
+        elif await self.ready():
+            log.info("gpushare kernel module loaded: isolation is enforced")
+        elif self.mode == "optional":
+            log.warning(
+                "gpushare kernel module %s (kmod: optional): GPU shares are placed "
+                "and injected, isolation is not enforced",
+                self.problem,
+            )
+        else:
+            log.error(
+                "gpushare kernel module %s (kmod: required): shares will be refused", self.problem
+            )
+
+    async def ready(self) -> bool:
+        """Whether the module can be used now; declares the GPUs when it (re)appears."""
+        if self.kmod is None:
+            return False
+        try:
+            loaded = await self.kmod.loaded()
+        except KmodError as e:
+            self.loaded = False
+            self.problem = f"is not answering ({e})"
+            self._advice = "see dmesg, or set kmod: optional in the node config"
+            return False
+        self._advice = "load gpushare.ko or set kmod: optional in the node config"
+        if not loaded:
+            if self.loaded:
+                log.warning("gpushare kernel module no longer loaded")
+            self.loaded = self._declared = False
+            self.problem = "is not loaded"
+            return False
+        if not self._declared:
+            try:
+                await self.kmod.declare_gpus(
+                    [GpuDeclaration(g.index, g.memory_bytes) for g in self.gpus]
+                )
+            except KmodError as e:
+                self.loaded = False
+                self.problem = f"is loaded but refused this node's GPU list: {e}"
+                log.error("gpushare kernel module %s", self.problem)
+                return False
+            self._declared = True
+        self.loaded = True
+        self.problem = ""
+        return True
+
+    # -- a container's registration ------------------------------------------------------
+
+    async def register(self, alloc: Allocation, who: str) -> bool:
+        """Register a new share; False when it goes unenforced.  Raises ShareRefused."""
+        if alloc.isolation == "none" or self.mode == "off":
+            return False
+        required = self.mode == "required"
+        if not await self.ready():
+            if required:
+                raise ShareRefused(
+                    f"gpushare: cannot create {who}: the gpushare kernel module "
+                    f"{self.problem} and this node requires it (kmod: required); {self._advice}",
+                    "kmod",
+                )
+            log.warning(
+                "%s: kernel module %s (kmod: optional): isolation is not enforced",
+                who,
+                self.problem,
+            )
+            return False
+        registration = Registration(alloc.container_id, quotas(alloc))
+        try:
+            await self._register(registration, who)
+        except ModuleNotLoaded:
+            self.loaded = self._declared = False
+            if required:
+                raise ShareRefused(
+                    f"gpushare: cannot create {who}: the gpushare kernel module went away "
+                    f"(kmod: required); load gpushare.ko",
+                    "kmod",
+                ) from None
+            log.warning("%s: kernel module unloaded: isolation is not enforced", who)
+            return False
+        except KmodError as e:
+            # A write that timed out may still land: never leave it behind.
+            await self.unregister(alloc.container_id)
+            raise ShareRefused(
+                f"gpushare: cannot create {who}: the gpushare kernel module refused "
+                f"{alloc.describe_shares()}: {e} (errno {e.errno}); compare "
+                f"'nri-gpushare status' with the module's registrations",
+                "kmod",
+            ) from None
+        self.registered.add(alloc.container_id)
+        return True
+
+    async def _register(self, registration: Registration, who: str) -> None:
+        assert self.kmod is not None
+        try:
+            await self.kmod.register(registration)
+        except AlreadyRegistered:
+            # A stale registration of an ID this service does not hold: replace it.
+            log.warning("%s: replacing a stale kernel-module registration", who)
+            await self.unregister(registration.container_id)
+            await self.kmod.register(registration)
+        except GpusNotDeclared:
+            # The module was reloaded since we declared the GPUs: declare them again.
+            self._declared = False
+            if not await self.ready():
+                raise
+            await self.kmod.register(registration)
+
+    async def bind(self, c: ContainerInfo) -> None:
+        """Bind the registration to the container's cgroup, which now exists.
+
+        A failure is logged; with kmod: required it raises ShareRefused.
+        """
+        if c.id not in self.registered or not c.cgroups_path or self.kmod is None:
+            return
+        try:
+            await self.kmod.bind_cgroup(c.id, c.cgroups_path)
+        except KmodError as e:
+            message = (
+                f"gpushare: {c.describe()}: the kernel module could not bind cgroup "
+                f"{c.cgroups_path}: {e}"
+            )
+            if self.mode == "required":
+                raise ShareRefused(message, "kmod") from None
+            log.warning("%s; compute isolation may not apply", message)
+
+    async def release(self, container_id: str) -> None:
+        """Unregister the container if this link registered it (idempotent)."""
+        if container_id in self.registered or container_id in self._unregister_later:
+            self.registered.discard(container_id)
+            await self.unregister(container_id)
+
+    async def unregister(self, cid: str) -> None:
+        if self.kmod is None:
+            return
+        try:
+            await self.kmod.unregister(cid)
+        except (NotRegistered, ModuleNotLoaded):
+            pass
+        except KmodError as e:
+            log.error("container %s: kernel module unregistration failed: %s", cid, e)
+            self._unregister_later.add(cid)
+            return
+        self._unregister_later.discard(cid)
+
+    # -- after a restart -------------------------------------------------------------------
+
+    async def registrations(self) -> dict[str, Registration] | None:
+        """The module's registry by container ID; None when the module cannot be used."""
+        if not await self.ready():
+            return None
+        assert self.kmod is not None
+        try:
+            return {r.container_id: r for r in await self.kmod.registrations()}
+        except KmodError as e:
+            log.error("cannot read the kernel module's registrations: %s", e)
+            return None
+
+    def forget(self) -> None:
+        """Nothing registered as far as this link knows (a new table follows)."""
+        self.registered = set()
+        self._unregister_later = set()
+
+    async def resync(
+        self,
+        module: Mapping[str, Registration] | None,
+        allocations: Mapping[str, Allocation],
+        cgroups: Mapping[str, str],
+    ) -> None:
+        """Make the module hold exactly the live `allocations` (after `forget`):
+        registrations without a live share are removed, differing ones replaced,
+        lost ones registered again and bound to `cgroups` (container ID -> path)."""
+        if module is None:
+            return
+        for cid, reg in module.items():
+            alloc = allocations.get(cid)
+            if alloc is None or alloc.isolation == "none":
+                log.info("container %s: gone; removing its kernel-module registration", cid)
+                await self.unregister(cid)
+            elif _sorted(reg.quotas) != _sorted(quotas(alloc)):
+                log.warning("container %s: module registration differs; registering again", cid)
+                await self.unregister(cid)
+            else:
+                self.registered.add(cid)
+        for cid, alloc in allocations.items():
+            if alloc.isolation != "none" and cid not in self.registered:
+                await self._reregister(alloc, cgroups.get(cid, ""))
+
+    async def _reregister(self, alloc: Allocation, cgroups_path: str) -> None:
+        assert self.kmod is not None
+        cid = alloc.container_id
+        try:
+            await self.kmod.register(Registration(cid, quotas(alloc)))
+        except KmodError as e:
+            log.error("container %s: cannot register its live share again: %s", cid, e)
+            return
+        self.registered.add(cid)
+        log.info("container %s: registered its live share again", cid)
+        if cgroups_path:
+            try:
+                await self.kmod.bind_cgroup(cid, cgroups_path)
+            except KmodError as e:
+                log.warning("container %s: cannot bind cgroup %s: %s", cid, cgroups_path, e)

@@ -1,0 +1,54 @@
+"""The injection plan: what a container with a share is given.
+
+Injected environment: NVIDIA_VISIBLE_DEVICES and GPUSHARE_GPU_UUIDS (UUIDs in
+the container's GPU order), GPUSHARE_MEMORY_LIMIT (bytes per GPU),
+GPUSHARE_CORE_LIMIT (percent per GPU, 0 for a GPU without a limit; absent when
+no GPU has one or isolation is memory), GPUSHARE_PRIORITY (normal|high),
+GPUSHARE_ISOLATION (full|memory|none).  The quota variables are also given with
+isolation none, for applications that isolate themselves.
+
+Device nodes: the common NVIDIA nodes, one per GPU, and the kernel module's
+control device when the container is registered with the module.  Which nodes
+the host has is asked through `DeviceLookup` (the daemon wires in the host's,
+`nri_gpushare.host.HostDevices`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from .assigned import assigned_annotation
+from .model import ASSIGNED, Allocation, DeviceNode, Gpu, InjectionPlan
+
+
+class DeviceLookup(Protocol):
+    def common(self) -> tuple[DeviceNode, ...]:
+        """Nodes every GPU container needs: nvidiactl, and uvm ones when present."""
+
+    def gpu(self, minor: int) -> DeviceNode:
+        """/dev/nvidia<minor>, from the host or the configured fallback."""
+
+    def control(self) -> DeviceNode | None:
+        """The kernel module's control device, when present."""
+
+
+def injection_plan(
+    alloc: Allocation, gpus: Mapping[int, Gpu], devices: DeviceLookup, registered: bool
+) -> InjectionPlan:
+    """The plan for `alloc`; `gpus` by index; `registered`: with the module."""
+    nodes = list(devices.common())
+    nodes += [devices.gpu(gpus[s.index].minor) for s in alloc.shares]
+    if registered and (ctl := devices.control()):
+        nodes.append(ctl)
+    uuids = ",".join(s.uuid for s in alloc.shares)
+    env = {
+        "NVIDIA_VISIBLE_DEVICES": uuids,
+        "GPUSHARE_GPU_UUIDS": uuids,
+        "GPUSHARE_MEMORY_LIMIT": ",".join(str(s.memory_bytes) for s in alloc.shares),
+        "GPUSHARE_PRIORITY": alloc.priority,
+        "GPUSHARE_ISOLATION": alloc.isolation,
+    }
+    if alloc.isolation != "memory" and any(s.core_percent for s in alloc.shares):
+        env["GPUSHARE_CORE_LIMIT"] = ",".join(str(s.core_percent) for s in alloc.shares)
+    return InjectionPlan(tuple(nodes), env, {ASSIGNED: assigned_annotation(alloc)})

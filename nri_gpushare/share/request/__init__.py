@@ -1,0 +1,204 @@
+"""Turn a container's annotations, labels and environment into one share request.
+
+Sources, highest first (precedence is per attribute):
+
+1. per-container pod annotation  ``gpushare.io/container.<name>.<key>``
+2. pod-wide pod annotation       ``gpushare.io/<key>``
+3. container annotation or label ``gpushare.io/<key>`` (ctr/nerdctl); these two
+   are one level: if both are set and disagree, that is an error.
+4. environment: cGPU variables and eGPU's ``EGPU=``; if both are set and
+   disagree on an attribute, that is an error.
+
+Levels 1-3 resolve by precedence.  The environment is not overridden silently:
+when levels 1-3 and the environment both set an attribute and the values
+differ, the request is refused with a message naming both.  Values that agree
+are fine (``gpu-memory: 3Gi`` and ``ALIYUN_COM_GPU_MEM_CONTAINER=3``); the
+higher source then supplies its defaults (e.g. the GPU count).
+
+Keys (values are trimmed; enumerations are case-insensitive):
+
+- ``gpu-memory``: per GPU.  ``Ki Mi Gi Ti`` are binary, ``K M G T`` decimal
+  (a trailing ``B`` is accepted), a bare number is GiB; fractions are allowed
+  when they give whole bytes.  A comma list is one value per GPU in order; a
+  short list repeats its last value.  ``0`` opts the container out.
+- ``gpu-core``: percent of each GPU, a multiple of 5 in 5..100; a list as above.
+  Absent: no compute limit.
+- ``gpu-count``: number of GPUs.  Default: the length of ``gpu-devices``, else
+  of the longest list.
+- ``gpu-devices``: GPU indexes or UUIDs, in the container's GPU order.
+- ``priority``: normal | high.  ``placement``: binpack | spread (default from
+  the node).  ``isolation``: full | memory (memory only; ``gpu-core`` is then an
+  error) | none (placed and accounted, environment injected, not registered
+  with the kernel module).
+
+A container is managed when its resolved ``gpu-memory`` is non-zero.  Without
+``gpu-memory``, ``gpu-core``/``gpu-count``/``gpu-devices`` set on the container
+itself (per-container annotation, container annotation or label) are an error;
+pod-wide ones simply do not apply to it, so a pod can share GPUs with some of
+its containers only.
+
+The sources live in their own modules: ``keys`` (gpushare.io keys), ``cgpu``
+and ``egpu`` (the environment), ``values`` (value parsing); ``settings``
+combines them.
+
+cGPU environment (considered only when ``ALIYUN_COM_GPU_MEM_CONTAINER`` is set
+or ``CGPU_DISABLE`` is true, as cGPU does):
+
+- ``CGPU_DISABLE=true``: not managed (an opt-out: gpu-memory 0).
+- ``ALIYUN_COM_GPU_MEM_CONTAINER``: whole GiB, list as above; ``0``: not
+  managed.  Without a device list it covers every GPU of the node (``3,1`` on
+  4 GPUs is 3,1,1,1 GiB).
+- ``ALIYUN_COM_GPU_VISIBLE_DEVICES`` (else an explicit ``NVIDIA_VISIBLE_DEVICES``
+  list): the GPUs, by index or UUID.
+- ``ALIYUN_COM_GPU_SCHD_WEIGHT=w``, 1..max_inst: 1 is cGPU's default (no
+  weighting), so no compute limit; w > 1 gives a compute limit of
+  ``floor(20 * w / max_inst) * 5`` percent (w/max_inst of the GPU, rounded down
+  to a multiple of 5), so weights within cGPU's sum rule stay within 100%.
+- ``ALIYUN_COM_GPU_HIGH_PRIO``: 1/true = high, 0/false = normal.
+- ``ALIYUN_COM_GPU_MEM_DEV``: the GPU size in whole GiB, informative only: it
+  must be a positive integer; a mismatch with the placed GPU is only logged.
+
+eGPU: ``EGPU="POLICY=0,ONLINE=0,TYPE=DOCKER:PGPU=0,MEM=3276,WEIGHT=10:..."``: an
+optional header of node settings (ignored), then one block per GPU: ``PGPU``
+the GPU index, ``MEM`` MiB, ``WEIGHT`` compute percent 1..100 (absent: no
+limit on that GPU).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..model import PREFIX, ContainerInfo, Gpu, NodePolicy
+from ..units import format_bytes
+from .cgpu import from_cgpu, memory_dev
+from .egpu import from_egpu
+from .keys import KEYS, from_keys
+from .settings import Context, Settings, merge
+from .values import expand
+
+log = logging.getLogger(__name__)
+
+__all__ = ["KEYS", "ShareRequest", "parse_request"]
+
+_DEMAND = {"core": "gpu-core", "count": "gpu-count", "devices": "gpu-devices"}
+
+
+@dataclass(frozen=True)
+class ShareRequest:
+    """A validated request: one entry per GPU slot, in the container's GPU order."""
+
+    memory_bytes: tuple[int, ...]
+    core_percent: tuple[int, ...]  # 0 = no compute limit on that GPU
+    devices: tuple[int, ...] | None  # GPU indexes; None: placement chooses
+    priority: str
+    placement: str
+    isolation: str
+    keys: Mapping[str, str]  # attribute -> the key a person changes
+    memory_dev_bytes: int | None = None  # ALIYUN_COM_GPU_MEM_DEV, informative
+
+    @property
+    def count(self) -> int:
+        return len(self.memory_bytes)
+
+    def describe(self) -> str:
+        text = f"gpu-memory {','.join(format_bytes(m) for m in self.memory_bytes)}"
+        if any(self.core_percent):
+            text += f", gpu-core {','.join(str(c) for c in self.core_percent)}"
+        if self.priority == "high":
+            text += ", priority high"
+        return text
+
+
+def parse_request(c: ContainerInfo, gpus: Sequence[Gpu], policy: NodePolicy) -> ShareRequest | None:
+    """The container's validated request, or None when it is not managed.
+
+    Raises ShareRefused (reason "invalid" or "conflict") naming the key, the
+    value and what is allowed.  Nothing is reserved here.
+    """
+    ctx = Context(c, gpus, policy)
+    upper = from_keys(ctx)
+    env = merge(ctx, from_cgpu(ctx), from_egpu(ctx))
+    merged = merge(ctx, upper, env)
+    if merged.memory is None:
+        _demand_without_memory(ctx, merged)
+        return None
+    if merged.memory.value == (0,):
+        return None
+    return _resolve(ctx, merged)
+
+
+def _demand_without_memory(ctx: Context, merged: Settings) -> None:
+    present = merged.present()
+    for attr, name in _DEMAND.items():
+        v = present.get(attr)
+        if v is not None and v.level == "container":
+            key = v.key[: -len(name)] + "gpu-memory"
+            raise ctx.fail(f"{v.cite} needs a GPU memory request: add {key} (e.g. 2Gi)", key)
+    if present:
+        log.info("%s: gpushare keys without gpu-memory; not managed", ctx.c.describe())
+
+
+def _resolve(ctx: Context, m: Settings) -> ShareRequest:
+    memory = m.memory
+    assert memory is not None
+    if not ctx.gpus:
+        raise ctx.fail(f"{memory.cite}: this node has no GPUs", memory.key, "capacity")
+    core, count, devices = m.core, m.count, m.devices
+    lists = [v for v in (memory, core) if v is not None]
+    if count is not None and devices is not None and count.value != len(devices.value):
+        raise ctx.fail(
+            f"{count.cite} does not match {devices.cite} "
+            f"({len(devices.value)} GPUs); remove one or make them agree",
+            count.key,
+        )
+    if count is not None:
+        n, why, key = count.value, count.cite, count.key
+    elif devices is not None:
+        n, why, key = len(devices.value), devices.cite, devices.key
+    elif memory.default_count is not None:
+        n, why, key = memory.default_count, "every GPU of the node", memory.key
+    else:
+        n = max(len(v.value) for v in lists)
+        why, key = memory.cite, memory.key
+    for v in lists:
+        if len(v.value) > n:
+            raise ctx.fail(
+                f"{v.cite} gives {len(v.value)} values for {n} GPUs ({why}); give at most {n}",
+                v.key,
+            )
+    if n > len(ctx.gpus):
+        raise ctx.fail(
+            f"{why} asks for {n} GPUs but this node has {len(ctx.gpus)}", key, "capacity"
+        )
+    isolation = m.isolation.value if m.isolation else "full"
+    if isolation == "memory" and core is not None:
+        assert m.isolation is not None
+        raise ctx.fail(
+            f"{core.cite} cannot be used with {m.isolation.cite} (memory isolation "
+            f"only); remove the compute request or use isolation full",
+            core.key,
+        )
+    priority = m.priority.value if m.priority else "normal"
+    if priority == "high" and ctx.policy.max_high_priority_per_gpu == 0:
+        assert m.priority is not None
+        raise ctx.fail(
+            f"{m.priority.cite}: this node allows no high-priority containers; use priority normal",
+            m.priority.key,
+        )
+    placement = m.placement.value if m.placement else ctx.policy.default_placement
+    keys = {attr: v.key for attr, v in m.present().items()}
+    keys.setdefault("count", key)
+    keys.setdefault("core", PREFIX + "gpu-core")
+    keys.setdefault("priority", PREFIX + "priority")
+    return ShareRequest(
+        memory_bytes=expand(memory.value, n),
+        core_percent=expand(core.value, n) if core else (0,) * n,
+        devices=devices.value if devices else None,
+        priority=priority,
+        placement=placement,
+        isolation=isolation,
+        keys=keys,
+        memory_dev_bytes=memory_dev(ctx),
+    )

@@ -1,0 +1,96 @@
+"""Requests written as China Telecom eGPU's ``EGPU=`` variable::
+
+    EGPU="POLICY=0,ONLINE=0,TYPE=DOCKER:PGPU=0,MEM=3276,WEIGHT=10:..."
+
+an optional header of node settings (ignored), then one block per GPU:
+``PGPU`` the GPU index, ``MEM`` MiB, ``WEIGHT`` compute percent 1..100
+(absent: no limit on that GPU).
+"""
+
+from __future__ import annotations
+
+from ..model import ShareRefused
+from ..units import MiB
+from .settings import Context, Setting, Settings
+from .values import Invalid, int_list
+
+
+def from_egpu(ctx: Context) -> Settings:
+    text = ctx.c.env.get("EGPU")
+    if text is None or not text.strip():
+        return Settings()
+    parsed = _blocks(ctx, text)
+    devices: list[int] = []
+    memory: list[int] = []
+    core: list[int] = []
+    for fields in parsed:
+        block = ",".join(f"{k}={v}" for k, v in fields.items())
+
+        def bad(what: str, block: str = block) -> ShareRefused:
+            return ctx.fail(f"EGPU block '{block}': {what}", "EGPU")
+
+        if unknown := set(fields) - {"PGPU", "MEM", "WEIGHT"}:
+            raise bad(f"unknown field {', '.join(sorted(unknown))}; allowed PGPU, MEM, WEIGHT")
+        if "PGPU" not in fields or "MEM" not in fields:
+            raise bad("needs PGPU=<GPU index> and MEM=<MiB>")
+        try:
+            devices.extend(ctx.gpu_list.parse(fields["PGPU"], indexes_only=True))
+        except Invalid as e:
+            raise bad(f"PGPU={fields['PGPU']}: {e}") from None
+        try:
+            memory.extend(m * MiB for m in int_list(fields["MEM"], 1, None, single=True))
+        except Invalid:
+            raise bad(f"MEM={fields['MEM']}: must be a whole number of MiB, at least 1") from None
+        if "WEIGHT" in fields:
+            try:
+                core.extend(int_list(fields["WEIGHT"], 1, 100, single=True))
+            except Invalid:
+                raise bad(
+                    f"WEIGHT={fields['WEIGHT']}: must be a percentage between 1 and 100"
+                ) from None
+        else:
+            core.append(0)
+    if len(set(devices)) != len(devices):
+        raise ctx.fail(f"EGPU={text}: a GPU appears in two blocks", "EGPU")
+    listed = ",".join(str(d) for d in devices)
+    return Settings(
+        memory=Setting(
+            tuple(memory),
+            f"environment EGPU MEM={','.join(str(m // MiB) for m in memory)} (MiB)",
+            "EGPU",
+            "env",
+        ),
+        devices=Setting(tuple(devices), f"environment EGPU PGPU={listed}", "EGPU", "env"),
+        core=(
+            Setting(
+                tuple(core),
+                f"environment EGPU WEIGHT={','.join(str(x) for x in core)}",
+                "EGPU",
+                "env",
+            )
+            if any(core)
+            else None
+        ),
+    )
+
+
+def _blocks(ctx: Context, text: str) -> list[dict[str, str]]:
+    """The GPU blocks as NAME -> value, the header skipped."""
+    parsed: list[dict[str, str]] = []
+    for number, block in enumerate(b.strip() for b in text.strip().split(":")):
+        fields: dict[str, str] = {}
+        for item in filter(None, (i.strip() for i in block.split(","))):
+            name, eq, value = item.partition("=")
+            if not eq:
+                raise ctx.fail(f"EGPU block '{block}': '{item}' is not NAME=VALUE", "EGPU")
+            fields[name.strip().upper()] = value.strip()
+        if number == 0 and "PGPU" not in fields:
+            continue  # header: node settings (POLICY, ONLINE, TYPE), not ours
+        parsed.append(fields)
+    if not parsed:
+        raise ctx.fail(
+            "EGPU has no GPU block; expected PGPU=<index>,MEM=<MiB>[,WEIGHT=<percent>] "
+            "blocks separated by ':'",
+            "EGPU",
+        )
+    return parsed
