@@ -1,6 +1,7 @@
 """The NRI plugin API: subclass `Plugin`, run it with `Stub`."""
 
-from nri_gpushare.stub.plugin import Event, Plugin, PluginError
+from nri_gpushare.stub.plugin import CreateResult, Event, EventMask, Plugin, PluginError
 from nri_gpushare.stub.runtime import Stub
+from nri_gpushare.stub.service import PluginService
 
-__all__ = ["Event", "Plugin", "PluginError", "Stub"]
+__all__ = ["CreateResult", "Event", "EventMask", "Plugin", "PluginError", "PluginService", "Stub"]

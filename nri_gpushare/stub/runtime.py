@@ -5,7 +5,12 @@ conn 1 while calling RegisterPlugin on conn 2 (the runtime may send Configure
 before our registration reply arrives), answer Configure / Synchronize /
 events, and when the runtime goes away reconnect with backoff and do it all
 again.  State comes back through Synchronize, so nothing is lost across a
-runtime restart.
+runtime restart.  The requests themselves are served by `PluginService`.
+
+Timeouts are the runtime's: Configure carries how long it waits for a
+registration and for each reply (NRI's defaults, 5 s and 2 s, until it says).
+The stub waits that long for its registration reply, and warns when a handler
+runs past the request timeout (the runtime has then given up on the request).
 """
 
 from __future__ import annotations
@@ -14,46 +19,29 @@ import asyncio
 import logging
 import os
 import socket
-import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
-
-import betterproto
+from collections.abc import Iterator
 
 from nri_gpushare.api import lite, nri
-from nri_gpushare.api.lite import ContainerView, PodSandboxView
-from nri_gpushare.stub.plugin import (
-    HANDLERS,
-    Event,
-    Plugin,
-    PluginError,
-    implemented_events,
-    subscription_mask,
-    valid_event_mask,
-)
+from nri_gpushare.stub.plugin import Plugin, PluginError
+from nri_gpushare.stub.service import PluginService
 from nri_gpushare.wire.errors import Code, TtrpcError
+from nri_gpushare.wire.mux import PLUGIN_CONN, RUNTIME_CONN
 from nri_gpushare.wire.transport import MuxConnection
 
 log = logging.getLogger(__name__)
 
-PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
 RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
-PLUGIN_CONN = 1  # the runtime calls us here
-RUNTIME_CONN = 2  # we call the runtime here
-_TIMING_SAMPLES = 4096  # handler timings kept per method, for `status`
+DEFAULT_RECONNECT_DELAYS = (0.05, 0.1, 0.2, 0.5, 1.0)
+"""Seconds between reconnection attempts: containerd expects a plugin back
+within 2 s of its restart, so the last (repeated) delay is at most 1 s."""
 
-# v0.12 runtimes call one RPC per event (request {pod=1, container=2}, empty
-# reply); older ones send StateChange {event=1, pod=2, container=3}.
-_EVENT_RPCS: dict[str, Event] = {
-    "RunPodSandbox": Event.RUN_POD_SANDBOX,
-    "StopPodSandbox": Event.STOP_POD_SANDBOX,
-    "RemovePodSandbox": Event.REMOVE_POD_SANDBOX,
-    "PostCreateContainer": Event.POST_CREATE_CONTAINER,
-    "StartContainer": Event.START_CONTAINER,
-    "PostStartContainer": Event.POST_START_CONTAINER,
-    "PostUpdateContainer": Event.POST_UPDATE_CONTAINER,
-    "RemoveContainer": Event.REMOVE_CONTAINER,
-}
+
+def backoff(delays: tuple[float, ...]) -> Iterator[float]:
+    """The delays before each further attempt: `delays`, then its last forever."""
+    yield from delays
+    while True:
+        yield delays[-1]
 
 
 class Stub:
@@ -67,10 +55,12 @@ class Stub:
         index: str = "10",
         socket_path: str | None = None,
         preconnected: socket.socket | None = None,
-        reconnect_delays: tuple[float, ...] = (0.05, 0.1, 0.2, 0.5, 1.0),
+        reconnect_delays: tuple[float, ...] = DEFAULT_RECONNECT_DELAYS,
     ) -> None:
         if len(index) != 2 or not index.isdigit():
             raise ValueError(f"plugin index {index!r} must be exactly two digits")
+        if not reconnect_delays or min(reconnect_delays) < 0:
+            raise ValueError("reconnect_delays must be non-empty and non-negative")
         self.plugin = plugin
         self.name, self.index = name, index
         self.socket_path = socket_path
@@ -78,14 +68,10 @@ class Stub:
         self._delays = reconnect_delays
         self._stopping = asyncio.Event()
         self._connection: MuxConnection | None = None
-        self._sync_pods: list[PodSandboxView] = []
-        self._sync_containers: list[ContainerView] = []
-        #: Set once per connection when Synchronize has completed.
-        self.synchronized = asyncio.Event()
-        #: How many connections reached Synchronize (for tests and logs).
-        self.sessions = 0
-        #: Recent time spent inside the plugin's handlers, per RPC method (seconds).
-        self.handler_seconds: dict[str, deque[float]] = {}
+        self.service = PluginService(plugin, name)
+        """Serves the runtime's requests; holds what Configure said."""
+        self.service.on_configure = self._configured
+        self._registration: tuple[asyncio.Timeout, float] | None = None
 
     @classmethod
     def from_environment(cls, plugin: Plugin, **kwargs: object) -> Stub:
@@ -97,6 +83,38 @@ class Stub:
         kwargs.setdefault("index", os.environ.get("NRI_PLUGIN_IDX", "10"))
         return cls(plugin, preconnected=sock, **kwargs)  # type: ignore[arg-type]
 
+    # -- what the service knows ---------------------------------------------
+
+    @property
+    def synchronized(self) -> asyncio.Event:
+        """Set once per connection when Synchronize has completed."""
+        return self.service.synchronized
+
+    @property
+    def sessions(self) -> int:
+        """How many connections reached Synchronize (for tests and logs)."""
+        return self.service.sessions
+
+    @property
+    def handler_seconds(self) -> dict[str, deque[float]]:
+        """Recent time spent inside the plugin's handlers, per RPC method (seconds)."""
+        return self.service.handler_seconds
+
+    @property
+    def request_timeout(self) -> float:
+        """Seconds the runtime waits for each reply (from Configure; 2 s before)."""
+        return self.service.request_timeout
+
+    @property
+    def registration_timeout(self) -> float:
+        """Seconds allowed for registration (from Configure; 5 s before)."""
+        return self.service.registration_timeout
+
+    @property
+    def events(self) -> int:
+        """The event mask of the current subscription (0 before Configure)."""
+        return self.service.events
+
     # -- life ----------------------------------------------------------------
 
     async def run(self) -> None:
@@ -105,54 +123,80 @@ class Stub:
         A runtime-launched plugin (pre-connected socket) cannot reconnect and
         returns when its connection ends.
         """
-        attempt = 0
+        delays = backoff(self._delays)
         while not self._stopping.is_set():
             try:
-                await self._session()
-                attempt = 0
+                if await self._session():
+                    delays = backoff(self._delays)
             except (OSError, TtrpcError, PluginError, ConnectionError) as exc:
                 log.warning("NRI connection failed: %s", exc)
             if self._preconnected is not None or self._stopping.is_set():
                 return
-            delay = self._delays[min(attempt, len(self._delays) - 1)]
-            attempt += 1
-            try:
-                await asyncio.wait_for(self._stopping.wait(), delay)
-            except TimeoutError:
-                pass
+            await self._pause(next(delays))
+
+    async def _pause(self, delay: float) -> None:
+        """Wait `delay` seconds before reconnecting, or until `stop()`."""
+        try:
+            await asyncio.wait_for(self._stopping.wait(), delay)
+        except TimeoutError:
+            pass
 
     async def stop(self) -> None:
         self._stopping.set()
         if self._connection is not None:
             await self._connection.close()
 
-    async def _session(self) -> None:
+    async def _session(self) -> bool:
+        """One connection; True if it registered (the backoff starts over)."""
         if self._preconnected is not None:
             connection = await MuxConnection.from_socket(self._preconnected)
         else:
             assert self.socket_path, "no NRI socket configured"
             connection = await MuxConnection.connect(self.socket_path)
         self._connection = connection
-        self.synchronized.clear()
+        self.service.reset()
         if self._stopping.is_set():  # stop() came while we were connecting
             await connection.close()
-            return
-        connection.serve(PLUGIN_CONN, self._dispatch)
+            return False
+        connection.serve(PLUGIN_CONN, self.service.handle)
         try:
-            request = nri.RegisterPluginRequest(plugin_name=self.name, plugin_idx=self.index)
-            await connection.client(RUNTIME_CONN).call(
-                RUNTIME_SERVICE, "RegisterPlugin", bytes(request), timeout=5.0
-            )
+            await self._register(connection)
             log.info("registered with the runtime as %s-%s", self.index, self.name)
             await connection.wait_closed()
             if connection.error is not None:
                 log.warning("NRI connection closed: %s", connection.error)
             else:
                 log.info("NRI connection closed by the runtime")
+            return True
         finally:
             self._connection = None
-            self.synchronized.clear()
+            self.service.reset()
             await connection.close()
+
+    async def _register(self, connection: MuxConnection) -> None:
+        """RegisterPlugin, waiting the registration timeout for the reply; a
+        Configure arriving meanwhile moves the deadline to what it says."""
+        request = nri.RegisterPluginRequest(plugin_name=self.name, plugin_idx=self.index)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            async with asyncio.timeout(self.registration_timeout) as deadline:
+                self._registration = (deadline, started)
+                await connection.client(RUNTIME_CONN).call(
+                    RUNTIME_SERVICE, "RegisterPlugin", bytes(request)
+                )
+        except TimeoutError:
+            raise TtrpcError(
+                Code.DEADLINE_EXCEEDED,
+                f"RegisterPlugin: no reply within {loop.time() - started:.3g} s",
+            ) from None
+        finally:
+            self._registration = None
+
+    def _configured(self, request: lite.ConfigureRequestView) -> None:
+        if self._registration is not None and request.registration_timeout > 0:
+            deadline, started = self._registration
+            deadline.reschedule(started + request.registration_timeout / 1000)
 
     async def update_containers(
         self, updates: list[nri.ContainerUpdate], evictions: list[nri.ContainerEviction]
@@ -165,132 +209,3 @@ class Stub:
             RUNTIME_SERVICE, "UpdateContainers", bytes(request)
         )
         return nri.UpdateContainersResponse().parse(reply)
-
-    # -- the plugin service ----------------------------------------------------
-
-    async def _dispatch(self, service: str, method: str, payload: bytes) -> bytes:
-        if service != PLUGIN_SERVICE:
-            raise TtrpcError(Code.UNIMPLEMENTED, f"unknown service {service}")
-        handler = _METHODS.get(method)
-        if handler is None:
-            raise TtrpcError(Code.UNIMPLEMENTED, f"{method} is not implemented")
-        started = time.perf_counter()
-        try:
-            return await handler(self, payload)
-        except PluginError as exc:
-            raise TtrpcError(Code.UNKNOWN, str(exc)) from None
-        except lite.DecodeError as exc:
-            raise TtrpcError(Code.INVALID_ARGUMENT, f"{method}: malformed request: {exc}") from None
-        except TtrpcError:
-            raise
-        except Exception as exc:
-            log.exception("%s handler failed", method)
-            raise TtrpcError(
-                Code.INTERNAL, f"{self.name}: internal error in {method}: {exc}"
-            ) from exc
-        finally:
-            elapsed = time.perf_counter() - started
-            self.handler_seconds.setdefault(method, deque(maxlen=_TIMING_SAMPLES)).append(elapsed)
-
-    async def _configure(self, payload: bytes) -> bytes:
-        request = lite.decode_configure_request(payload)
-        mask = subscription_mask(
-            self.plugin,
-            valid_event_mask(request.runtime_name, request.runtime_version, request.nri_version),
-        )
-        log.info(
-            "configured by %s %s: events 0x%x",
-            request.runtime_name,
-            request.runtime_version,
-            mask,
-        )
-        await self.plugin.configure(request.config, request.runtime_name, request.runtime_version)
-        self._sync_pods, self._sync_containers = [], []
-        return lite.encode_configure_response(mask)
-
-    async def _synchronize(self, payload: bytes) -> bytes:
-        request = lite.decode_synchronize_request(payload)
-        self._sync_pods.extend(request.pods)
-        self._sync_containers.extend(request.containers)
-        if request.more:
-            return lite.encode_synchronize_response(more=True)
-        pods, containers = self._sync_pods, self._sync_containers
-        self._sync_pods, self._sync_containers = [], []
-        updates = await self.plugin.synchronize(pods, containers)
-        self.sessions += 1
-        self.synchronized.set()
-        return lite.encode_synchronize_response(updates=_encoded(updates))
-
-    async def _shutdown(self, payload: bytes) -> bytes:
-        await self.plugin.shutdown()
-        return lite.EMPTY
-
-    async def _create_container(self, payload: bytes) -> bytes:
-        request = lite.decode_create_container_request(payload)
-        adjust = await self.plugin.create_container(request.pod, request.container)
-        if isinstance(adjust, betterproto.Message):
-            return bytes(nri.CreateContainerResponse(adjust=adjust))
-        return lite.encode_create_container_response(adjust)
-
-    async def _update_container(self, payload: bytes) -> bytes:
-        request = lite.decode_update_container_request(payload)
-        updates = await self.plugin.update_container(
-            request.pod, request.container, request.linux_resources_message()
-        )
-        return lite.encode_update_container_response(_encoded(updates))
-
-    async def _stop_container(self, payload: bytes) -> bytes:
-        request = lite.decode_stop_container_request(payload)
-        updates = await self.plugin.stop_container(request.pod, request.container)
-        return lite.encode_stop_container_response(_encoded(updates))
-
-    async def _state_change(self, payload: bytes) -> bytes:
-        request = lite.decode_state_change(payload)
-        try:
-            event = Event(request.event)
-        except ValueError:
-            log.debug("ignoring unknown NRI event %d", request.event)
-            return lite.EMPTY
-        await self._notify(event, request.pod, request.container)
-        return lite.EMPTY
-
-    async def _notify(
-        self, event: Event, pod: PodSandboxView, container: ContainerView | None
-    ) -> None:
-        if event not in implemented_events(self.plugin):
-            return
-        handler = getattr(self.plugin, HANDLERS[event])
-        if event in (Event.RUN_POD_SANDBOX, Event.STOP_POD_SANDBOX, Event.REMOVE_POD_SANDBOX):
-            await handler(pod)
-        else:
-            await handler(pod, container)
-
-
-def _encoded(updates: Iterable[betterproto.Message] | None) -> list[bytes]:
-    return [bytes(update) for update in updates or ()]
-
-
-def _event_rpc(event: Event) -> Callable[[Stub, bytes], Awaitable[bytes]]:
-    """Serve a v0.12 per-event RPC; events the plugin does not handle answer
-    Unimplemented, so the runtime falls back to StateChange (which we ignore)."""
-
-    async def serve(stub: Stub, payload: bytes) -> bytes:
-        if event not in implemented_events(stub.plugin):
-            raise TtrpcError(Code.UNIMPLEMENTED, f"{event.name} not handled")
-        request = lite.decode_pod_container_request(payload, event.name)
-        await stub._notify(event, request.pod, request.container)
-        return lite.EMPTY
-
-    return serve
-
-
-_METHODS: dict[str, Callable[[Stub, bytes], Awaitable[bytes]]] = {
-    "Configure": Stub._configure,
-    "Synchronize": Stub._synchronize,
-    "Shutdown": Stub._shutdown,
-    "CreateContainer": Stub._create_container,
-    "UpdateContainer": Stub._update_container,
-    "StopContainer": Stub._stop_container,
-    "StateChange": Stub._state_change,
-    **{name: _event_rpc(event) for name, event in _EVENT_RPCS.items()},
-}

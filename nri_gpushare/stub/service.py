@@ -1,0 +1,263 @@
+"""The plugin side of NRI's Plugin service, without a socket.
+
+`PluginService.handle(service, method, payload)` takes a request payload and
+returns the reply payload (or raises `TtrpcError` for an error status): the
+transport serves it on conn 1, and tests drive it byte for byte.  Which RPCs
+exist and which handler each reaches comes from the event table
+(`stub.events`); this module holds the codec of each RPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import betterproto
+
+from nri_gpushare.api import lite, nri
+from nri_gpushare.api.lite import ConfigureRequestView, ContainerView, PodSandboxView
+from nri_gpushare.stub.events import BY_EVENT, EVENTS, Delivery, Event, EventSpec, describe_mask
+from nri_gpushare.stub.plugin import (
+    Plugin,
+    PluginError,
+    implemented_events,
+    subscription_mask,
+    valid_event_mask,
+)
+from nri_gpushare.wire.errors import Code, DecodeError, TtrpcError
+
+log = logging.getLogger(__name__)
+
+PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
+DEFAULT_REQUEST_TIMEOUT = 2.0
+"""Seconds the runtime waits for a reply, until Configure says (NRI's default)."""
+DEFAULT_REGISTRATION_TIMEOUT = 5.0
+"""Seconds to wait for registration, until Configure says (NRI's default)."""
+_TIMING_SAMPLES = 4096  # handler timings kept per method, for `status`
+
+
+class PluginService:
+    """Decodes the runtime's requests, calls the plugin, encodes its answers."""
+
+    def __init__(self, plugin: Plugin, name: str = "plugin") -> None:
+        self.plugin = plugin
+        self.name = name
+        self.handled = frozenset(implemented_events(plugin))
+        """Events the plugin's class has a handler for."""
+        self.events = 0
+        """The subscription answered to the last Configure."""
+        self.request_timeout = DEFAULT_REQUEST_TIMEOUT
+        self.registration_timeout = DEFAULT_REGISTRATION_TIMEOUT
+        self.on_configure: Callable[[ConfigureRequestView], None] | None = None
+        """Called with each Configure request, before the plugin's configure()."""
+        #: Set once per connection when Synchronize has completed.
+        self.synchronized = asyncio.Event()
+        #: How many connections reached Synchronize (for tests and logs).
+        self.sessions = 0
+        #: Recent time spent inside the plugin's handlers, per RPC method (seconds).
+        self.handler_seconds: dict[str, deque[float]] = {}
+        self._sync_pods: list[PodSandboxView] = []
+        self._sync_containers: list[ContainerView] = []
+
+    def reset(self) -> None:
+        """Forget the previous connection's Synchronize state."""
+        self.synchronized.clear()
+        self._sync_pods, self._sync_containers = [], []
+
+    async def handle(self, service: str, method: str, payload: bytes) -> bytes:
+        """Serve one request (the transport's `Handler`)."""
+        if service != PLUGIN_SERVICE:
+            raise TtrpcError(Code.UNIMPLEMENTED, f"unknown service {service}")
+        serve = _METHODS.get(method)
+        if serve is None:
+            raise TtrpcError(Code.UNIMPLEMENTED, f"{method} is not implemented")
+        budget = self.request_timeout
+        started = time.perf_counter()
+        watchdog = asyncio.get_running_loop().call_later(budget, self._overdue, method, budget)
+        try:
+            return await serve(self, payload)
+        except PluginError as exc:
+            raise TtrpcError(Code.UNKNOWN, str(exc)) from None
+        except DecodeError as exc:
+            raise TtrpcError(Code.INVALID_ARGUMENT, f"{method}: malformed request: {exc}") from None
+        except TtrpcError:
+            raise
+        except Exception as exc:
+            log.exception("%s handler failed", method)
+            raise TtrpcError(
+                Code.INTERNAL, f"{self.name}: internal error in {method}: {exc}"
+            ) from exc
+        finally:
+            watchdog.cancel()
+            elapsed = time.perf_counter() - started
+            self.handler_seconds.setdefault(method, deque(maxlen=_TIMING_SAMPLES)).append(elapsed)
+            if elapsed > budget:
+                log.warning(
+                    "%s answered after %.3f s, past the runtime's request timeout of %.3f s",
+                    method,
+                    elapsed,
+                    budget,
+                )
+
+    def _overdue(self, method: str, budget: float) -> None:
+        log.warning(
+            "%s is still running after %.3f s, the runtime's request timeout:"
+            " the runtime has given up waiting for it",
+            method,
+            budget,
+        )
+
+    # -- lifecycle -----------------------------------------------------------
+
+    async def _configure(self, payload: bytes) -> bytes:
+        request = lite.decode_configure_request(payload)
+        if request.request_timeout > 0:
+            self.request_timeout = request.request_timeout / 1000
+        if request.registration_timeout > 0:
+            self.registration_timeout = request.registration_timeout / 1000
+        if self.on_configure is not None:
+            self.on_configure(request)
+        requested = await self.plugin.configure(
+            request.config, request.runtime_name, request.runtime_version
+        )
+        valid = valid_event_mask(request.runtime_name, request.runtime_version, request.nri_version)
+        mask = subscription_mask(self.plugin, valid, requested)
+        log.info(
+            "configured by %s %s: events 0x%x (%s), request timeout %.3g s",
+            request.runtime_name,
+            request.runtime_version,
+            mask,
+            describe_mask(mask),
+            self.request_timeout,
+        )
+        self.events = mask
+        self._sync_pods, self._sync_containers = [], []
+        return lite.encode_configure_response(mask)
+
+    async def _synchronize(self, payload: bytes) -> bytes:
+        request = lite.decode_synchronize_request(payload)
+        self._sync_pods.extend(request.pods)
+        self._sync_containers.extend(request.containers)
+        if request.more:
+            return lite.encode_synchronize_response(more=True)
+        pods, containers = self._sync_pods, self._sync_containers
+        self._sync_pods, self._sync_containers = [], []
+        updates = await self.plugin.synchronize(pods, containers)
+        self.sessions += 1
+        self.synchronized.set()
+        return lite.encode_synchronize_response(updates=_encoded(updates))
+
+    async def _shutdown(self, payload: bytes) -> bytes:
+        await self.plugin.shutdown()
+        return lite.EMPTY
+
+    async def _state_change(self, payload: bytes) -> bytes:
+        """Pre-v0.12 delivery of the notification events; others are ignored."""
+        request = lite.decode_state_change(payload)
+        spec = BY_EVENT.get(request.event)
+        if spec is None or spec.delivery is not Delivery.NOTIFY:
+            log.debug("ignoring StateChange for NRI event %d", request.event)
+            return lite.EMPTY
+        await self._notify(spec, request.pod, request.container)
+        return lite.EMPTY
+
+    async def _notify(
+        self, spec: EventSpec, pod: PodSandboxView, container: ContainerView | None
+    ) -> None:
+        if spec.event not in self.handled:
+            return
+        handler = getattr(self.plugin, spec.handler)
+        if spec.pod_only:
+            await handler(pod)
+        else:
+            await handler(pod, container)
+
+    # -- events with a reply -------------------------------------------------
+
+    async def _create_container(self, payload: bytes) -> bytes:
+        request = lite.decode_create_container_request(payload)
+        result = await self.plugin.create_container(request.pod, request.container)
+        adjust, updates = result if isinstance(result, tuple) else (result, ())
+        if isinstance(adjust, betterproto.Message):
+            return bytes(nri.CreateContainerResponse(adjust=adjust, update=list(updates)))
+        return lite.encode_create_container_response(adjust, _encoded(updates))
+
+    async def _update_container(self, payload: bytes) -> bytes:
+        request = lite.decode_update_container_request(payload)
+        updates = await self.plugin.update_container(
+            request.pod, request.container, request.linux_resources_message()
+        )
+        return lite.encode_update_container_response(_encoded(updates))
+
+    async def _stop_container(self, payload: bytes) -> bytes:
+        request = lite.decode_stop_container_request(payload)
+        updates = await self.plugin.stop_container(request.pod, request.container)
+        return lite.encode_stop_container_response(_encoded(updates))
+
+    async def _update_pod_sandbox(self, payload: bytes) -> bytes:
+        request = lite.decode_update_pod_sandbox_request(payload)
+        if Event.UPDATE_POD_SANDBOX in self.handled:  # else skip parsing the resources
+            await self.plugin.update_pod_sandbox(
+                request.pod, request.overhead_message(), request.resources_message()
+            )
+        return lite.EMPTY
+
+    async def _validate_container_adjustment(self, payload: bytes) -> bytes:
+        request = lite.decode_validate_adjustment_request(payload)
+        try:
+            await self.plugin.validate_container_adjustment(request.pod, request.container, request)
+        except PluginError as exc:
+            return lite.encode_validate_adjustment_response(reject=True, reason=str(exc))
+        return lite.EMPTY  # accepted
+
+
+def _encoded(updates: Iterable[betterproto.Message] | None) -> list[bytes]:
+    return [bytes(update) for update in updates or ()]
+
+
+Serve = Callable[[PluginService, bytes], Awaitable[bytes]]
+
+
+def _notify_rpc(spec: EventSpec) -> Serve:
+    """Serve a v0.12 per-event RPC; events the plugin does not handle answer
+    Unimplemented, so the runtime falls back to StateChange (which we ignore)."""
+
+    async def serve(service: PluginService, payload: bytes) -> bytes:
+        if spec.event not in service.handled:
+            raise TtrpcError(Code.UNIMPLEMENTED, f"{spec.event.name} not handled")
+        what = f"{spec.rpc}Request"
+        container: ContainerView | None = None
+        if spec.pod_only:
+            pod = lite.decode_pod_request(payload, what)
+        else:
+            request = lite.decode_pod_container_request(payload, what)
+            pod, container = request.pod, request.container
+        await service._notify(spec, pod, container)
+        return lite.EMPTY
+
+    return serve
+
+
+_REPLYING: dict[Any, Serve] = {
+    Event.CREATE_CONTAINER: PluginService._create_container,
+    Event.UPDATE_CONTAINER: PluginService._update_container,
+    Event.STOP_CONTAINER: PluginService._stop_container,
+    Event.UPDATE_POD_SANDBOX: PluginService._update_pod_sandbox,
+    Event.VALIDATE_CONTAINER_ADJUSTMENT: PluginService._validate_container_adjustment,
+}
+assert set(_REPLYING) == {s.event for s in EVENTS if s.delivery is Delivery.REPLY}
+
+_METHODS: dict[str, Serve] = {
+    "Configure": PluginService._configure,
+    "Synchronize": PluginService._synchronize,
+    "Shutdown": PluginService._shutdown,
+    "StateChange": PluginService._state_change,
+    **{
+        spec.rpc: _REPLYING[spec.event] if spec.delivery is Delivery.REPLY else _notify_rpc(spec)
+        for spec in EVENTS
+    },
+}
