@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from nri_gpushare.api import lite, nri
@@ -13,9 +15,12 @@ from nri_gpushare.daemon import (
     container_info,
     kmod_worker,
 )
+from nri_gpushare.kmod.worker import OffLoopKernelModule
 from nri_gpushare.share.model import DeviceNode, InjectionPlan, Mount
+from nri_gpushare.status import StatusServer, query_status
 from nri_gpushare.stub import PluginError
 from tests.fakes import FakeKernelModule, Inline
+from tests.unit.test_kmod_worker import Hangs, settled
 
 UUID = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 INVENTORY = [{"index": 0, "uuid": UUID, "memory": "16Gi"}]
@@ -133,3 +138,65 @@ async def test_remove_without_stop_releases():
     await handler.create_container(pod, container)
     await handler.remove_container(pod, container)  # e.g. after a crash: no StopContainer
     assert handler.service.allocations == {} and kmod.registrations() == []
+
+
+# -- a hung kernel module blocks nothing else ------------------------------------------------
+
+INVENTORY2 = [
+    {"index": 0, "uuid": UUID, "memory": "16Gi"},
+    {"index": 1, "uuid": "GPU-bbbbbbbb-0000-0000-0000-000000000000", "memory": "16Gi"},
+]
+
+
+def share(cid: str, **keys: str):
+    annotations = {f"gpushare.io/{k.replace('_', '-')}": v for k, v in keys.items()}
+    return views(nri.PodSandbox(id="p", name=cid, annotations=annotations), nri.Container(id=cid))
+
+
+@pytest.mark.parametrize("mode", ["required", "optional"])
+async def test_a_hung_module_access_blocks_nothing_else(tmp_path, mode):
+    """The module hangs for 2 s registering 'slow'; meanwhile the status socket
+    answers and containers are created: those that need no module at once, those
+    that need it as the kmod mode says, and 'slow' fails after its timeout."""
+    kmod = Hangs("slow")
+    worker = OffLoopKernelModule(kmod, timeout=0.5)
+    config = parse_config({"kmod": mode, "use_nvml": False, "inventory": INVENTORY2})
+    handler = GpuShareHandler(await build_service(config, worker))
+    path = str(tmp_path / "status.sock")
+    status = StatusServer(path, handler.service.status)
+    await status.start()
+    try:
+        slow = asyncio.create_task(handler.create_container(*share("slow", gpu_memory="2Gi")))
+        await asyncio.to_thread(kmod.hanging.wait, 5)
+
+        doc = await asyncio.to_thread(query_status, path)  # the loop serves the socket
+        assert kmod.in_register, "status was answered before the hung access finished"
+        assert doc["gpus"][0]["containers"] == ["slow"]  # reserved while it is asked
+        # No module access needed: no share, or a share that is never registered.
+        assert await handler.create_container(*share("plain")) is None
+        assert await handler.create_container(*share("free", gpu_memory="1Gi", isolation="none"))
+        assert not slow.done() and kmod.in_register
+
+        with pytest.raises(PluginError, match=r"did not answer within 0\.5 s .*errno 110"):
+            await slow
+        assert kmod.in_register  # refused while the kernel is still stuck
+        # Needs the module, which is stuck: a fast, clear answer per the mode.
+        needs = share("needs", gpu_memory="1Gi")
+        if mode == "required":
+            with pytest.raises(PluginError, match="kernel module is not answering"):
+                await handler.create_container(*needs)
+        else:
+            assert await handler.create_container(*needs) is not None
+        assert kmod.in_register
+        doc = await asyncio.to_thread(query_status, path)
+        placed = {a["container_id"]: a["registered"] for a in doc["allocations"]}
+        assert placed == (
+            {"free": False} if mode == "required" else {"free": False, "needs": False}
+        )
+        assert doc["kmod"]["loaded"] is False and "not answering" in doc["kmod"]["problem"]
+    finally:
+        kmod.release.set()
+        await status.close()
+    await settled(worker)
+    assert kmod.regs == {}  # 'slow' landed late and was unregistered behind it
+    worker.close()
