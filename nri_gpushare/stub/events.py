@@ -21,8 +21,9 @@ class Delivery(Enum):
     NOTIFY = "notify"
     """No reply data: a per-event RPC from NRI v0.12 (answered Unimplemented
     when the plugin has no handler, so the runtime falls back), StateChange before."""
-    REPLY = "reply"
-    """The event's own RPC, whose reply carries the plugin's answer."""
+    RPC = "rpc"
+    """Always the event's own RPC, never StateChange; its reply may carry the
+    plugin's answer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +48,7 @@ def event_bit(event: Event) -> int:
     return 1 << (int(event) - 1)
 
 
-_N, _R = Delivery.NOTIFY, Delivery.REPLY
+_N, _R = Delivery.NOTIFY, Delivery.RPC
 
 EVENTS: tuple[EventSpec, ...] = (
     EventSpec(Event.RUN_POD_SANDBOX, "run_pod_sandbox", "RunPodSandbox", _N, pod_only=True),

@@ -242,14 +242,14 @@ def _notify_rpc(spec: EventSpec) -> Serve:
     return serve
 
 
-_REPLYING: dict[Any, Serve] = {
+_OWN_RPC: dict[Any, Serve] = {
     Event.CREATE_CONTAINER: PluginService._create_container,
     Event.UPDATE_CONTAINER: PluginService._update_container,
     Event.STOP_CONTAINER: PluginService._stop_container,
     Event.UPDATE_POD_SANDBOX: PluginService._update_pod_sandbox,
     Event.VALIDATE_CONTAINER_ADJUSTMENT: PluginService._validate_container_adjustment,
 }
-assert set(_REPLYING) == {s.event for s in EVENTS if s.delivery is Delivery.REPLY}
+assert set(_OWN_RPC) == {s.event for s in EVENTS if s.delivery is Delivery.RPC}
 
 _METHODS: dict[str, Serve] = {
     "Configure": PluginService._configure,
@@ -257,7 +257,7 @@ _METHODS: dict[str, Serve] = {
     "Shutdown": PluginService._shutdown,
     "StateChange": PluginService._state_change,
     **{
-        spec.rpc: _REPLYING[spec.event] if spec.delivery is Delivery.REPLY else _notify_rpc(spec)
+        spec.rpc: _OWN_RPC[spec.event] if spec.delivery is Delivery.RPC else _notify_rpc(spec)
         for spec in EVENTS
     },
 }

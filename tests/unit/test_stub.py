@@ -15,7 +15,7 @@ import pytest
 from nri_gpushare.api import nri
 from nri_gpushare.stub import Event, Plugin, PluginError, Stub
 from nri_gpushare.stub.plugin import implemented_events, subscription_mask, valid_event_mask
-from nri_gpushare.wire import Code, MuxConnection, TtrpcError
+from nri_gpushare.wire import PLUGIN_CONN, RUNTIME_CONN, Code, MuxConnection, TtrpcError
 
 PLUGIN = "nri.pkg.api.v1alpha1.Plugin"
 RUNTIME = "nri.pkg.api.v1alpha1.Runtime"
@@ -42,7 +42,7 @@ class FakeRuntime:
                     return b""
                 raise TtrpcError(Code.UNIMPLEMENTED, method)
 
-            conn.serve(2, runtime_service)
+            conn.serve(RUNTIME_CONN, runtime_service)
 
         return await asyncio.start_unix_server(accept, path=path)
 
@@ -51,7 +51,7 @@ class FakeRuntime:
 
 
 async def call(conn: MuxConnection, method: str, message: object) -> bytes:
-    return await conn.client(1).call(PLUGIN, method, bytes(message), timeout=5)
+    return await conn.client(PLUGIN_CONN).call(PLUGIN, method, bytes(message), timeout=5)
 
 
 class Recorder(Plugin):
@@ -314,7 +314,7 @@ async def test_keeps_trying_while_the_runtime_is_away(tmp_path):
 async def test_malformed_request_is_invalid_argument(tmp_path):
     async with connected(tmp_path, Recorder()) as (_, conn, _stub):
         with pytest.raises(TtrpcError) as info:
-            await conn.client(1).call(PLUGIN, "CreateContainer", b"\x0a\x05ab", timeout=5)
+            await conn.client(PLUGIN_CONN).call(PLUGIN, "CreateContainer", b"\x0a\x05ab", timeout=5)
         assert info.value.code == Code.INVALID_ARGUMENT
         assert "malformed" in info.value.message
 
@@ -340,8 +340,24 @@ async def test_full_message_is_available_to_handlers(tmp_path):
 
 
 async def test_unknown_event_numbers_are_ignored(tmp_path):
-    async with connected(tmp_path, Recorder()) as (_, conn, _stub):
-        await call(conn, "StateChange", nri.StateChangeEvent(event=99, pod=POD))
+    plugin = Recorder()
+    async with connected(tmp_path, plugin) as (_, conn, _stub):
+        for event in (99, 0, nri.Event.CREATE_CONTAINER):  # unknown, none, not a StateChange one
+            reply = await call(
+                conn,
+                "StateChange",
+                nri.StateChangeEvent(event=event, pod=POD, container=container("u")),
+            )
+            assert reply == b""  # an empty Empty: accepted
+        # The connection still serves, and none of the above reached a handler.
+        await call(
+            conn,
+            "StateChange",
+            nri.StateChangeEvent(
+                event=nri.Event.REMOVE_CONTAINER, pod=POD, container=container("k")
+            ),
+        )
+    assert plugin.calls == [("remove", "k")]
 
 
 async def test_stop_while_connecting_returns(tmp_path):
@@ -355,7 +371,101 @@ async def test_stop_while_connecting_returns(tmp_path):
     server.close()
 
 
-def test_backoff_never_exceeds_one_second():
-    """containerd expects a plugin back within 2 s of a restart."""
-    stub = Stub(Recorder(), socket_path="/nonexistent")
-    assert max(stub._delays) <= 1.0
+async def test_backoff_never_exceeds_one_second(tmp_path):
+    """containerd expects a plugin back within 2 s of a restart: drive the real
+    reconnect loop against a socket that is not there, with a fake pause."""
+    stub = Stub(Recorder(), socket_path=str(tmp_path / "absent.sock"))
+    delays: list[float] = []
+
+    async def pause(delay: float) -> None:
+        delays.append(delay)
+        if len(delays) == 12:
+            await stub.stop()
+
+    stub._pause = pause  # type: ignore[method-assign]
+    await asyncio.wait_for(stub.run(), 5)
+    assert len(delays) == 12
+    assert all(0 < d <= 1.0 for d in delays), delays
+    assert delays == sorted(delays) and delays[0] < delays[-1], delays
+    assert delays[-3:] == [1.0] * 3  # it settles at the ceiling
+
+
+async def test_backoff_starts_over_after_a_session(tmp_path):
+    runtime = FakeRuntime()
+    path = str(tmp_path / "nri.sock")
+    server = await runtime.serve(path)
+    stub = Stub(Recorder(), socket_path=path)
+    delays: list[float] = []
+
+    async def pause(delay: float) -> None:
+        delays.append(delay)
+
+    stub._pause = pause  # type: ignore[method-assign]
+    task = asyncio.create_task(stub.run())
+    for _ in range(3):
+        conn, _ = await runtime.next_plugin()
+        await conn.close()
+    await runtime.next_plugin()
+    await stub.stop()
+    await asyncio.wait_for(task, 5)
+    server.close()
+    assert delays == [0.05, 0.05, 0.05]
+
+
+class SilentRuntime(FakeRuntime):
+    """Never answers RegisterPlugin; sends Configure as a runtime does."""
+
+    def __init__(self, configure: nri.ConfigureRequest | None) -> None:
+        super().__init__()
+        self.configure = configure
+
+    async def serve(self, path: str) -> asyncio.AbstractServer:
+        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            conn = MuxConnection(reader, writer)
+
+            async def runtime_service(service: str, method: str, payload: bytes) -> bytes:
+                await self.registered.put((conn, nri.RegisterPluginRequest().parse(payload)))
+                if self.configure is not None:
+                    await call(conn, "Configure", self.configure)
+                await asyncio.sleep(3600)
+                return b""
+
+            conn.serve(RUNTIME_CONN, runtime_service)
+
+        return await asyncio.start_unix_server(accept, path=path)
+
+
+async def test_registration_waits_the_runtimes_registration_timeout(tmp_path):
+    configure = nri.ConfigureRequest(
+        runtime_name="containerd", registration_timeout=100, request_timeout=300
+    )
+    runtime = SilentRuntime(configure)
+    path = str(tmp_path / "nri.sock")
+    server = await runtime.serve(path)
+    stub = Stub(Recorder(), socket_path=path, reconnect_delays=(0.01,))
+    task = asyncio.create_task(stub.run())
+    loop = asyncio.get_running_loop()
+    await runtime.next_plugin()
+    started = loop.time()
+    await runtime.next_plugin()  # the first registration gave up after 0.1 s, not 5 s
+    assert loop.time() - started < 1.0
+    assert (stub.registration_timeout, stub.request_timeout) == (0.1, 0.3)
+    await stub.stop()
+    await asyncio.wait_for(task, 5)
+    server.close()
+
+
+async def test_registration_timeout_without_configure(tmp_path, monkeypatch):
+    from nri_gpushare.stub import service
+
+    monkeypatch.setattr(service, "DEFAULT_REGISTRATION_TIMEOUT", 0.1)
+    runtime = SilentRuntime(None)
+    path = str(tmp_path / "nri.sock")
+    server = await runtime.serve(path)
+    stub = Stub(Recorder(), socket_path=path, reconnect_delays=(0.01,))
+    task = asyncio.create_task(stub.run())
+    await runtime.next_plugin()
+    await runtime.next_plugin()  # gave up after the default and reconnected
+    await stub.stop()
+    await asyncio.wait_for(task, 5)
+    server.close()
