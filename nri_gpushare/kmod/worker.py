@@ -48,6 +48,8 @@ class OffLoopKernelModule:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._started: float | None = None  # monotonic start of the running access
         self._running = ""  # what it is doing
+        self._current: concurrent.futures.Future[Any] | None = None  # the running access
+        self._overdue: concurrent.futures.Future[Any] | None = None  # its caller timed out
         self._thread = threading.Thread(target=self._work, name="gpushare-kmod", daemon=True)
         self._thread.start()
 
@@ -89,12 +91,13 @@ class OffLoopKernelModule:
         self._jobs.put(None)
 
     def stuck_for(self) -> float | None:
-        """Seconds the running access has taken, when that is more than `timeout`."""
-        started = self._started
-        if started is None:
+        """Seconds the running access has taken, when that is more than `timeout`
+        (or its caller already gave up on it); None when the module is not stuck."""
+        started, current = self._started, self._current
+        if started is None or current is None:
             return None
         age = time.monotonic() - started
-        return age if age > self.timeout else None
+        return age if age > self.timeout or current is self._overdue else None
 
     async def _call(self, fn: Callable[[], T], what: str, *, must_run: bool = False) -> T:
         stuck = self.stuck_for()
@@ -118,6 +121,7 @@ class OffLoopKernelModule:
             return waiter.result()
         # Nobody reads the outcome now; keep asyncio from logging it as lost.
         waiter.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._overdue = job
         if not must_run and job.cancel():
             raise KmodError(
                 f"gpushare.ko did not answer within {self.timeout:g} s (an earlier request"
@@ -136,10 +140,10 @@ class OffLoopKernelModule:
             job, fn, what = item
             if not job.set_running_or_notify_cancel():
                 continue  # its caller gave up before it started
-            self._running, self._started = what, time.monotonic()
+            self._running, self._started, self._current = what, time.monotonic(), job
             try:
                 job.set_result(fn())
             except BaseException as e:  # noqa: BLE001 - handed to the caller
                 job.set_exception(e)
             finally:
-                self._started = None
+                self._started = self._current = None
