@@ -343,6 +343,69 @@ def test_pod_request_skips_resources(pod: nri.PodSandbox, res: nri.LinuxResource
     assert_pod(got, nri.PodSandbox().parse(bytes(pod)))
 
 
+@settings(max_examples=30, deadline=None)
+@given(pods, st.one_of(st.none(), resources), st.one_of(st.none(), resources))
+def test_update_pod_sandbox_request_matches_betterproto(
+    pod: nri.PodSandbox, overhead: nri.LinuxResources | None, res: nri.LinuxResources | None
+) -> None:
+    data = bytes(
+        nri.UpdatePodSandboxRequest(pod=pod, overhead_linux_resources=overhead, linux_resources=res)
+    )
+    want = nri.UpdatePodSandboxRequest().parse(data)
+    got = lite.decode_update_pod_sandbox_request(data)
+    assert_pod(got.pod, want.pod)
+    for raw, message, sent in (
+        (got.overhead_linux_resources, got.overhead_message(), overhead),
+        (got.linux_resources, got.resources_message(), res),
+    ):
+        if raw is None:
+            assert message is None and (sent is None or bytes(sent) == b"")
+        else:
+            assert message == nri.LinuxResources().parse(bytes(sent))
+
+
+@settings(max_examples=30, deadline=None)
+@given(pods, containers, adjustments, updates)
+def test_validate_adjustment_request_matches_betterproto(
+    pod: nri.PodSandbox, ctr: nri.Container, adj: Adjustment, ups: list[bytes]
+) -> None:
+    request = nri.ValidateContainerAdjustmentRequest(
+        pod=pod,
+        container=ctr,
+        adjust=bp_adjustment(adj),
+        update=[nri.ContainerUpdate().parse(u) for u in ups],
+        owners=nri.OwningPlugins(owners={"c": nri.FieldOwners(simple={1: "gpushare"})}),
+        plugins=[nri.PluginInstance(name="gpushare", index="10")],
+    )
+    data = bytes(request)
+    got = lite.decode_validate_adjustment_request(data)
+    assert_pod(got.pod, nri.PodSandbox().parse(bytes(pod)))
+    assert_container(got.container, nri.Container().parse(bytes(ctr)))
+    assert got.raw == data
+    assert got.message() == nri.ValidateContainerAdjustmentRequest().parse(data)
+
+
+def test_validate_adjustment_request_needs_pod_and_container() -> None:
+    with pytest.raises(DecodeError, match="no container"):
+        lite.decode_validate_adjustment_request(GOOD_POD + ld(3, b""))
+    with pytest.raises(DecodeError, match="no pod"):
+        lite.decode_validate_adjustment_request(GOOD_CTR)
+    damaged = lite.decode_validate_adjustment_request(GOOD_POD + GOOD_CTR + ld(3, b"\x22\x05"))
+    with pytest.raises(DecodeError):  # the adjustment is checked by message()
+        damaged.message()
+
+
+@pytest.mark.parametrize(
+    ("reject", "reason", "wire"),
+    [(False, "", b""), (True, "", b"\x08\x01"), (True, "no GPU", b"\x08\x01\x12\x06no GPU")],
+)
+def test_validate_adjustment_response_bytes(reject: bool, reason: str, wire: bytes) -> None:
+    got = lite.encode_validate_adjustment_response(reject, reason)
+    assert (
+        got == wire == bytes(nri.ValidateContainerAdjustmentResponse(reject=reject, reason=reason))
+    )
+
+
 # -- encoders: exactly betterproto's bytes -----------------------------------------
 
 
@@ -529,6 +592,9 @@ def test_malformed_is_refused(data: bytes) -> None:
         (lite.decode_update_container_request, GOOD_POD + GOOD_CTR + b"\x18\x01"),
         (lite.decode_pod_container_request, GOOD_CTR),  # no pod
         (lite.decode_pod_request, b"\x08\x01"),
+        (lite.decode_update_pod_sandbox_request, GOOD_CTR),  # no pod
+        (lite.decode_update_pod_sandbox_request, GOOD_POD + b"\x18\x01"),  # resources as varint
+        (lite.decode_validate_adjustment_request, b"\x08\x01" + GOOD_CTR),  # pod as varint
     ],
 )
 def test_other_malformed_requests(decode, data: bytes) -> None:
