@@ -132,7 +132,10 @@ async def build_service(config: Config, kmod: KernelModule | None) -> ShareServi
     """The service for `config`, its kernel module looked for (`kmod`: None
     with kmod: off or no client).  ConfigError when it cannot serve."""
     # The config has already refused duplicate indexes, UUIDs and minors.
-    gpus = load_inventory(config.inventory) if config.use_nvml else list(config.inventory)
+    if config.use_nvml:  # NVML can take seconds: not on the loop
+        gpus = await asyncio.to_thread(load_inventory, config.inventory)
+    else:
+        gpus = list(config.inventory)
     if not gpus:
         raise ConfigError("no GPUs: NVML found none and the config has no `inventory:`")
     policy = NodePolicy(
