@@ -7,27 +7,34 @@
  */
 #include "gs_core.h"
 
-const char *const gs_gpu_files[] = {
-	"free_weight", "major", "max_inst", "policy", "prio_ratio",
-	"total_memsize", "free_memsize", "nr_inst", NULL
+const char *const gs_gpu_files[GS_GPU_NFILES] = {
+	[GS_GPU_FREE_WEIGHT] = "free_weight",
+	[GS_GPU_MAJOR] = "major",
+	[GS_GPU_MAX_INST] = "max_inst",
+	[GS_GPU_POLICY] = "policy",
+	[GS_GPU_PRIO_RATIO] = "prio_ratio",
+	[GS_GPU_TOTAL_MEMSIZE] = "total_memsize",
+	[GS_GPU_FREE_MEMSIZE] = "free_memsize",
+	[GS_GPU_NR_INST] = "nr_inst",
 };
 
-/* A decimal number, digits only, that fits in 64 bits. */
+static bool gs_isdigit(char c)
+{
+	return c >= '0' && c <= '9';
+}
+
+/*
+ * A decimal number, digits only, that fits in 64 bits.  kstrtou64() also
+ * takes a leading '+' and a trailing newline, which the grammar does not:
+ * the first and the last character must be digits.
+ */
 int gs_parse_u64(const char *s, u64 *val)
 {
-	u64 v = 0;
+	size_t len = strlen(s);
 
-	if (!*s)
+	if (!len || !gs_isdigit(s[0]) || !gs_isdigit(s[len - 1]))
 		return -EINVAL;
-	for (; *s; s++) {
-		unsigned int d = *s - '0';
-
-		if (d > 9 || v > (U64_MAX - d) / 10)
-			return -EINVAL;
-		v = v * 10 + d;
-	}
-	*val = v;
-	return 0;
+	return kstrtou64(s, 10, val) ? -EINVAL : 0;
 }
 
 /* The body of a single-value procfs write: a number, optionally '\n'. */
@@ -42,7 +49,6 @@ int gs_parse_value(char *buf, u64 *val)
 
 bool gs_valid_id(const char *id)
 {
-	const char *const *name;
 	size_t len = strlen(id);
 	size_t i;
 
@@ -58,8 +64,8 @@ bool gs_valid_id(const char *id)
 		      c == '-'))
 			return false;
 	}
-	for (name = gs_gpu_files; *name; name++)
-		if (!strcmp(id, *name))
+	for (i = 0; i < GS_GPU_NFILES; i++)
+		if (!strcmp(id, gs_gpu_files[i]))
 			return false;
 	return true;
 }
@@ -85,41 +91,18 @@ int gs_check_prio_ratio(u64 val)
 	       val <= GPUSHARE_PRIO_RATIO_MAX ? 0 : -EINVAL;
 }
 
-/* Split off the next token separated by blanks; NULL at the end. */
+/* The next word separated by blanks (strsep() leaves empty ones); NULL at the end. */
 static char *gs_token(char **s)
 {
-	char *start = *s;
+	char *word;
 
-	while (*start == ' ' || *start == '\t')
-		start++;
-	if (!*start) {
-		*s = start;
-		return NULL;
-	}
-	*s = start;
-	while (**s && **s != ' ' && **s != '\t')
-		(*s)++;
-	if (**s)
-		*(*s)++ = '\0';
-	return start;
+	do
+		word = strsep(s, " \t");
+	while (word && !*word);
+	return word;
 }
 
-/* Split off the next field ending at @sep; NULL at the end. */
-static char *gs_field(char **s, char sep)
-{
-	char *start = *s;
-
-	if (!start)
-		return NULL;
-	while (**s && **s != sep)
-		(*s)++;
-	if (**s)
-		*(*s)++ = '\0';
-	else
-		*s = NULL;
-	return start;
-}
-
+/* A number of at most @max: gs_parse_u64() and the bound. */
 static int gs_parse_u32(const char *s, u32 max, u32 *val)
 {
 	u64 v;
@@ -141,10 +124,10 @@ static int gs_parse_id(const char *s, struct gs_cmd *cmd)
 /* <gpu>:<memsize>[:<weight>[:<highprio>]] */
 static int gs_parse_quota(char *s, struct gs_quota *q)
 {
-	char *gpu = gs_field(&s, ':');
-	char *mem = gs_field(&s, ':');
-	char *weight = gs_field(&s, ':');
-	char *highprio = gs_field(&s, ':');
+	char *gpu = strsep(&s, ":");
+	char *mem = strsep(&s, ":");
+	char *weight = strsep(&s, ":");
+	char *highprio = strsep(&s, ":");
 
 	if (!mem || s)
 		return -EINVAL;
@@ -165,7 +148,7 @@ static int gs_parse_quotas(char *s, struct gs_cmd *cmd)
 
 	if (!s)
 		return -EINVAL;
-	while ((item = gs_field(&s, ','))) {
+	while ((item = strsep(&s, ","))) {
 		struct gs_quota *q = &cmd->quota[cmd->nquota];
 
 		if (cmd->nquota == GPUSHARE_MAX_GPUS || gs_parse_quota(item, q))
@@ -178,7 +161,7 @@ static int gs_parse_quotas(char *s, struct gs_cmd *cmd)
 	return 0;
 }
 
-static int gs_parse_bind(const char *s, struct gs_cmd *cmd)
+static int gs_parse_bind(char *s, struct gs_cmd *cmd)
 {
 	if (!s)
 		return -EINVAL;

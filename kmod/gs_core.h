@@ -9,6 +9,7 @@
 
 #ifdef __KERNEL__
 #include <linux/errno.h>
+#include <linux/kernel.h>
 #include <linux/limits.h>
 #include <linux/string.h>
 #include <linux/types.h>
@@ -49,11 +50,26 @@ struct gs_cmd {
 	u32 nquota;		/* GS_OP_ADD */
 	struct gs_quota quota[GPUSHARE_MAX_GPUS];
 	u64 cgroup_id;		/* GS_OP_BIND by id (0 unbinds) */
-	const char *cgroup_path;	/* GS_OP_BIND by path, points into the buffer */
+	char *cgroup_path;	/* GS_OP_BIND by path, points into the buffer */
 };
 
-/* Names of the files in a GPU's directory: no container may take them. */
-extern const char *const gs_gpu_files[];
+/*
+ * The files of a GPU's directory, by index; their names are in
+ * gs_gpu_files[] (the only list of them), and no container may take one.
+ */
+enum gs_gpu_file {
+	GS_GPU_FREE_WEIGHT,
+	GS_GPU_MAJOR,
+	GS_GPU_MAX_INST,
+	GS_GPU_POLICY,
+	GS_GPU_PRIO_RATIO,
+	GS_GPU_TOTAL_MEMSIZE,
+	GS_GPU_FREE_MEMSIZE,
+	GS_GPU_NR_INST,
+	GS_GPU_NFILES
+};
+
+extern const char *const gs_gpu_files[GS_GPU_NFILES];
 
 int gs_parse_u64(const char *s, u64 *val);
 int gs_parse_value(char *buf, u64 *val);

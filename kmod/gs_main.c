@@ -6,9 +6,15 @@
  * Every registered container holds one reference on the module, so the
  * module cannot be unloaded while any container is registered.
  */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
 #include <linux/cgroup.h>
+#include <linux/cred.h>
 #include <linux/err.h>
+#include <linux/kernfs.h>
 #include <linux/module.h>
+#include <linux/nsproxy.h>
+#include <linux/sched.h>
 #include <linux/slab.h>
 #include <linux/string.h>
 
@@ -18,6 +24,10 @@
 DEFINE_MUTEX(gs_lock);
 /* Serialises changes of structure: inst_ctl commands. */
 DEFINE_MUTEX(gs_cfg_lock);
+/* Lets /dev/gpushare read a container's quotas and binding without a lock. */
+seqcount_mutex_t gs_seq = SEQCNT_MUTEX_ZERO(gs_seq, &gs_lock);
+/* Set under gs_cfg_lock once the module is going: commands are refused. */
+bool gs_dying;
 struct gs_gpu *gs_gpus[GPUSHARE_MAX_GPUS];
 struct gs_acct *gs_accts[GPUSHARE_MAX_GPUS];
 LIST_HEAD(gs_ctrs);
@@ -34,15 +44,68 @@ struct gs_ctr *gs_find(const char *id)
 	return NULL;
 }
 
-struct gs_ctr *gs_find_cgroup(u64 cgroup_id)
+/*
+ * The cgroup @ctr is bound to, or NULL when it is unbound or that cgroup
+ * has been removed (rmdir marks it dying before it returns).  Under
+ * gs_lock, or under RCU: a cgroup is freed a grace period after its last
+ * reference goes.
+ */
+struct cgroup *gs_bound(const struct gs_ctr *ctr)
+{
+	struct cgroup *cgrp = READ_ONCE(ctr->cgrp);
+
+	return cgrp && !css_is_dying(&cgrp->self) ? cgrp : NULL;
+}
+
+/*
+ * The registration bound to the current task's cgroup v2 or to its
+ * nearest bound ancestor, or NULL; *@cgrpp is the cgroup it is bound to.
+ * Under rcu_read_lock() (and gs_seq for a consistent answer).  The task's
+ * cgroups are live (a populated cgroup cannot be removed), so a binding
+ * left on a removed cgroup never matches.
+ */
+struct gs_ctr *gs_find_task(struct cgroup **cgrpp)
+{
+	struct cgroup *cgrp;
+	struct gs_ctr *ctr;
+
+	for (cgrp = task_dfl_cgroup(current); cgrp; cgrp = cgroup_parent(cgrp)) {
+		list_for_each_entry_rcu(ctr, &gs_ctrs, node) {
+			if (READ_ONCE(ctr->cgrp) == cgrp) {
+				*cgrpp = cgrp;
+				return ctr;
+			}
+		}
+	}
+	return NULL;
+}
+
+/* Set @ctr's binding to @cgrp (referenced, or NULL); returns the old one. */
+static struct cgroup *gs_set_binding(struct gs_ctr *ctr, struct cgroup *cgrp)
+{
+	struct cgroup *old = ctr->cgrp;
+
+	lockdep_assert_held(&gs_lock);
+	write_seqcount_begin(&gs_seq);
+	WRITE_ONCE(ctr->cgrp, cgrp);
+	write_seqcount_end(&gs_seq);
+	return old;
+}
+
+/*
+ * Drop the bindings whose cgroup has been removed, and with them the
+ * reference that keeps the dead cgroup's memory.  Until then readers
+ * already treat them as unbound (gs_bound()).  Runs before every command.
+ */
+static void gs_reap(void)
 {
 	struct gs_ctr *ctr;
 
-	lockdep_assert_held(&gs_lock);
+	mutex_lock(&gs_lock);
 	list_for_each_entry(ctr, &gs_ctrs, node)
-		if (ctr->cgroup_id == cgroup_id)
-			return ctr;
-	return NULL;
+		if (ctr->cgrp && !gs_bound(ctr))
+			cgroup_put(gs_set_binding(ctr, NULL));
+	mutex_unlock(&gs_lock);
 }
 
 static int gs_declare_gpu(const struct gs_cmd *cmd)
@@ -135,7 +198,7 @@ static int gs_add(const struct gs_cmd *cmd)
 	ret = gs_check_add(ctr);
 	if (!ret) {
 		gs_charge(gs_accts, ctr->quota, ctr->nquota);
-		list_add_tail(&ctr->node, &gs_ctrs);
+		list_add_tail_rcu(&ctr->node, &gs_ctrs);
 		ctr->live = true;
 		__module_get(THIS_MODULE);	/* the caller holds one too */
 	}
@@ -151,33 +214,82 @@ out_free:
 
 static int gs_del(const char *id)
 {
+	struct cgroup *cgrp = NULL;
 	struct gs_ctr *ctr;
 
 	mutex_lock(&gs_lock);
 	ctr = gs_find(id);
 	if (ctr) {
 		gs_uncharge(gs_accts, ctr->quota, ctr->nquota);
-		list_del(&ctr->node);
+		list_del_rcu(&ctr->node);
 		ctr->live = false;
+		cgrp = gs_set_binding(ctr, NULL);
 	}
 	mutex_unlock(&gs_lock);
 	if (!ctr)
 		return -ENOENT;
 
 	gs_remove_shares(ctr);
-	kfree(ctr);
+	if (cgrp)
+		cgroup_put(cgrp);
+	kfree_rcu(ctr, rcu);	/* a query may still be looking at it */
 	module_put(THIS_MODULE);
 	return 0;
 }
 
 /*
+ * The cgroup v2 at @path (modified) relative to the root of the writer's
+ * cgroup namespace, referenced; ERR_PTR(-ENOENT) if there is none.
+ *
+ * Not cgroup_get_from_path(): its kernfs walk also finds the directory of
+ * a cgroup that cgroup_create() is still building (kernfs_create_dir()
+ * links it before cgrp->kn, self.parent and ancestors[] are set) and
+ * returns that half-built cgroup, on which cgroup_id() dereferences NULL.
+ * Here the walk only yields the kernfs node's id, and cgroup_get_from_id()
+ * takes the cgroup: its kernfs_find_and_get_node_by_id() returns only an
+ * active node, and cgroup_mkdir() activates the node last, once the
+ * cgroup is complete (css_populate_dir() has by then taken and released
+ * kernfs_idr_lock, which the lookup takes before it tests the node, so the
+ * stores that built the cgroup are visible to it); cgroup_rmdir()
+ * deactivates it first.  So the result is a complete, not yet removed
+ * cgroup, or ESRCH for the caller.
+ */
+static struct cgroup *gs_cgroup_at(char *path)
+{
+	struct kernfs_node *kn, *next;
+	struct cgroup *cgrp;
+	char *name;
+	u64 id;
+
+	/* Only the task itself changes its nsproxy; the namespace pins its root. */
+	kn = current->nsproxy->cgroup_ns->root_cset->dfl_cgrp->kn;
+	kernfs_get(kn);
+	while ((name = strsep(&path, "/"))) {
+		if (!*name)
+			continue;	/* "//" and a trailing '/', as kernfs does */
+		/* Only a directory has children (a file's node is a union). */
+		next = kernfs_type(kn) == KERNFS_DIR ?
+			kernfs_find_and_get(kn, name) : NULL;
+		kernfs_put(kn);
+		if (!next)
+			return ERR_PTR(-ENOENT);
+		kn = next;
+	}
+	id = kn->id;
+	kernfs_put(kn);
+	cgrp = cgroup_get_from_id(id);	/* checks that it is a directory */
+	return cgrp;
+}
+
+/*
  * Bind a registration to a cgroup v2, given by id (0 unbinds) or by path
  * relative to the writer's cgroup namespace root; either must exist now
- * and must not be the cgroup2 root.
+ * and must not be the cgroup2 root.  The binding holds a reference on the
+ * cgroup, so that no other cgroup can ever have its address.
  */
-static int gs_bind(const struct gs_cmd *cmd)
+static int gs_bind(struct gs_cmd *cmd)
 {
-	u64 cgid = cmd->cgroup_id;
+	struct cgroup *cgrp = NULL;
 	struct gs_ctr *ctr, *other;
 	int ret = 0;
 
@@ -187,39 +299,43 @@ static int gs_bind(const struct gs_cmd *cmd)
 	if (!ctr)
 		return -ENOENT;	/* stays found: gs_cfg_lock is held */
 
-	if (cmd->cgroup_path || cgid) {
-		struct cgroup *cgrp = cmd->cgroup_path ?
-			cgroup_get_from_path(cmd->cgroup_path) :
-			cgroup_get_from_id(cgid);
-		bool root;
-
-		if (IS_ERR(cgrp))
-			return -ESRCH;
-		/* Every process is under the root: it is no container's. */
-		root = !cgroup_parent(cgrp);
-		cgid = cgroup_id(cgrp);
+	if (cmd->cgroup_path)
+		cgrp = gs_cgroup_at(cmd->cgroup_path);
+	else if (cmd->cgroup_id)
+		cgrp = cgroup_get_from_id(cmd->cgroup_id);
+	if (IS_ERR(cgrp))
+		return -ESRCH;
+	/* Every process is under the root: it is no container's. */
+	if (cgrp && !cgroup_parent(cgrp)) {
 		cgroup_put(cgrp);
-		if (root)
-			return -EINVAL;
+		return -EINVAL;
 	}
 
 	mutex_lock(&gs_lock);
-	other = cgid ? gs_find_cgroup(cgid) : NULL;
-	if (other && other != ctr)
-		ret = -EBUSY;
-	else
-		ctr->cgroup_id = cgid;
+	list_for_each_entry(other, &gs_ctrs, node)
+		if (cgrp && other != ctr && gs_bound(other) == cgrp)
+			ret = -EBUSY;
+	if (!ret)
+		cgrp = gs_set_binding(ctr, cgrp);	/* put the old one */
 	mutex_unlock(&gs_lock);
+	if (cgrp)
+		cgroup_put(cgrp);
 	return ret;
 }
 
 /*
- * Carry out one parsed inst_ctl command.  Called under gs_cfg_lock by a
- * caller that holds a module reference.
+ * Carry out one parsed inst_ctl command (cmd->cgroup_path is modified).
+ * Called under gs_cfg_lock.  Refused once the module is going: its exit
+ * sets gs_dying under gs_cfg_lock before it removes the procfs tree, so
+ * no command runs on (or after) that removal, even when a forced unload
+ * ignored the module reference the caller holds.
  */
-int gs_exec(const struct gs_cmd *cmd)
+int gs_exec(struct gs_cmd *cmd)
 {
 	lockdep_assert_held(&gs_cfg_lock);
+	if (gs_dying)
+		return -ENODEV;
+	gs_reap();
 	switch (cmd->op) {
 	case GS_OP_GPU:
 		return gs_declare_gpu(cmd);
@@ -258,26 +374,40 @@ void gs_dump(struct seq_file *m)
 		seq_putc(m, '\n');
 	}
 	list_for_each_entry(ctr, &gs_ctrs, node)
-		if (ctr->cgroup_id)
-			seq_printf(m, "bind %s %llu\n", ctr->id, ctr->cgroup_id);
+		if (gs_bound(ctr))
+			seq_printf(m, "bind %s %llu\n", ctr->id,
+				   cgroup_id(gs_bound(ctr)));
 	mutex_unlock(&gs_lock);
 }
 
 /*
- * Free the registry once the procfs tree is gone.  Only a forced unload,
- * or inst_ctl commands written while a failing init ran, leave anything.
+ * Free the registry once the procfs tree and the device are gone and no
+ * query can still see it.  Only a forced unload, or inst_ctl commands
+ * written while a failing init ran, leave anything.
  */
 static void gs_free_all(void)
 {
 	struct gs_ctr *ctr, *tmp;
 	u32 i;
 
+	synchronize_rcu();
 	list_for_each_entry_safe(ctr, tmp, &gs_ctrs, node) {
 		list_del(&ctr->node);
+		if (ctr->cgrp)
+			cgroup_put(ctr->cgrp);
 		kfree(ctr);
 	}
 	for (i = 0; i < GPUSHARE_MAX_GPUS; i++)
 		kfree(gs_gpus[i]);
+}
+
+/* Wait for the command in flight, refuse the rest, and remove the tree. */
+static void gs_shutdown(void)
+{
+	mutex_lock(&gs_cfg_lock);
+	gs_dying = true;
+	mutex_unlock(&gs_cfg_lock);
+	gs_proc_exit();
 }
 
 static int __init gs_init(void)
@@ -289,18 +419,16 @@ static int __init gs_init(void)
 		return ret;
 	ret = gs_dev_init();
 	if (ret) {
-		gs_proc_exit();
+		gs_shutdown();
 		gs_free_all();
-		return ret;
 	}
-	pr_info("gpushare %s loaded\n", GPUSHARE_VERSION);
-	return 0;
+	return ret;
 }
 
 static void __exit gs_exit(void)
 {
 	gs_dev_exit();
-	gs_proc_exit();
+	gs_shutdown();
 	gs_free_all();
 }
 

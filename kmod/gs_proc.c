@@ -9,11 +9,16 @@
  *
  * Every attribute file holds one decimal number or string.  inst_ctl is
  * 0600 and container directories 0500, so only root sees the containers.
- * Writes are for CAP_SYS_ADMIN only; a value out of range is refused with
- * EINVAL and one that would over-commit the GPU with ENOSPC, changing
+ * Opening a file for writing needs CAP_SYS_ADMIN (checked on the opener's
+ * credentials, so that a descriptor passed to a less privileged program
+ * cannot be used as a confused deputy); a value out of range is refused
+ * with EINVAL and one that would over-commit the GPU with ENOSPC, changing
  * nothing.  A write with a NUL byte in it is EINVAL.
  */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
 #include <linux/capability.h>
+#include <linux/cred.h>
 #include <linux/miscdevice.h>
 #include <linux/module.h>
 #include <linux/slab.h>
@@ -21,9 +26,11 @@
 
 #include "gs_kmod.h"
 
-/* One kind of attribute file; show and store run under gs_lock. */
+/*
+ * One kind of attribute file; show and store run under gs_lock, store in
+ * a gs_seq write section too (it may change what a query reads).
+ */
 struct gs_attr {
-	const char *name;
 	int (*show)(struct seq_file *m, void *obj);
 	int (*store)(void *obj, u64 val);	/* NULL: read-only */
 };
@@ -50,12 +57,14 @@ static int default_memsize_store(void *obj, u64 val)
 	return 0;
 }
 
-static const struct gs_attr gs_top_attrs[] = {
-	{ "version", version_show, NULL },
-	{ "default_memsize", default_memsize_show, default_memsize_store },
+static const char *const gs_top_names[] = { "version", "default_memsize" };
+
+static const struct gs_attr gs_top_attrs[ARRAY_SIZE(gs_top_names)] = {
+	{ version_show, NULL },
+	{ default_memsize_show, default_memsize_store },
 };
 
-static struct gs_file gs_top_files[ARRAY_SIZE(gs_top_attrs)];
+static struct gs_file gs_top_files[ARRAY_SIZE(gs_top_names)];
 
 /* ---- per GPU ---- */
 
@@ -130,16 +139,16 @@ static int nr_inst_show(struct seq_file *m, void *obj)
 	return 0;
 }
 
-/* The names must be those in gs_gpu_files[], which no container may take. */
-static const struct gs_attr gs_gpu_attrs[GS_GPU_NATTR] = {
-	{ "free_weight", free_weight_show, NULL },
-	{ "major", major_show, NULL },
-	{ "max_inst", max_inst_show, max_inst_store },
-	{ "policy", policy_show, policy_store },
-	{ "prio_ratio", prio_ratio_show, prio_ratio_store },
-	{ "total_memsize", total_memsize_show, NULL },
-	{ "free_memsize", free_memsize_show, NULL },
-	{ "nr_inst", nr_inst_show, NULL },
+/* Named by gs_gpu_files[], which no container ID may take. */
+static const struct gs_attr gs_gpu_attrs[GS_GPU_NFILES] = {
+	[GS_GPU_FREE_WEIGHT] = { free_weight_show, NULL },
+	[GS_GPU_MAJOR] = { major_show, NULL },
+	[GS_GPU_MAX_INST] = { max_inst_show, max_inst_store },
+	[GS_GPU_POLICY] = { policy_show, policy_store },
+	[GS_GPU_PRIO_RATIO] = { prio_ratio_show, prio_ratio_store },
+	[GS_GPU_TOTAL_MEMSIZE] = { total_memsize_show, NULL },
+	[GS_GPU_FREE_MEMSIZE] = { free_memsize_show, NULL },
+	[GS_GPU_NR_INST] = { nr_inst_show, NULL },
 };
 
 /* ---- per container and GPU ---- */
@@ -210,19 +219,26 @@ static int meminfo_show(struct seq_file *m, void *obj)
 	return 0;
 }
 
+/* 0 when unbound, or when the bound cgroup has been removed. */
 static int cgroup_show(struct seq_file *m, void *obj)
 {
-	seq_printf(m, "%llu\n", ((struct gs_share *)obj)->ctr->cgroup_id);
+	struct cgroup *cgrp = gs_bound(((struct gs_share *)obj)->ctr);
+
+	seq_printf(m, "%llu\n", cgrp ? cgroup_id(cgrp) : 0);
 	return 0;
 }
 
+static const char *const gs_ctr_names[GS_CTR_NATTR] = {
+	"id", "memsize", "weight", "highprio", "meminfo", "cgroup"
+};
+
 static const struct gs_attr gs_ctr_attrs[GS_CTR_NATTR] = {
-	{ "id", id_show, NULL },
-	{ "memsize", memsize_show, memsize_store },
-	{ "weight", weight_show, weight_store },
-	{ "highprio", highprio_show, highprio_store },
-	{ "meminfo", meminfo_show, NULL },
-	{ "cgroup", cgroup_show, NULL },
+	{ id_show, NULL },
+	{ memsize_show, memsize_store },
+	{ weight_show, weight_store },
+	{ highprio_show, highprio_store },
+	{ meminfo_show, NULL },
+	{ cgroup_show, NULL },
 };
 
 /* ---- one set of file operations for every attribute file ---- */
@@ -250,9 +266,29 @@ static int gs_attr_show(struct seq_file *m, void *v)
 	return ret;
 }
 
+/*
+ * May @file, being opened, write?  Only for CAP_SYS_ADMIN in the initial
+ * user namespace, judged by the opener's credentials: whoever the
+ * descriptor is later passed to writes with the opener's authority, never
+ * their own, so no program can be tricked into writing for another.
+ */
+static int gs_may_write(struct file *file)
+{
+	if (!(file->f_mode & FMODE_WRITE))
+		return 0;
+	return file_ns_capable(file, &init_user_ns, CAP_SYS_ADMIN) ? 0 : -EPERM;
+}
+
 static int gs_attr_open(struct inode *inode, struct file *file)
 {
-	return single_open(file, gs_attr_show, pde_data(inode));
+	const struct gs_file *f = pde_data(inode);
+	int ret;
+
+	/* Root's CAP_DAC_OVERRIDE gets past the 0444 mode. */
+	if ((file->f_mode & FMODE_WRITE) && !f->attr->store)
+		return -EACCES;
+	ret = gs_may_write(file);
+	return ret ? ret : single_open(file, gs_attr_show, pde_data(inode));
 }
 
 static ssize_t gs_attr_write(struct file *file, const char __user *ubuf,
@@ -263,10 +299,6 @@ static ssize_t gs_attr_write(struct file *file, const char __user *ubuf,
 	u64 val;
 	int ret;
 
-	if (!f->attr->store)
-		return -EACCES;
-	if (!capable(CAP_SYS_ADMIN))
-		return -EPERM;
 	if (!count || count >= sizeof(buf))
 		return -EINVAL;
 	if (copy_from_user(buf, ubuf, count))
@@ -276,7 +308,9 @@ static ssize_t gs_attr_write(struct file *file, const char __user *ubuf,
 		return -EINVAL;
 
 	mutex_lock(&gs_lock);
+	write_seqcount_begin(&gs_seq);
 	ret = gs_file_gone(f) ? -ENOENT : f->attr->store(f->obj, val);
+	write_seqcount_end(&gs_seq);
 	mutex_unlock(&gs_lock);
 	return ret ? ret : count;
 }
@@ -290,15 +324,15 @@ static const struct proc_ops gs_attr_ops = {
 };
 
 static int gs_create_files(struct proc_dir_entry *dir,
-			   const struct gs_attr *attrs, struct gs_file *files,
-			   unsigned int n, void *obj)
+			   const char *const *names, const struct gs_attr *attrs,
+			   struct gs_file *files, unsigned int n, void *obj)
 {
 	unsigned int i;
 
 	for (i = 0; i < n; i++) {
 		files[i].attr = &attrs[i];
 		files[i].obj = obj;
-		if (!proc_create_data(attrs[i].name, attrs[i].store ? 0644 : 0444,
+		if (!proc_create_data(names[i], attrs[i].store ? 0644 : 0444,
 				      dir, &gs_attr_ops, &files[i]))
 			return -ENOMEM;
 	}
@@ -315,7 +349,9 @@ static int inst_ctl_show(struct seq_file *m, void *v)
 
 static int inst_ctl_open(struct inode *inode, struct file *file)
 {
-	return single_open(file, inst_ctl_show, NULL);
+	int ret = gs_may_write(file);
+
+	return ret ? ret : single_open(file, inst_ctl_show, NULL);
 }
 
 static ssize_t inst_ctl_write(struct file *file, const char __user *ubuf,
@@ -325,8 +361,6 @@ static ssize_t inst_ctl_write(struct file *file, const char __user *ubuf,
 	char *buf;
 	int ret;
 
-	if (!capable(CAP_SYS_ADMIN))
-		return -EPERM;
 	if (!count || count > GPUSHARE_CMD_MAX)
 		return -EINVAL;
 	buf = memdup_user_nul(ubuf, count);
@@ -340,8 +374,9 @@ static ssize_t inst_ctl_write(struct file *file, const char __user *ubuf,
 	else
 		ret = gs_parse_cmd(buf, cmd);
 	/*
-	 * Hold the module while the command runs, so that it never creates
-	 * procfs entries while the module's exit removes the tree.
+	 * Hold the module while the command runs, so that a plain rmmod
+	 * fails (EAGAIN) rather than racing a registration.  Safety against
+	 * a forced unload, which ignores this, comes from gs_dying.
 	 */
 	if (!ret && !try_module_get(THIS_MODULE))
 		ret = -ENODEV;
@@ -375,8 +410,8 @@ int gs_proc_add_gpu(struct gs_gpu *gpu)
 	gpu->dir = proc_mkdir(name, gs_proc_root);
 	if (!gpu->dir)
 		return -ENOMEM;
-	ret = gs_create_files(gpu->dir, gs_gpu_attrs, gpu->files,
-			      GS_GPU_NATTR, gpu);
+	ret = gs_create_files(gpu->dir, gs_gpu_files, gs_gpu_attrs, gpu->files,
+			      GS_GPU_NFILES, gpu);
 	if (ret)
 		proc_remove(gpu->dir);
 	return ret;
@@ -391,8 +426,8 @@ int gs_proc_add_share(struct gs_share *share)
 				     gs_gpus[share->quota->gpu]->dir);
 	if (!share->dir)
 		return -ENOMEM;
-	ret = gs_create_files(share->dir, gs_ctr_attrs, share->files,
-			      GS_CTR_NATTR, share);
+	ret = gs_create_files(share->dir, gs_ctr_names, gs_ctr_attrs,
+			      share->files, GS_CTR_NATTR, share);
 	if (ret) {
 		proc_remove(share->dir);
 		share->dir = NULL;
@@ -405,15 +440,16 @@ int gs_proc_init(void)
 	unsigned int i;
 	int ret;
 
-	for (i = 0; i < GS_GPU_NATTR; i++)
-		if (WARN_ON(gs_valid_id(gs_gpu_attrs[i].name)))
+	/* A container directory must never shadow a GPU file. */
+	for (i = 0; i < GS_GPU_NFILES; i++)
+		if (WARN_ON(gs_valid_id(gs_gpu_files[i])))
 			return -EINVAL;
 
-	gs_proc_root = proc_mkdir("gpushare", NULL);
+	gs_proc_root = proc_mkdir(GS_PROC_NAME, NULL);
 	if (!gs_proc_root)
 		return -ENOMEM;
-	ret = gs_create_files(gs_proc_root, gs_top_attrs, gs_top_files,
-			      ARRAY_SIZE(gs_top_attrs), NULL);
+	ret = gs_create_files(gs_proc_root, gs_top_names, gs_top_attrs,
+			      gs_top_files, ARRAY_SIZE(gs_top_names), NULL);
 	if (!ret && !proc_create("inst_ctl", 0600, gs_proc_root,
 				 &gs_inst_ctl_ops))
 		ret = -ENOMEM;

@@ -15,4 +15,35 @@ typedef __u64 u64;
 #define U64_MAX ((u64)~0ULL)
 #define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 
+/*
+ * kstrtou64() as lib/kstrtox.c has it, for base 10: an optional '+',
+ * digits, an optional trailing newline; -ERANGE on overflow.  (strsep()
+ * comes from the C library.)
+ */
+static inline int kstrtou64(const char *s, unsigned int base, u64 *res)
+{
+	u64 v = 0;
+	const char *p;
+
+	if (base != 10)
+		return -EINVAL;
+	if (*s == '+')
+		s++;
+	for (p = s; *p >= '0' && *p <= '9'; p++) {
+		unsigned int d = *p - '0';
+
+		if (v > (U64_MAX - d) / 10)
+			return -ERANGE;
+		v = v * 10 + d;
+	}
+	if (p == s)
+		return -EINVAL;
+	if (*p == '\n')
+		p++;
+	if (*p)
+		return -EINVAL;
+	*res = v;
+	return 0;
+}
+
 #endif /* _GS_USHIM_H */

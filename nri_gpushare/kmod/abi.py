@@ -2,11 +2,14 @@
 
 tests/unit/test_kmod_abi.py compiles the header and checks every value here
 against it.  The ioctl encoding is the generic Linux one (x86, arm, arm64,
-riscv).
+riscv).  VERSION and PROC_ROOT are not in the uapi header (it carries no
+strings but the device's name); the test reads them from the module's own
+kmod/gs_kmod.h.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import os
@@ -52,21 +55,24 @@ GPU_FILES = (
 )
 CONTAINER_FILES = ("id", "memsize", "weight", "highprio", "meminfo", "cgroup")
 
-# struct gpushare_quota: __u64 memsize; __u32 gpu, weight, highprio, reserved
+# struct gpushare_quota: __u64 memsize; __u32 gpu, weight, highprio, __reserved
 QUOTA = struct.Struct("=QIIII")
-# struct gpushare_query: __u32 abi_version, count; __u64 cgroup_id; char id[72]; quotas[16]
-QUERY_HEAD = struct.Struct(f"=IIQ{ID_MAX + 8}s")
-QUERY_SIZE = QUERY_HEAD.size + MAX_GPUS * QUOTA.size
+QUOTA_SIZE_VER0 = 24
+# struct gpushare_query: __u32 size, abi_version, flags, quota_size; __u64 quotas;
+# __u32 quota_cap, count; __u64 cgroup_id; char id[72]
+QUERY = struct.Struct(f"=IIIIQIIQ{ID_MAX + 8}s")
+QUERY_SIZE = QUERY.size
+QUERY_SIZE_VER0 = 112
 
-_IOC_READ = 2
-IOC_MAGIC = ord("G")
-
-
-def _ior(magic: int, nr: int, size: int) -> int:
-    return (_IOC_READ << 30) | (size << 16) | (magic << 8) | nr
+IOC_MAGIC = 0xE7
 
 
-IOC_QUERY = _ior(IOC_MAGIC, 0x01, QUERY_SIZE)
+def _io(magic: int, nr: int) -> int:
+    """_IO(): no direction and no size (the structures carry their size)."""
+    return (magic << 8) | nr
+
+
+IOC_QUERY = _io(IOC_MAGIC, 0x01)
 
 
 def valid_id(container_id: str) -> bool:
@@ -86,29 +92,55 @@ class QueryResult:
     quotas: tuple[GpuQuota, ...]
 
 
-def unpack_query(buf: bytes) -> QueryResult:
-    _abi, count, cgroup_id, raw_id = QUERY_HEAD.unpack_from(buf)
-    quotas = []
-    for i in range(min(count, MAX_GPUS)):
-        memsize, gpu, weight, highprio, _ = QUOTA.unpack_from(buf, QUERY_HEAD.size + i * QUOTA.size)
-        quotas.append(GpuQuota(gpu, memsize, weight, bool(highprio)))
-    return QueryResult(raw_id.split(b"\0", 1)[0].decode(), cgroup_id, tuple(quotas))
+def pack_query(
+    quotas_addr: int,
+    quota_cap: int,
+    *,
+    size: int = QUERY_SIZE,
+    abi_version: int = ABI_VERSION,
+    flags: int = 0,
+    quota_size: int = QUOTA.size,
+) -> bytearray:
+    """A struct gpushare_query as user space passes it, `size` bytes long
+    (longer than QUERY_SIZE: zero-filled)."""
+    buf = bytearray(max(size, QUERY_SIZE))
+    QUERY.pack_into(buf, 0, size, abi_version, flags, quota_size, quotas_addr, quota_cap, 0, 0, b"")
+    return buf[:size]
+
+
+def unpack_query(head: bytes, quotas: bytes) -> QueryResult:
+    """A filled-in struct gpushare_query and the quota array it pointed to."""
+    _size, _abi, _flags, quota_size, _addr, cap, count, cgroup_id, raw_id = QUERY.unpack_from(head)
+    entries = []
+    for i in range(min(count, cap)):
+        memsize, gpu, weight, highprio, _ = QUOTA.unpack_from(quotas, i * quota_size)
+        entries.append(GpuQuota(gpu, memsize, weight, bool(highprio)))
+    return QueryResult(raw_id.split(b"\0", 1)[0].decode(), cgroup_id, tuple(entries))
 
 
 def query(device: str = DEV_PATH) -> QueryResult | None:
     """The calling process's container quota, or None when its cgroup has none.
 
-    Raises OSError when the device cannot be opened (module not loaded).
+    The module refuses to open the device (ENOENT) for a caller that is
+    neither root nor in a registered container; that is None too.  Raises
+    OSError when the device cannot be opened otherwise (module not loaded:
+    no device node, or ENXIO/ENODEV from a node left behind).
     """
-    fd = os.open(device, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        buf = bytearray(QUERY_SIZE)
+        fd = os.open(device, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        if os.path.exists(device):
+            return None  # the module's answer: nothing registered for this caller
+        raise
+    try:
+        quotas = ctypes.create_string_buffer(MAX_GPUS * QUOTA.size)
+        buf = pack_query(ctypes.addressof(quotas), MAX_GPUS)
         try:
             fcntl.ioctl(fd, IOC_QUERY, buf, True)
         except OSError as e:
             if e.errno == errno.ENOENT:
                 return None
             raise
-        return unpack_query(bytes(buf))
+        return unpack_query(bytes(buf), quotas.raw)
     finally:
         os.close(fd)

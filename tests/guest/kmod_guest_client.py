@@ -89,7 +89,7 @@ def test_case4_refused_multi_gpu_registration_reserves_nothing() -> None:
         c.register(reg("big", (0, 20480 * MiB, 0), (1, 20480 * MiB, 0), (2, 40960 * MiB, 0)))
     assert e.value.errno == errno.ENOSPC
     msg = str(e.value)
-    assert "big" in msg and "GPU 2 has 32 GiB and 100% compute free" in msg
+    assert "big" in msg and "GPU 2 has 32768Mi and 100% compute free" in msg
     assert "GPU 0 has" not in msg  # only the GPU that does not fit is named
     assert c.registrations() == []
     assert [c.gpu_state(i).free_memory for i in range(3)] == [32 * GiB] * 3
@@ -106,7 +106,7 @@ def test_case5_and_case7_full_gpus_refuse_more() -> None:
     assert "0% compute free" in str(e.value)
     with pytest.raises(OverCommitted) as e:  # case 5: memory full, 1024 MiB on each card
         c.register(reg("more", *((g, 1024 * MiB, 0) for g in range(3))))
-    assert "GPU 0 has 0 bytes and 0% compute free, 3/16 containers" in str(e.value)
+    assert "GPU 0 has 0Mi and 0% compute free, 3/16 containers" in str(e.value)
     for i in range(3):
         c.unregister(f"fill{i}")
 

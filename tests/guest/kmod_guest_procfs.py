@@ -382,34 +382,72 @@ def effective_caps() -> int:
 
 
 def test_writes_need_cap_sys_admin() -> None:
-    """uid 0 without CAP_SYS_ADMIN opens the files (it owns them) and every
-    write is refused with EPERM, changing nothing."""
+    """uid 0 without CAP_SYS_ADMIN may open the files for reading (it owns
+    them) but not for writing: open() is refused with EPERM, changing
+    nothing.  The capability is judged at open(), on the opener's
+    credentials, so a descriptor opened without it can never write."""
     ok("gpu 0 1000")
     ok("add a 0:100")
     before = snapshot()
+    paths = [CTL, CTL, ROOT / "default_memsize", ROOT / "0/max_inst", ROOT / "0/a/memsize"]
 
     def try_writes() -> list[object]:
         drop_cap_sys_admin()
-        writes = [
-            (CTL, "gpu 1 1000\n"),
-            (CTL, "del a\n"),
-            (ROOT / "default_memsize", "5"),
-            (ROOT / "0/max_inst", "3"),
-            (ROOT / "0/a/memsize", "50"),
-        ]
         return [
             os.getuid(),
             effective_caps() >> CAP_SYS_ADMIN & 1,
-            [write(path, text) for path, text in writes],
+            [errno_of(lambda p=p: os.close(os.open(p, os.O_WRONLY))) for p in paths],
+            [errno_of(lambda p=p: os.close(os.open(p, os.O_RDWR))) for p in paths],
             read(CTL),
         ]
 
-    uid, cap, results, dump = in_child(try_writes)  # type: ignore[misc]
+    uid, cap, wronly, rdwr, dump = in_child(try_writes)  # type: ignore[misc]
     assert (uid, cap) == (0, 0)
-    assert results == [errno.EPERM] * 5
+    assert wronly == rdwr == [errno.EPERM] * 5
     assert dump == "gpu 0 1000\nadd a 0:100:0:0\n"  # reading needs no capability
     assert snapshot() == before
     assert refcount() == 1
+    ok("del a")
+
+
+def test_capability_is_the_openers() -> None:
+    """A descriptor keeps the authority of whoever opened it: opened with
+    CAP_SYS_ADMIN, it still writes after the capability is dropped (the
+    opener chose to hand it on); opened without, nothing can write through
+    it, whoever holds it later."""
+    ok("gpu 0 1000")
+    ok("add a 0:100")
+    fd_ctl = os.open(CTL, os.O_WRONLY)
+    fd_mem = os.open(ROOT / "0/a/memsize", os.O_WRONLY)
+
+    def write_after_drop() -> list[int]:
+        if os.getuid() == 0:
+            drop_cap_sys_admin()
+        return [
+            errno_of(lambda: os.write(fd_ctl, b"add b 0:50\n")),
+            errno_of(lambda: os.write(fd_mem, b"60")),
+            errno_of(lambda: os.open(CTL, os.O_WRONLY)),
+        ]
+
+    try:
+        assert in_child(write_after_drop) == [0, 0, errno.EPERM]
+        assert in_child(write_after_drop, uid=NOBODY) == [errno.EEXIST, 0, errno.EACCES]
+    finally:
+        os.close(fd_ctl)
+        os.close(fd_mem)
+    assert value(ROOT / "0/a/memsize") == 60
+    assert refcount() == 2
+    ok("del a")
+    ok("del b")
+
+
+def test_read_only_files_refuse_opening_for_write() -> None:
+    """Root's CAP_DAC_OVERRIDE passes the 0444 mode; the module still says EACCES at open()."""
+    ok("gpu 0 1000")
+    ok("add a 0:100")
+    for path in ("version", "0/free_weight", "0/nr_inst", "0/a/id", "0/a/cgroup", "0/a/meminfo"):
+        assert errno_of(lambda p=path: os.open(ROOT / p, os.O_WRONLY)) == errno.EACCES, path
+        assert errno_of(lambda p=path: os.close(os.open(ROOT / p, os.O_RDONLY))) == 0, path
     ok("del a")
 
 

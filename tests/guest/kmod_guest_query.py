@@ -1,10 +1,12 @@
 """GPUSHARE_IOC_QUERY: a process in a registered container's cgroup (or below
-it) gets that container's quota; any other process gets ENOENT.  Runs
+it) gets that container's quota; any other process gets ENOENT (from open()
+unless it is root).  Runs
 inside the guest, from Python (nri_gpushare.kmod.abi) and from C
 (tests/guest/kmod_query.c through the uapi header)."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import os
@@ -16,7 +18,18 @@ from pathlib import Path
 import pytest
 
 from nri_gpushare.kmod import abi
-from tests.guest.kmod_support import CGROUP2, DEV, NOBODY, ROOT, ctl, in_child, ok, read
+from tests.guest.kmod_support import (
+    CGROUP2,
+    DEV,
+    NOBODY,
+    ROOT,
+    ctl,
+    errno_of,
+    in_child,
+    ok,
+    read,
+    refcount,
+)
 
 pytestmark = pytest.mark.usefixtures("kmod")
 
@@ -136,14 +149,82 @@ def test_device_node() -> None:
     st = os.stat(DEV)
     assert stat.S_ISCHR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o666
     assert os.major(st.st_rdev) == 10  # a misc device
-    fd = os.open(DEV, os.O_RDONLY)
+    fd = os.open(DEV, os.O_RDONLY)  # root may always open it
     try:
+        for request in (abi.IOC_QUERY + 1, 0xC0784701):  # the next number; 0.1.0's 'G' query
+            with pytest.raises(OSError) as e:
+                fcntl.ioctl(fd, request, bytearray(abi.QUERY_SIZE))
+            assert e.value.errno == errno.ENOTTY
+        quotas = ctypes.create_string_buffer(abi.QUOTA.size)
         with pytest.raises(OSError) as e:
-            fcntl.ioctl(fd, abi.IOC_QUERY + 1, bytearray(abi.QUERY_SIZE))
-        assert e.value.errno == errno.ENOTTY
-        with pytest.raises(OSError) as e:
-            fcntl.ioctl(fd, abi.IOC_QUERY, bytearray(abi.QUERY_SIZE))
-        assert e.value.errno == errno.ENOENT
+            fcntl.ioctl(fd, abi.IOC_QUERY, abi.pack_query(ctypes.addressof(quotas), 1))
+        assert e.value.errno == errno.ENOENT  # the root cgroup has no registration
     finally:
         os.close(fd)
     assert CGROUP2.joinpath("cgroup.controllers").exists()
+
+
+def open_dev() -> int:
+    """0 when open(/dev/gpushare) succeeds (the descriptor is closed again), else the errno."""
+    return errno_of(lambda: os.close(os.open(DEV, os.O_RDONLY)))
+
+
+def test_only_callers_with_an_answer_may_open(cgroups: MakeCgroup) -> None:
+    """An open descriptor pins the module, so open() is refused (ENOENT) to a
+    caller that is neither CAP_SYS_ADMIN nor in a registered container: an
+    unprivileged user cannot keep the module from unloading."""
+    setup_two_gpus()
+    cg = cgroups("gs-open")
+    sub = cgroups("gs-open/sub")
+    other = cgroups("gs-open-other")
+    assert in_child(open_dev, uid=NOBODY) == errno.ENOENT
+    assert in_child(open_dev, cgroup=cg, uid=NOBODY) == errno.ENOENT  # not bound yet
+    ok("bind a /gs-open")
+    assert in_child(open_dev, cgroup=cg, uid=NOBODY) == 0
+    assert in_child(open_dev, cgroup=sub, uid=NOBODY) == 0
+    assert in_child(open_dev, cgroup=other, uid=NOBODY) == errno.ENOENT
+    assert in_child(open_dev, uid=NOBODY) == errno.ENOENT
+    assert in_child(open_dev, cgroup=other) == 0  # root (CAP_SYS_ADMIN)
+    assert refcount() == 1  # refused opens took no reference
+    # The Python client says None for "nothing registered for you", either way.
+    assert query_in(other, uid=NOBODY) is None
+    assert query_in(None, uid=NOBODY) is None
+    ok("del a")
+    assert in_child(open_dev, cgroup=cg, uid=NOBODY) == errno.ENOENT
+
+
+def test_a_held_descriptor_outlives_its_registration(cgroups: MakeCgroup) -> None:
+    """A container's process opened the device; after `del` it learns ENOENT
+    from the ioctl, and its descriptor pins the module until it is closed."""
+    setup_two_gpus()
+    cg = cgroups("gs-held")
+    ok("bind a /gs-held")
+    rfd, wfd = os.pipe()
+    done_r, done_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            (cg / "cgroup.procs").write_text("0\n")
+            os.setresgid(NOBODY, NOBODY, NOBODY)
+            os.setresuid(NOBODY, NOBODY, NOBODY)
+            fd = os.open(DEV, os.O_RDONLY)
+            os.write(wfd, b"o")
+            os.read(done_r, 1)  # the parent deleted the registration
+            quotas = ctypes.create_string_buffer(abi.QUOTA.size * 2)
+            try:
+                fcntl.ioctl(fd, abi.IOC_QUERY, abi.pack_query(ctypes.addressof(quotas), 2))
+            except OSError as e:
+                code = 0 if e.errno == errno.ENOENT else 3
+            os.close(fd)
+        finally:
+            os._exit(code)
+    assert os.read(rfd, 1) == b"o"
+    assert refcount() == 2  # the registration and the open descriptor
+    ok("del a")
+    assert refcount() == 1
+    os.write(done_w, b"d")
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    for fd in (rfd, wfd, done_r, done_w):
+        os.close(fd)
+    assert refcount() == 0

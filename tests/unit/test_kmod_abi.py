@@ -1,12 +1,15 @@
 """nri_gpushare.kmod.abi must say what kmod/include/uapi/gpushare.h says.
 
 Compiles a tiny C program against the header and compares every constant,
-the ioctl number and the structure layout with the Python mirror.
+the ioctl number and the structure layout with the Python mirror; the
+module's version and procfs name come from its internal kmod/gs_kmod.h.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
+import struct
 import subprocess
 from pathlib import Path
 
@@ -14,7 +17,8 @@ from nri_gpushare.kmod import abi
 from tests.prereqs import missing
 
 REPO = Path(__file__).resolve().parents[2]
-UAPI = REPO / "kmod" / "include" / "uapi"
+KMOD = REPO / "kmod"
+UAPI = KMOD / "include" / "uapi"
 
 PROGRAM = r"""
 #include <stddef.h>
@@ -22,23 +26,23 @@ PROGRAM = r"""
 #include <gpushare.h>
 
 #define INT(name) printf(#name " %llu\n", (unsigned long long)(GPUSHARE_##name))
-#define STR(name) printf(#name " %s\n", GPUSHARE_##name)
+#define AT(s, f) printf(#s "." #f " %zu\n", offsetof(struct gpushare_##s, f))
 
 int main(void)
 {
-	STR(VERSION); STR(PROC_ROOT); STR(DEV_NAME);
+	printf("DEV_NAME %s\n", GPUSHARE_DEV_NAME);
 	INT(ABI_VERSION); INT(MAX_GPUS); INT(ID_MAX); INT(CMD_MAX); INT(WEIGHT_MAX);
 	INT(MAX_INST_MIN); INT(MAX_INST_MAX); INT(MAX_INST_DEFAULT);
 	INT(POLICY_MAX); INT(POLICY_DEFAULT);
 	INT(PRIO_RATIO_MIN); INT(PRIO_RATIO_MAX); INT(PRIO_RATIO_DEFAULT);
-	INT(IOC_MAGIC); INT(IOC_QUERY);
+	INT(IOC_MAGIC); INT(IOC_QUERY); INT(QUERY_SIZE_VER0); INT(QUOTA_SIZE_VER0);
 	printf("QUERY_SIZE %zu\n", sizeof(struct gpushare_query));
 	printf("QUOTA_SIZE %zu\n", sizeof(struct gpushare_quota));
-	printf("QUERY_QUOTAS_AT %zu\n", offsetof(struct gpushare_query, quotas));
-	printf("QUERY_ID_AT %zu\n", offsetof(struct gpushare_query, id));
-	printf("QUERY_CGROUP_AT %zu\n", offsetof(struct gpushare_query, cgroup_id));
-	printf("QUOTA_GPU_AT %zu\n", offsetof(struct gpushare_quota, gpu));
-	printf("QUOTA_HIGHPRIO_AT %zu\n", offsetof(struct gpushare_quota, highprio));
+	AT(query, size); AT(query, abi_version); AT(query, flags); AT(query, quota_size);
+	AT(query, quotas); AT(query, quota_cap); AT(query, count); AT(query, cgroup_id);
+	AT(query, id);
+	AT(quota, memsize); AT(quota, gpu); AT(quota, weight); AT(quota, highprio);
+	AT(quota, __reserved);
 	return 0;
 }
 """
@@ -58,8 +62,6 @@ def header_values(tmp_path: Path) -> dict[str, str]:
 
 def test_python_mirror_matches_header(tmp_path: Path) -> None:
     h = header_values(tmp_path)
-    assert h["VERSION"] == abi.VERSION
-    assert h["PROC_ROOT"] == abi.PROC_ROOT
     assert h["DEV_NAME"] == abi.DEV_NAME
     ints = {
         "ABI_VERSION": abi.ABI_VERSION,
@@ -77,34 +79,97 @@ def test_python_mirror_matches_header(tmp_path: Path) -> None:
         "PRIO_RATIO_DEFAULT": abi.PRIO_RATIO_DEFAULT,
         "IOC_MAGIC": abi.IOC_MAGIC,
         "IOC_QUERY": abi.IOC_QUERY,
+        "QUERY_SIZE_VER0": abi.QUERY_SIZE_VER0,
+        "QUOTA_SIZE_VER0": abi.QUOTA_SIZE_VER0,
         "QUERY_SIZE": abi.QUERY_SIZE,
         "QUOTA_SIZE": abi.QUOTA.size,
-        "QUERY_QUOTAS_AT": abi.QUERY_HEAD.size,
-        "QUERY_ID_AT": 16,
-        "QUERY_CGROUP_AT": 8,
-        "QUOTA_GPU_AT": 8,
-        "QUOTA_HIGHPRIO_AT": 16,
     }
     assert {k: int(h[k]) for k in ints} == ints
+    # Field offsets, in the order of the Python struct formats.
+    query_fields = [
+        "size",
+        "abi_version",
+        "flags",
+        "quota_size",
+        "quotas",
+        "quota_cap",
+        "count",
+        "cgroup_id",
+        "id",
+    ]
+    quota_fields = ["memsize", "gpu", "weight", "highprio", "__reserved"]
+    assert [int(h[f"query.{f}"]) for f in query_fields] == offsets(abi.QUERY.format)
+    assert [int(h[f"quota.{f}"]) for f in quota_fields] == offsets(abi.QUOTA.format)
+
+
+def offsets(fmt: str) -> list[int]:
+    """Where each field of a "=..." struct format starts."""
+    out, at = [], 0
+    for count, code in re.findall(r"(\d*)([a-zA-Z])", fmt):
+        out.append(at)
+        at += struct_size(code, int(count or 1))
+    return out
+
+
+def struct_size(code: str, count: int) -> int:
+    return struct.calcsize(f"={count}{code}")
+
+
+def test_ioctl_magic_is_free_and_requests_never_change_with_size() -> None:
+    """0xE7 is in no range of the kernel's ioctl-number.rst; _IO carries no size."""
+    assert abi.IOC_MAGIC == 0xE7
+    assert abi.IOC_QUERY >> 16 == 0  # no direction, no size bits
+
+
+def test_uapi_header_has_no_paths_or_versions() -> None:
+    header = (UAPI / "gpushare.h").read_text()
+    strings = re.findall(r'"([^"]*)"', header)
+    assert strings == ["gpushare"], strings  # only the device's name
+    assert "GPUSHARE_VERSION" not in header and "PROC_ROOT" not in header
+
+
+def test_module_version_and_proc_root_match() -> None:
+    """VERSION and PROC_ROOT mirror the module's internal header."""
+    internal = (KMOD / "gs_kmod.h").read_text()
+    version = re.search(r'#define GPUSHARE_VERSION\s+"([^"]+)"', internal)
+    proc_name = re.search(r'#define GS_PROC_NAME\s+"([^"]+)"', internal)
+    assert version and version.group(1) == abi.VERSION
+    assert proc_name and f"/proc/{proc_name.group(1)}" == abi.PROC_ROOT
 
 
 def test_gpu_file_names_match_the_module() -> None:
-    """No container ID may take a GPU directory's file name (gs_core.c's list)."""
-    core = (REPO / "kmod" / "gs_core.c").read_text()
-    listed = core.split("gs_gpu_files[] = {", 1)[1].split("}", 1)[0]
-    names = tuple(w.strip().strip('"') for w in listed.replace("\n", " ").split(","))
-    assert names[:-1] == abi.GPU_FILES and names[-1] == "NULL"
+    """No container ID may take a GPU directory's file name (gs_core.c's list,
+    the one the module's procfs tree creates its GPU files from)."""
+    core = (KMOD / "gs_core.c").read_text()
+    listed = core.split("gs_gpu_files[GS_GPU_NFILES] = {", 1)[1].split("};", 1)[0]
+    assert tuple(re.findall(r'"([a-z_]+)"', listed)) == abi.GPU_FILES
     assert not any(abi.valid_id(n) for n in abi.GPU_FILES)
 
 
+def test_container_file_names_match_the_module() -> None:
+    proc = (KMOD / "gs_proc.c").read_text()
+    listed = proc.split("gs_ctr_names[GS_CTR_NATTR] = {", 1)[1].split("};", 1)[0]
+    assert tuple(re.findall(r'"([a-z_]+)"', listed)) == abi.CONTAINER_FILES
+
+
 def test_unpack_query_round_trip() -> None:
-    buf = bytearray(abi.QUERY_SIZE)
-    abi.QUERY_HEAD.pack_into(buf, 0, abi.ABI_VERSION, 2, 77, b"ctr-1")
-    abi.QUOTA.pack_into(buf, abi.QUERY_HEAD.size, 5 << 30, 0, 30, 1, 0)
-    abi.QUOTA.pack_into(buf, abi.QUERY_HEAD.size + abi.QUOTA.size, 1 << 30, 3, 0, 0, 0)
-    r = abi.unpack_query(bytes(buf))
+    head = abi.pack_query(0x1000, 4)
+    assert len(head) == abi.QUERY_SIZE
+    fields = list(abi.QUERY.unpack_from(head))
+    assert fields[:6] == [abi.QUERY_SIZE, abi.ABI_VERSION, 0, abi.QUOTA.size, 0x1000, 4]
+    fields[6], fields[7], fields[8] = 2, 77, b"ctr-1"
+    abi.QUERY.pack_into(head, 0, *fields)
+    quotas = bytearray(4 * abi.QUOTA.size)
+    abi.QUOTA.pack_into(quotas, 0, 5 << 30, 0, 30, 1, 0)
+    abi.QUOTA.pack_into(quotas, abi.QUOTA.size, 1 << 30, 3, 0, 0, 0)
+    r = abi.unpack_query(bytes(head), bytes(quotas))
     assert r.container_id == "ctr-1" and r.cgroup_id == 77
     assert [(q.gpu_index, q.memory_bytes, q.core_percent, q.high_priority) for q in r.quotas] == [
         (0, 5 << 30, 30, True),
         (3, 1 << 30, 0, False),
     ]
+
+
+def test_pack_query_sizes() -> None:
+    assert len(abi.pack_query(0, 0, size=abi.QUERY_SIZE + 8)) == abi.QUERY_SIZE + 8
+    assert abi.pack_query(0, 0, size=abi.QUERY_SIZE + 8)[abi.QUERY_SIZE :] == bytes(8)
