@@ -1,6 +1,14 @@
 """NRI wire layer: sans-IO mux and ttrpc codecs plus a thin asyncio transport."""
 
-from .errors import Code, ConnectionClosed, MessageTooLarge, ProtocolError, TtrpcError, WireError
+from .errors import (
+    Code,
+    ConnectionClosed,
+    DecodeError,
+    MessageTooLarge,
+    ProtocolError,
+    TtrpcError,
+    WireError,
+)
 from .mux import PLUGIN_CONN, RUNTIME_CONN, MuxDecoder, encode_frames
 from .transport import Handler, MuxConnection, TtrpcClient
 from .ttrpc import Request, Response, TtrpcConnection
@@ -10,6 +18,7 @@ __all__ = [
     "RUNTIME_CONN",
     "Code",
     "ConnectionClosed",
+    "DecodeError",
     "Handler",
     "MessageTooLarge",
     "MuxConnection",
