@@ -7,11 +7,16 @@ from __future__ import annotations
 import errno
 import os
 import random
+import select
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
+from nri_gpushare.kmod import abi
 from tests.guest.kmod_support import (
     CTL,
+    NOBODY,
     ROOT,
     ctl,
     load,
@@ -19,6 +24,7 @@ from tests.guest.kmod_support import (
     ok,
     read,
     refcount,
+    registered,
     unload,
     write,
 )
@@ -114,3 +120,99 @@ def test_rmmod_racing_registrations() -> None:
     assert not loaded() and not ROOT.exists()
     load()
     assert refcount() == 0
+
+
+VARIANT_A = "0:1000:10,1:1000:10"
+VARIANT_B = "0:3000:20:1"
+
+
+def fork_child(fn: Callable[[], object], cgroup: Path | None = None, uid: int | None = None) -> int:
+    """Run fn() in a child (moved into `cgroup`, switched to `uid`); exits 0
+    when fn() returns True.  Returns the pid."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            if cgroup is not None:
+                (cgroup / "cgroup.procs").write_text("0\n")
+            if uid is not None:
+                os.setresgid(uid, uid, uid)
+                os.setresuid(uid, uid, uid)
+            code = 0 if fn() is True else 1
+        except BaseException as e:  # noqa: BLE001 - report, never return into pytest
+            os.write(2, f"child failed: {e!r}\n".encode())
+        finally:
+            os._exit(code)
+    return pid
+
+
+def consistent(r: abi.QueryResult, ino: int) -> bool:
+    quotas = [(q.gpu_index, q.memory_bytes, q.core_percent, q.high_priority) for q in r.quotas]
+    a = len(quotas) == 2 and quotas[1] == (1, 1000, 10, False) and quotas[0][1] in (1000, 2000)
+    a = a and quotas[0][0] == 0 and quotas[0][2:] == (10, False)
+    b = quotas == [(0, 3000, 20, True)]
+    return r.container_id == "q" and r.cgroup_id == ino and (a or b)
+
+
+def test_queries_race_commands(cgroups: Callable[[str], Path]) -> None:
+    """QUERY walks the registry under RCU while add, bind, per-file writes,
+    unbind and del run: every answer is ENOENT or one state the registration
+    really had, and the books balance afterwards."""
+    ok("gpu 0 100000")
+    ok("gpu 1 100000")
+    cg = cgroups("gs-cq")
+    sub = cgroups("gs-cq/w")
+    ino = os.stat(cg).st_ino
+    # The writer holds the only write end: its exit makes stop_r readable (EOF).
+    stop_r, stop_w = os.pipe()
+
+    def stopped() -> bool:
+        return bool(select.select([stop_r], [], [], 0)[0])
+
+    def writer() -> bool:
+        rng = random.Random(7)
+        for i in range(150):
+            spec = VARIANT_A if i % 2 else VARIANT_B
+            assert ctl(f"add q {spec}") == 0
+            assert ctl(f"bind q {rng.choice(['/gs-cq', str(ino)])}") == 0
+            if spec == VARIANT_A:
+                assert write(ROOT / "0/q/memsize", "2000") == 0
+            if rng.random() < 0.3:
+                assert ctl("bind q 0") == 0
+            assert ctl("del q") == 0
+        return True
+
+    def reader() -> bool:
+        """Root (may always open): every answer ENOENT or consistent."""
+        os.close(stop_w)
+        while not stopped():
+            r = abi.query()
+            if r is not None and not consistent(r, ino):
+                os.write(2, f"inconsistent answer: {r}\n".encode())
+                return False
+        return True
+
+    def nobody_reader() -> bool:
+        os.close(stop_w)
+        while not stopped():
+            try:
+                r = abi.query()
+            except OSError as e:
+                os.write(2, f"nobody: {e!r}\n".encode())
+                return False
+            if r is not None and not consistent(r, ino):
+                return False
+        return True
+
+    readers = [
+        fork_child(reader, sub),
+        fork_child(reader, cg),
+        fork_child(nobody_reader, sub, NOBODY),
+    ]
+    w = fork_child(writer)
+    os.close(stop_w)
+    codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in [w, *readers]]
+    os.close(stop_r)
+    assert codes == [0, 0, 0, 0]
+    assert registered() == [] and refcount() == 0
+    assert read(ROOT / "0/free_memsize") == "100000\n"
