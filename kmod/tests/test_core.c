@@ -47,6 +47,11 @@ static void test_numbers(void)
 	CHECK(gs_parse_u64("0x10", &v) == -EINVAL);
 	CHECK(gs_parse_u64("1 ", &v) == -EINVAL);
 	CHECK(gs_parse_u64("12a", &v) == -EINVAL);
+	/* kstrtou64() takes these; the grammar does not. */
+	CHECK(gs_parse_u64("1\n", &v) == -EINVAL);
+	CHECK(gs_parse_u64("+0", &v) == -EINVAL);
+	CHECK(gs_parse_u64("\n", &v) == -EINVAL);
+	CHECK(gs_parse_u64("007", &v) == 0 && v == 7);
 
 	strcpy(buf, "42\n");
 	CHECK(gs_parse_value(buf, &v) == 0 && v == 42);
@@ -63,6 +68,7 @@ static void test_numbers(void)
 static void test_ids(void)
 {
 	char id[GPUSHARE_ID_MAX + 2];
+	int i;
 
 	memset(id, 'a', sizeof(id));
 	id[GPUSHARE_ID_MAX] = '\0';
@@ -83,6 +89,8 @@ static void test_ids(void)
 	CHECK(!gs_valid_id("free_weight"));
 	CHECK(!gs_valid_id("max_inst"));
 	CHECK(!gs_valid_id("nr_inst"));
+	for (i = 0; i < GS_GPU_NFILES; i++)
+		CHECK(gs_gpu_files[i] && !gs_valid_id(gs_gpu_files[i]));
 }
 
 static void test_parse_ok(void)
@@ -117,6 +125,8 @@ static void test_parse_ok(void)
 	CHECK(parse("bind c1 /k8s.io/abc\n", &c) == 0);
 	CHECK(c.cgroup_path && !strcmp(c.cgroup_path, "/k8s.io/abc"));
 	CHECK(parse("bind c1 /", &c) == 0 && !strcmp(c.cgroup_path, "/"));
+	CHECK(parse("bind c1 //a//b/", &c) == 0 && !strcmp(c.cgroup_path, "//a//b/"));
+	CHECK(parse("\tdel\t\tc1\t", &c) == 0 && !strcmp(c.id, "c1"));
 }
 
 static void test_parse_bad(void)
@@ -133,7 +143,8 @@ static void test_parse_bad(void)
 		"add c1 0:1,1:1,2:1,3:1,4:1,5:1,6:1,7:1,8:1,9:1,10:1,11:1,12:1,13:1,14:1,15:1,16:1",
 		"del", "del c1 c2", "del ..", "bind", "bind c1", "bind c1 x",
 		"bind c1 -1", "bind c1 /a /b", "bind c1 12 3", "add c1 0:5\nadd c2 0:5",
-		"del c1\r\n",
+		"del c1\r\n", "gpu 0 +1", "gpu +0 1", "add c1 0:+5", "add c1 0:5:+1",
+		"bind c1 +12", "gpu 0 1\n\n", "add c1 0:5\n:1",
 	};
 	struct gs_cmd c;
 	size_t i;
