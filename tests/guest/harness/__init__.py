@@ -1,6 +1,17 @@
 """Run commands, and pytest, inside a real Debian 6.1 kernel under qemu (see vm.py)."""
 
-from .pytest_support import in_guest, junit_counts, pytest_in_guest, require_guest
+from .pytest_support import (
+    build_kmod_query,
+    build_module,
+    c_compiler,
+    guest_suite,
+    in_guest,
+    junit_counts,
+    kmod_source,
+    pytest_in_guest,
+    require_guest,
+    run_guest_suite,
+)
 from .vm import (
     IN_GUEST_ENV,
     GuestCrashed,
@@ -11,11 +22,19 @@ from .vm import (
     Kernel,
     check_prereqs,
     find_kernel,
+    first_oops,
     guest_env,
     run_in_guest,
 )
 
 __all__ = [
+    "build_kmod_query",
+    "build_module",
+    "c_compiler",
+    "first_oops",
+    "guest_suite",
+    "kmod_source",
+    "run_guest_suite",
     "IN_GUEST_ENV",
     "GuestCrashed",
     "GuestError",

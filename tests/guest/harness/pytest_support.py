@@ -1,12 +1,24 @@
-"""pytest helpers: gate tests on the guest's prerequisites, run pytest inside the guest."""
+"""pytest helpers: gate tests on the guest's prerequisites, run pytest inside the guest.
+
+The host-side guest drivers (tests/guest/test_kmod.py, test_e2e_guest.py)
+share run_guest_suite(): discover the in-guest files (guest_suite), build
+gpushare.ko from a private copy of its sources (build_module), compile
+kmod_query.c (build_kmod_query), run one pytest session in the guest with a
+JUnit report, and fail with the end of the guest's console on a kernel oops,
+a kernel warning, a non-zero status or a report that is short of tests.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
+
+import pytest
 
 from tests.prereqs import missing
 
@@ -15,11 +27,23 @@ from .vm import (
     IN_GUEST_ENV,
     REPO,
     VENV_BIN,
+    GuestError,
     GuestResult,
     GuestUnavailable,
     Kernel,
     check_prereqs,
     run_in_guest,
+)
+
+GUEST_TESTS = REPO / "tests" / "guest"
+KMOD = REPO / "kmod"
+# Set to another copy of kmod/ (e.g. an old revision from `git archive`) to
+# run the guest suites against that module instead.
+KMOD_SRC_ENV = "GPUSHARE_KMOD_SRC"
+# A pytest -k expression for the in-guest session: run only those tests.
+SELECT_ENV = "GPUSHARE_GUEST_SELECT"
+BUILD_PRODUCTS = shutil.ignore_patterns(
+    "*.o", "*.ko", "*.mod", "*.mod.c", ".*", "Module.symvers", "modules.order", "build"
 )
 
 
@@ -48,6 +72,9 @@ def pytest_in_guest(
     rwdirs: Iterable[str | os.PathLike[str]] = (),
     plugins: Sequence[str] = (),
     echo: TextIO | None = None,
+    memory_mb: int = 1024,
+    smp: int = 1,
+    kernel_args: Sequence[str] = (),
 ) -> GuestResult:
     """Run one pytest session in the guest with the project's venv python.
 
@@ -69,6 +96,9 @@ def pytest_in_guest(
         modules=modules,
         rwdirs=[junit.parent, *rwdirs],
         echo=echo,
+        memory_mb=memory_mb,
+        smp=smp,
+        kernel_args=kernel_args,
     )
 
 
@@ -78,3 +108,122 @@ def junit_counts(junit: str | os.PathLike[str]) -> dict[str, int]:
     suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
     keys = ("tests", "failures", "errors", "skipped")
     return {k: sum(int(s.get(k, 0)) for s in suites) for k in keys}
+
+
+def guest_suite(prefix: str) -> list[str]:
+    """The in-guest test files tests/guest/<prefix>*.py, repo-relative and sorted."""
+    return sorted(p.relative_to(REPO).as_posix() for p in GUEST_TESTS.glob(f"{prefix}*.py"))
+
+
+def c_compiler() -> str:
+    """cc (or gcc); with make, what building a module needs.  Missing: fails the test."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None or shutil.which("make") is None:
+        missing("a C compiler and make are needed to build kernel modules")
+    assert cc is not None
+    return cc
+
+
+def kmod_source() -> Path:
+    """The gpushare.ko sources to test: kmod/, or $GPUSHARE_KMOD_SRC."""
+    src = Path(os.environ.get(KMOD_SRC_ENV) or KMOD)
+    if not (src / "Kbuild").is_file():
+        raise FileNotFoundError(f"{src}: no Kbuild ({KMOD_SRC_ENV} must name a kmod/ tree)")
+    return src
+
+
+def build_module(src: str | os.PathLike[str], dest: str | os.PathLike[str], kernel: Kernel) -> Path:
+    """Copy the Kbuild tree src to dest and build its one module against
+    kernel's headers there, so a parallel build of src cannot interfere."""
+    dest = Path(dest)
+    shutil.copytree(src, dest, ignore=BUILD_PRODUCTS)
+    make = (
+        ["make", "-C", str(dest), f"KDIR={kernel.build}"]  # the tree's own Makefile
+        if (dest / "Makefile").is_file()
+        else ["make", "-C", str(kernel.build), f"M={dest}", "modules"]
+    )
+    subprocess.run(make, check=True, stdout=subprocess.DEVNULL)
+    kos = sorted(dest.glob("*.ko"))
+    assert len(kos) == 1, f"{src}: expected one module, built {kos}"
+    return kos[0]
+
+
+def build_kmod_query(
+    dest: str | os.PathLike[str], *, kmod: str | os.PathLike[str] = KMOD, static: bool = False
+) -> Path:
+    """tests/guest/kmod_query.c compiled against kmod's uapi header."""
+    dest = Path(dest)
+    subprocess.run(
+        [
+            c_compiler(),
+            *(["-static"] if static else []),
+            "-Wall",
+            "-Werror",
+            "-O2",
+            "-I",
+            str(Path(kmod) / "include" / "uapi"),
+            "-o",
+            str(dest),
+            str(GUEST_TESTS / "kmod_query.c"),
+        ],
+        check=True,
+    )
+    return dest
+
+
+def run_guest_suite(
+    files: Sequence[str],
+    *,
+    junit: str | os.PathLike[str],
+    plugins: Sequence[str],
+    min_tests: int,
+    env: Mapping[str, str] | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    modules: Iterable[str | os.PathLike[str]] = (),
+    memory_mb: int = 1024,
+    smp: int = 1,
+    kernel_args: Sequence[str] = (),
+    durations: int = 8,
+    console_tail: int = 8000,
+) -> tuple[GuestResult, dict[str, int]]:
+    """One pytest session over files in the guest; the test fails unless it passed whole.
+
+    A guest that crashed (a kernel oops panics it: oops=panic), timed out or
+    reported no status fails the calling test with the harness's reason
+    (naming the first oops line) and the end of the console; so do a kernel
+    warning, a non-zero status, and a JUnit report with failures, errors,
+    skips or fewer than min_tests tests.  $GPUSHARE_GUEST_SELECT, a pytest -k
+    expression, runs only some tests (then one is enough).  Returns the
+    result and the report's counts.
+    """
+    assert files, "no in-guest test files"
+    select = os.environ.get(SELECT_ENV)
+    args = ["--noconftest", "-q", "-rfE", f"--durations={durations}"]
+    args += ["-W", "ignore::pytest.PytestConfigWarning"]
+    if select:
+        args += ["-k", select]
+    try:
+        result = pytest_in_guest(
+            [*args, *files],
+            junit=junit,
+            env=env,
+            timeout=timeout,
+            modules=modules,
+            plugins=plugins,
+            memory_mb=memory_mb,
+            smp=smp,
+            kernel_args=kernel_args,
+        )
+    except GuestError as e:
+        pytest.fail(f"{e}\n--- guest console (end) ---\n{e.console[-console_tail:]}")
+    tail = result.console[-console_tail:]
+    assert not result.kernel_warned, f"the guest kernel warned:\n{tail}"
+    assert result.status == 0, f"in-guest suite failed (status {result.status}):\n{tail}"
+    counts = junit_counts(junit)
+    assert counts["failures"] == counts["errors"] == counts["skipped"] == 0, counts
+    assert counts["tests"] >= (1 if select else min_tests), counts
+    print(
+        f"guest: {counts['tests']} tests passed; boot {result.boot_s:.1f} s,"
+        f" total {result.total_s:.1f} s"
+    )
+    return result, counts

@@ -365,6 +365,8 @@ def run_in_guest(
     echo: TextIO | None = None,
     serial_log: str | os.PathLike[str] | None = None,
     memory_mb: int = 1024,
+    smp: int = 1,
+    kernel_args: Sequence[str] = (),
 ) -> GuestResult:
     """Boot the guest, run cmd as root in cwd, return its exit status and console.
 
@@ -373,7 +375,10 @@ def run_in_guest(
     missing); everything else is the host's file system, read-only underneath
     a throwaway tmpfs layer.  modules: .ko files insmod'ed before cmd (a
     failure gives status 125).  echo: where the console streams (sys.stdout
-    when None).  Raises GuestUnavailable, GuestTimeout or GuestCrashed.
+    when None).  smp: virtual CPUs (races need 2).  kernel_args: extra words
+    for the kernel command line, e.g. "slub_debug=FZP" so that a use after
+    free hits poison.  Raises GuestUnavailable, GuestTimeout or GuestCrashed
+    (its message names the first oops line when the kernel crashed).
     """
     kernel = check_prereqs()
     cwd = os.path.abspath(cwd)
@@ -396,7 +401,7 @@ def run_in_guest(
     with tempfile.TemporaryDirectory(prefix="gpushare-guest-") as job:
         Path(job, "job.sh").write_text(job_script(cmd, cwd, guest_env(env), kos))
         Path(job, "mounts").write_text("".join(f"rw{i} {d}\n" for i, d in enumerate(rw)))
-        argv = qemu_argv(kernel, initrd, job, rw, memory_mb)
+        argv = qemu_argv(kernel, initrd, job, rw, memory_mb, smp=smp, kernel_args=kernel_args)
         with open(log, "w", encoding="utf-8") as log_file:
             rc, console, boot_s, total_s = _run_qemu(argv, timeout, out, log_file)
 
@@ -410,6 +415,8 @@ def run_in_guest(
     setup = re.search(rf"^{MARK}setup failed: .*$", console, re.M)
     if panic:
         why = f"guest kernel panicked: {panic.group(0).strip()}"
+        if oops := first_oops(console):
+            why += f" (first oops: {oops})"
     elif setup:
         why = f"guest {setup.group(0).removeprefix(MARK)}"
     else:
@@ -417,14 +424,45 @@ def run_in_guest(
     raise GuestCrashed(f"{why} {where}", console)
 
 
+OOPS_RE = re.compile(
+    r"^.*?((?:BUG: |general protection fault|Oops: |kernel BUG at |"
+    r"Unable to handle kernel |WARNING: ).*)$",
+    re.M,
+)
+
+
+def first_oops(console: str) -> str | None:
+    """The first line of the first oops, BUG or WARN splat in console, if any."""
+    m = OOPS_RE.search(console)
+    return m.group(1).strip() if m else None
+
+
 def qemu_argv(
-    kernel: Kernel, initrd: Path, job: str, rwdirs: Sequence[str], memory_mb: int
+    kernel: Kernel,
+    initrd: Path,
+    job: str,
+    rwdirs: Sequence[str],
+    memory_mb: int,
+    *,
+    smp: int = 1,
+    kernel_args: Sequence[str] = (),
 ) -> list[str]:
     if any(c.isspace() for c in job):
         raise ValueError(f"job directory {job!r} has white space (set TMPDIR)")
+    if smp < 1:
+        raise ValueError(f"smp {smp}: at least one CPU")
+    for arg in kernel_args:
+        if not arg or any(c.isspace() for c in arg) or arg.startswith("gsjob="):
+            raise ValueError(f"bad kernel argument {arg!r}")
     # loglevel=5 rather than quiet: WARN splats (KERN_WARNING) show up live.
     # cryptomgr.notests skips the crypto self-tests, a second of boot under TCG.
-    append = f"console=ttyS0 oops=panic panic=-1 loglevel=5 cryptomgr.notests gsjob={job}"
+    append = " ".join(
+        [
+            "console=ttyS0 oops=panic panic=-1 loglevel=5 cryptomgr.notests",
+            *kernel_args,
+            f"gsjob={job}",
+        ]
+    )
     argv = [
         QEMU,
         "-machine",
@@ -434,7 +472,7 @@ def qemu_argv(
         "-cpu",
         "max",
         "-smp",
-        "1",
+        str(smp),
         "-m",
         str(memory_mb),
         "-nodefaults",
@@ -570,6 +608,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--serial-log", metavar="FILE", help="where to keep the console log")
+    p.add_argument("--smp", type=int, default=1, metavar="N", help="virtual CPUs (default 1)")
+    p.add_argument(
+        "--kernel-arg",
+        action="append",
+        default=[],
+        metavar="WORD",
+        help="add WORD to the kernel command line, e.g. slub_debug=FZP (repeatable)",
+    )
     p.add_argument("cmd", nargs="+", metavar="CMD", help="argv; a single word is run by sh -c")
     args = p.parse_args(argv)
     env = dict(e.split("=", 1) for e in args.env)
@@ -583,6 +629,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             rwdirs=args.rwdir,
             modules=args.load_module,
             serial_log=args.serial_log,
+            smp=args.smp,
+            kernel_args=args.kernel_arg,
         )
     except GuestTimeout as e:
         print(f"run-in-guest: {e}", file=sys.stderr)
