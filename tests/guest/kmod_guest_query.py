@@ -151,7 +151,8 @@ def test_device_node() -> None:
     assert os.major(st.st_rdev) == 10  # a misc device
     fd = os.open(DEV, os.O_RDONLY)  # root may always open it
     try:
-        for request in (abi.IOC_QUERY + 1, 0xC0784701):  # the next number; 0.1.0's 'G' query
+        old_query = (2 << 30) | (472 << 16) | (ord("G") << 8) | 1  # 0.1.0's _IOR('G', 1, 472 bytes)
+        for request in (abi.IOC_QUERY + 1, old_query):
             with pytest.raises(OSError) as e:
                 fcntl.ioctl(fd, request, bytearray(abi.QUERY_SIZE))
             assert e.value.errno == errno.ENOTTY
