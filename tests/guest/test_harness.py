@@ -15,12 +15,17 @@ import pytest
 
 from tests.guest.harness import (
     GuestCrashed,
+    GuestResult,
     GuestUnavailable,
     Kernel,
+    first_oops,
+    guest_suite,
     in_guest,
     junit_counts,
     pytest_in_guest,
+    pytest_support,
     require_guest,
+    run_guest_suite,
     run_in_guest,
     vm,
 )
@@ -193,3 +198,70 @@ def test_module_order_puts_dependencies_first(tmp_path: Path) -> None:
 def test_job_script_rejects_bad_environment_names() -> None:
     with pytest.raises(ValueError, match="bad environment variable"):
         vm.job_script("true", "/", {"A B": "x"}, [])
+
+
+def test_qemu_argv_takes_cpus_and_kernel_arguments(tmp_path: Path) -> None:
+    kernel = Kernel("6.1.0-0-amd64", tmp_path / "vmlinuz", tmp_path, tmp_path)
+    argv = vm.qemu_argv(
+        kernel, tmp_path / "initrd", "/tmp/job", [], 512, smp=2, kernel_args=["slub_debug=FZP"]
+    )
+    assert argv[argv.index("-smp") + 1] == "2"
+    append = argv[argv.index("-append") + 1].split()
+    assert append[-2:] == ["slub_debug=FZP", "gsjob=/tmp/job"]
+    assert "oops=panic" in append
+    for bad in ("", "a b", "gsjob=/x"):
+        with pytest.raises(ValueError, match="kernel argument"):
+            vm.qemu_argv(kernel, tmp_path / "initrd", "/tmp/job", [], 512, kernel_args=[bad])
+    with pytest.raises(ValueError, match="CPU"):
+        vm.qemu_argv(kernel, tmp_path / "initrd", "/tmp/job", [], 512, smp=0)
+
+
+OOPS_CONSOLE = """\
+[   14.476005] gpushare-test: bind race
+[   14.476005] BUG: kernel NULL pointer dereference, address: 0000000000000068
+[   14.477209] RIP: 0010:gs_exec+0x215/0x5b0 [gpushare]
+[   14.477813] general protection fault, probably for non-canonical address 0x6b6b6b6b6b6b6b8e
+[   14.477813] Kernel panic - not syncing: Fatal exception
+"""
+
+
+def test_first_oops_names_the_first_crash_line() -> None:
+    assert first_oops(OOPS_CONSOLE) == (
+        "BUG: kernel NULL pointer dereference, address: 0000000000000068"
+    )
+    assert first_oops("[ 1.0] general protection fault, probably for 0x6b6b\n") == (
+        "general protection fault, probably for 0x6b6b"
+    )
+    assert first_oops("[ 1.0] all is well\n") is None
+
+
+def test_guest_suite_discovers_the_in_guest_files() -> None:
+    kmod = guest_suite("kmod_guest_")
+    assert "tests/guest/kmod_guest_race_bind.py" in kmod
+    assert "tests/guest/kmod_guest_race_unload.py" in kmod
+    assert kmod == sorted(kmod) and all(p.endswith(".py") for p in kmod)
+    assert guest_suite("e2e_guest_") == ["tests/guest/e2e_guest_nri.py"]
+
+
+def test_a_guest_oops_fails_the_suite_with_the_console_tail(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    def crashed(*args: object, **kwargs: object) -> GuestResult:
+        raise GuestCrashed("guest kernel panicked: ... (first oops: BUG: ...)", OOPS_CONSOLE)
+
+    monkeypatch.setattr(pytest_support, "pytest_in_guest", crashed)
+    with pytest.raises(pytest.fail.Exception) as e:
+        run_guest_suite(["x.py"], junit=tmp_path / "j.xml", plugins=[], min_tests=1)
+    assert "first oops: BUG" in str(e.value)
+    assert "RIP: 0010:gs_exec" in str(e.value)  # the console's tail comes with it
+
+
+def test_a_kernel_warning_fails_the_suite(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    console = f"{vm.MARK}kernel warning (taint 512), kernel log follows\n{vm.MARK}exit status 0\n"
+
+    def warned(*args: object, **kwargs: object) -> GuestResult:
+        return GuestResult(0, console, 1.0, 2.0, tmp_path / "log")
+
+    monkeypatch.setattr(pytest_support, "pytest_in_guest", warned)
+    with pytest.raises(AssertionError, match="the guest kernel warned"):
+        run_guest_suite(["x.py"], junit=tmp_path / "j.xml", plugins=[], min_tests=1)

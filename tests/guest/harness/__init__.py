@@ -1,5 +1,6 @@
 """Run commands, and pytest, inside a real Debian 6.1 kernel under qemu (see vm.py)."""
 
+from . import pytest_support, vm
 from .pytest_support import (
     build_kmod_query,
     build_module,
@@ -49,5 +50,7 @@ __all__ = [
     "junit_counts",
     "pytest_in_guest",
     "require_guest",
+    "pytest_support",
     "run_in_guest",
+    "vm",
 ]
