@@ -257,7 +257,6 @@ static int gs_del(const char *id)
 static struct cgroup *gs_cgroup_at(char *path)
 {
 	struct kernfs_node *kn, *next;
-	struct cgroup *cgrp;
 	char *name;
 	u64 id;
 
@@ -277,8 +276,7 @@ static struct cgroup *gs_cgroup_at(char *path)
 	}
 	id = kn->id;
 	kernfs_put(kn);
-	cgrp = cgroup_get_from_id(id);	/* checks that it is a directory */
-	return cgrp;
+	return cgroup_get_from_id(id);	/* also checks that it is a directory */
 }
 
 /*
