@@ -166,6 +166,14 @@ class KernelLink:
                 f"'nri-gpushare status' with the module's registrations",
                 "kmod",
             ) from None
+        except Exception:
+            # Not the module's answer (a client bug): the write may still have landed.
+            await self.unregister(alloc.container_id)
+            raise
+        except BaseException:
+            # Cancelled: the request may still reach the module; the next release undoes it.
+            self._unregister_later.add(alloc.container_id)
+            raise
         self.registered.add(alloc.container_id)
         return True
 

@@ -89,7 +89,8 @@ class ShareService:
         self._creating.add(c.id)
         try:
             registered = await self.link.register(alloc, who)
-        except ShareRefused:
+        except BaseException:
+            # Refused, cancelled (the runtime went away) or a bug: nothing stays reserved.
             self._drop(alloc, generation)
             raise
         finally:

@@ -528,3 +528,46 @@ async def test_refused_gpu_list_is_reported_as_such():
     kmod.fail_next["declare_gpus"] = OverCommitted("GPU index 16 out of range", errno.EINVAL)
     svc, _ = make("required", kmod=kmod)
     assert "refused this node's GPU list" in svc.status()["kmod"]["problem"]
+
+
+# -- a registration that ends some other way ---------------------------------------------
+
+
+async def test_unexpected_client_error_leaves_nothing_reserved():
+    # Not a KmodError (a client bug, a parse error...): the create fails, and
+    # neither the ledger nor the allocation table keeps the share.
+    svc, kmod = make(gpus=make_gpus(1))
+    kmod.fail_next["register"] = RuntimeError("client bug")  # type: ignore[assignment]
+    with pytest.raises(RuntimeError):
+        await svc.create_container(ctr("c1", REQ))
+    assert svc.allocations == {}
+    assert svc.status()["gpus"][0]["memory_allocated"] == 0
+    assert await svc.create_container(ctr("c1", REQ)) is not None  # placed afresh
+    assert "c1" in kmod.regs
+
+
+async def test_cancelled_create_leaves_nothing_reserved():
+    # The runtime went away while the module answered: the handler is cancelled.
+    import asyncio
+
+    gate = asyncio.Event()
+
+    class Hanging(Inline):
+        async def register(self, registration):
+            await gate.wait()
+            await super().register(registration)
+
+    kmod = FakeKernelModule()
+    svc = ShareService(make_gpus(1), NodePolicy(kmod_mode="optional"), Hanging(kmod), FakeDevices())
+    await svc.start()
+    task = asyncio.ensure_future(svc.create_container(ctr("c1", REQ)))
+    await asyncio.sleep(0)
+    assert "c1" in svc.allocations  # reserved while the module answers
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert svc.allocations == {}
+    assert svc.status()["gpus"][0]["memory_allocated"] == 0
+    kmod.regs["c1"] = Registration("c1", (GpuQuota(0, 2 * GiB, 30),))  # it landed after all
+    await svc.release("c1")
+    assert kmod.regs == {}
