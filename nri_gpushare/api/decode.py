@@ -160,13 +160,21 @@ def decode_container(raw: bytes) -> ContainerView:
 
 
 def _singular(data: bytes, what: str, wire_types: pb.WireTypes) -> dict[int, Any]:
-    """Fields by number; repeated message fields are merged (concatenated)."""
+    """Fields by number; repeated message fields are merged (concatenated).
+
+    The pieces are joined once at the end: concatenating as they come would
+    copy the merged value once per repetition (quadratic in a hostile request).
+    """
     found: dict[int, Any] = {}
+    pieces: dict[int, list[bytes]] = {}
     for number, value in _fields(data, what, wire_types):
         if number in wire_types:
-            if wire_types[number] == LEN and number in found:
-                value = found[number] + value
-            found[number] = value
+            if wire_types[number] == LEN:
+                pieces.setdefault(number, []).append(value)
+            else:
+                found[number] = value
+    for number, chunks in pieces.items():
+        found[number] = chunks[0] if len(chunks) == 1 else b"".join(chunks)
     return found
 
 

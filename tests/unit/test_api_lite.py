@@ -653,3 +653,31 @@ def test_random_bytes_raise_only_decode_error(data: bytes) -> None:
 def test_damaged_payload_raises_only_decode_error(at: int, byte: int, cut: int) -> None:
     damaged = PAYLOAD[:at] + bytes((byte,)) + PAYLOAD[at + 1 : len(PAYLOAD) - cut]
     _only_decode_errors(damaged)
+
+
+def test_repeated_singular_fields_merge_in_linear_time(monkeypatch) -> None:
+    # A runtime that repeats the pod field a million times (4 MiB) must not make
+    # the decoder copy the merged pod once per repetition (terabytes).
+    from nri_gpushare.api import decode
+
+    copied = 0
+
+    class Counted(bytes):
+        def __add__(self, other: bytes) -> Counted:
+            nonlocal copied
+            copied += len(self) + len(other)
+            return Counted(bytes(self) + other)
+
+    walk = decode._fields
+
+    def counting(data, what, wire_types=decode.pb._NO_TYPES):
+        for number, value in walk(data, what, wire_types):
+            yield number, Counted(value) if isinstance(value, bytes) else value
+
+    monkeypatch.setattr(decode, "_fields", counting)
+    n = 2000
+    ctr = decode.pb.len_field(2, decode.pb.string_field(1, "c"))
+    data = b"\x0a\x02\x0a\x00" * n + ctr
+    request = decode.decode_create_container_request(data)
+    assert request.container.id == "c"
+    assert copied <= 2 * len(data)
