@@ -5,6 +5,7 @@ one worker thread, awaited under a timeout.
   asked, so an unregistration asked after a registration runs after it, even
   when the registration's caller gave up waiting.
 - Each await gives up after `timeout` seconds with `KmodError` (ETIMEDOUT).
+  A caller that is cancelled gives up the same way.
   A file access cannot be interrupted: a running one goes on, so a caller
   treats a timed-out request as possibly done (the share domain undoes a
   registration that timed out).  One that had not started yet is dropped,
@@ -116,11 +117,18 @@ class OffLoopKernelModule:
                 errno.ETIMEDOUT,
             )
         waiter = asyncio.wrap_future(job)
-        done, _ = await asyncio.wait({waiter}, timeout=self.timeout)
+        try:
+            done, _ = await asyncio.wait({waiter}, timeout=self.timeout)
+        except asyncio.CancelledError:
+            # Our caller went away (the runtime closed the connection): a request
+            # that has not started is dropped, like one whose caller timed out.
+            waiter.add_done_callback(_ignore_outcome)
+            if not must_run:
+                job.cancel()
+            raise
         if waiter in done:
             return waiter.result()
-        # Nobody reads the outcome now; keep asyncio from logging it as lost.
-        waiter.add_done_callback(lambda f: f.cancelled() or f.exception())
+        waiter.add_done_callback(_ignore_outcome)
         self._overdue = job
         if not must_run and job.cancel():
             raise KmodError(
@@ -147,3 +155,9 @@ class OffLoopKernelModule:
                 job.set_exception(e)
             finally:
                 self._started = self._current = None
+
+
+def _ignore_outcome(f: asyncio.Future[Any]) -> None:
+    """Nobody reads the outcome now; keep asyncio from logging it as lost."""
+    if not f.cancelled():
+        f.exception()

@@ -117,3 +117,30 @@ async def test_answers_pass_through() -> None:
     await worker.unregister("a")
     assert kmod.regs == {} and kmod.cgroups == {}
     worker.close()
+
+
+async def test_a_request_whose_caller_was_cancelled_never_runs() -> None:
+    # The runtime closed the connection while a CreateContainer waited its turn:
+    # its registration must not reach the module later, unasked for.
+    kmod = Hangs("a")
+    worker = OffLoopKernelModule(kmod, timeout=5)
+    first = asyncio.create_task(worker.register(reg("a")))
+    await asyncio.to_thread(kmod.hanging.wait, 5)
+    queued = asyncio.create_task(worker.register(reg("b")))
+    undo = asyncio.create_task(worker.unregister("c"))
+    await asyncio.sleep(0)  # both are queued behind "a"
+    queued.cancel()
+    undo.cancel()
+    for task in (queued, undo):
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    kmod.release.set()
+    await first
+    await settled(worker)
+    assert set(kmod.regs) == {"a"}
+    # The unregistration still ran: undoing is never dropped.
+    assert [c for c in kmod.calls if c[0] != "loaded"][1:] == [
+        ("register", reg("a")),
+        ("unregister", "c"),
+    ]
+    worker.close()
