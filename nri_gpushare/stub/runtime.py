@@ -154,7 +154,7 @@ class Stub:
             assert self.socket_path, "no NRI socket configured"
             connection = await MuxConnection.connect(self.socket_path)
         self._connection = connection
-        self.service.reset()
+        self.service.begin()
         if self._stopping.is_set():  # stop() came while we were connecting
             await connection.close()
             return False

@@ -68,6 +68,13 @@ class PluginService:
         self.synchronized.clear()
         self._sync_pods, self._sync_containers = [], []
 
+    def begin(self) -> None:
+        """A new connection: nothing synchronized, NRI's default timeouts until
+        its Configure says otherwise (not what the previous runtime said)."""
+        self.reset()
+        self.request_timeout = DEFAULT_REQUEST_TIMEOUT
+        self.registration_timeout = DEFAULT_REGISTRATION_TIMEOUT
+
     async def handle(self, service: str, method: str, payload: bytes) -> bytes:
         """Serve one request (the transport's `Handler`)."""
         if service != PLUGIN_SERVICE:

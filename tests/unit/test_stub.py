@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from nri_gpushare.api import nri
+from nri_gpushare.api import lite, nri
 from nri_gpushare.stub import Event, Plugin, PluginError, Stub
 from nri_gpushare.stub.plugin import implemented_events, subscription_mask, valid_event_mask
 from nri_gpushare.wire import PLUGIN_CONN, RUNTIME_CONN, Code, MuxConnection, TtrpcError
@@ -443,13 +443,23 @@ async def test_registration_waits_the_runtimes_registration_timeout(tmp_path):
     path = str(tmp_path / "nri.sock")
     server = await runtime.serve(path)
     stub = Stub(Recorder(), socket_path=path, reconnect_delays=(0.01,))
+    configured = stub.service.on_configure
+    assert configured is not None
+    seen = []
+
+    def spy(request: lite.ConfigureRequestView) -> None:
+        configured(request)
+        seen.append((stub.registration_timeout, stub.request_timeout))
+
+    stub.service.on_configure = spy
     task = asyncio.create_task(stub.run())
     loop = asyncio.get_running_loop()
     await runtime.next_plugin()
     started = loop.time()
     await runtime.next_plugin()  # the first registration gave up after 0.1 s, not 5 s
     assert loop.time() - started < 1.0
-    assert (stub.registration_timeout, stub.request_timeout) == (0.1, 0.3)
+    # What the first connection's Configure said (the reconnect starts from the defaults).
+    assert seen[0] == (0.1, 0.3)
     await stub.stop()
     await asyncio.wait_for(task, 5)
     server.close()

@@ -111,6 +111,21 @@ async def test_configure_records_the_runtime_timeouts() -> None:
     assert (service.request_timeout, service.registration_timeout) == (0.25, 1.5)
 
 
+async def test_a_new_connection_starts_from_the_default_timeouts() -> None:
+    # The timeouts are the runtime's on this connection: after a reconnect, a
+    # runtime that sends none (an older containerd) gets NRI's defaults, not
+    # whatever the previous runtime said (1 ms would flood the log with warnings).
+    service = PluginService(Everything())
+    request = nri.ConfigureRequest(
+        runtime_name="containerd", registration_timeout=1, request_timeout=1
+    )
+    await handle(service, "Configure", request)
+    assert (service.request_timeout, service.registration_timeout) == (0.001, 0.001)
+    service.begin()  # a new connection
+    await handle(service, "Configure", LEGACY)
+    assert (service.request_timeout, service.registration_timeout) == (2.0, 5.0)
+
+
 @pytest.mark.parametrize(
     ("returned", "configure", "wire"),
     [
