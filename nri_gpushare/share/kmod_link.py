@@ -258,6 +258,12 @@ class KernelLink:
         registrations without a live share are removed, differing ones replaced,
         lost ones registered again and bound to `cgroups` (container ID -> path)."""
         if module is None:
+            # Whether the module holds them is unknown (it did not answer, or is
+            # not loaded): each release still unregisters, so none is left behind.
+            if self.kmod is not None:
+                self._unregister_later.update(
+                    cid for cid, alloc in allocations.items() if alloc.isolation != "none"
+                )
             return
         for cid, reg in module.items():
             alloc = allocations.get(cid)

@@ -571,3 +571,18 @@ async def test_cancelled_create_leaves_nothing_reserved():
     kmod.regs["c1"] = Registration("c1", (GpuQuota(0, 2 * GiB, 30),))  # it landed after all
     await svc.release("c1")
     assert kmod.regs == {}
+
+
+async def test_release_after_a_synchronize_that_could_not_read_the_module():
+    # Synchronize while the module does not answer (stuck, or its registry
+    # unreadable): whether the live shares are registered is unknown, so their
+    # release must still unregister them, or the module keeps their quota.
+    svc, kmod = make()
+    c1 = ctr("c1", REQ)
+    plan = await svc.create_container(c1)
+    kmod.fail_next["registrations"] = KmodError("timed out", errno.ETIMEDOUT)
+    await svc.synchronize([live(c1, plan)])
+    assert "c1" in svc.allocations and "c1" in kmod.regs
+    await svc.release("c1")
+    assert kmod.regs == {}
+    assert await svc.create_container(ctr("c2", REQ)) is not None
