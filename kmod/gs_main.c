@@ -371,10 +371,16 @@ void gs_dump(struct seq_file *m)
 		}
 		seq_putc(m, '\n');
 	}
-	list_for_each_entry(ctr, &gs_ctrs, node)
-		if (gs_bound(ctr))
-			seq_printf(m, "bind %s %llu\n", ctr->id,
-				   cgroup_id(gs_bound(ctr)));
+	list_for_each_entry(ctr, &gs_ctrs, node) {
+		/*
+		 * Once: rmdir marks the cgroup dying without gs_lock, so a
+		 * second gs_bound() could answer NULL to cgroup_id().
+		 */
+		struct cgroup *cgrp = gs_bound(ctr);
+
+		if (cgrp)
+			seq_printf(m, "bind %s %llu\n", ctr->id, cgroup_id(cgrp));
+	}
 	mutex_unlock(&gs_lock);
 }
 
