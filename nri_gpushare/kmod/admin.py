@@ -134,7 +134,8 @@ def _busy(module: str, refs: int | None, proc: str | os.PathLike[str]) -> str:
         )
     return (
         f"{head}; no process holds {DEV_PATH} open now: an inst_ctl command may be"
-        " running, or another module depends on it; try again"
+        " running, another module may depend on it, or a descriptor of it may be in"
+        " flight in a unix socket (sent, not yet received); try again"
     )
 
 

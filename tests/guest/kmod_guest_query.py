@@ -6,10 +6,12 @@ inside the guest, from Python (nri_gpushare.kmod.abi) and from C
 
 from __future__ import annotations
 
+import array
 import ctypes
 import errno
 import fcntl
 import os
+import socket
 import stat
 import subprocess
 from collections.abc import Callable
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from nri_gpushare.kmod import abi
+from nri_gpushare.kmod import abi, admin
 from tests.guest.kmod_support import (
     CGROUP2,
     DEV,
@@ -228,4 +230,43 @@ def test_a_held_descriptor_outlives_its_registration(cgroups: MakeCgroup) -> Non
     assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
     for fd in (rfd, wfd, done_r, done_w):
         os.close(fd)
+    assert refcount() == 0
+
+
+def test_a_descriptor_passed_out_of_its_container_pins_the_module(
+    cgroups: MakeCgroup,
+) -> None:
+    """The open() gate is checked once: a container's process may pass its
+    descriptor (SCM_RIGHTS) to a process outside, which then keeps the
+    module loaded after the container is deleted and gone.  uninstall's
+    holder listing names such a process, but not a descriptor still in
+    flight in a unix socket (sent, never received): /proc/<pid>/fd shows
+    only the socket.  kmod/README.md says so."""
+    setup_two_gpus()
+    cg = cgroups("gs-pass")
+    ok("bind a /gs-pass")
+    outside, inside = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+
+    def send() -> object:
+        fd = os.open(DEV, os.O_RDONLY)
+        fds = array.array("i", [fd])
+        inside.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+        return 0
+
+    try:
+        in_child(send, cgroup=cg, uid=NOBODY)  # the container's process is gone
+        inside.close()
+        ok("del a")
+        assert refcount() == 1  # no registration; the descriptor in flight
+        rdev = admin.device_number()
+        assert rdev is not None
+        assert admin.holders(rdev) == []
+        msg, fds, _, _ = outside.recvmsg(1, socket.CMSG_SPACE(4))
+        assert msg == b"x" and fds
+        held = array.array("i", fds[0][2])[0]
+        assert admin.holders(rdev) == [(os.getpid(), read(f"/proc/{os.getpid()}/comm").strip())]
+        os.close(held)
+    finally:
+        outside.close()
+        inside.close()
     assert refcount() == 0
