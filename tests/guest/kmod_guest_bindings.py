@@ -5,6 +5,7 @@ again when it is recreated."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 from collections.abc import Callable
@@ -112,4 +113,38 @@ def test_bind_paths_through_files_and_odd_components(cgroups: MakeCgroup) -> Non
     ok("bind a //gs-odd//")  # empty components are skipped, as kernfs does
     assert value(ROOT / "0/a/cgroup") == os.stat(cg).st_ino
     assert CGROUP2.is_dir()
+    ok("del a")
+
+
+CLONE_NEWCGROUP = 0x02000000
+
+
+def test_bind_paths_and_ids_in_a_cgroup_namespace(cgroups: MakeCgroup) -> None:
+    """Paths are relative to the writer's cgroup namespace root, which may
+    be bound (it is not the cgroup2 root); `..` and ids of cgroups outside
+    the namespace name nothing."""
+    ok("gpu 0 16000")
+    ok("add a 0:100")
+    ns = cgroups("gs-ns")
+    sub = cgroups("gs-ns/sub")
+    out = cgroups("gs-ns-out")
+
+    def inside() -> object:
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.unshare(CLONE_NEWCGROUP) == 0, os.strerror(ctypes.get_errno())
+        r = [ctl("bind a /"), value(ROOT / "0/a/cgroup")]
+        r += [ctl("bind a //sub/"), value(ROOT / "0/a/cgroup")]
+        r += [ctl(f"bind a {os.stat(out).st_ino}"), ctl("bind a /../gs-ns-out")]
+        return r
+
+    assert in_child(inside, cgroup=ns) == [
+        0,
+        os.stat(ns).st_ino,
+        0,
+        os.stat(sub).st_ino,
+        errno.ESRCH,
+        errno.ESRCH,
+    ]
+    assert value(ROOT / "0/a/cgroup") == os.stat(sub).st_ino
+    assert ctl("bind a /") == errno.EINVAL  # the real root, from here
     ok("del a")
