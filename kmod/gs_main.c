@@ -17,6 +17,7 @@
 #include <linux/sched.h>
 #include <linux/slab.h>
 #include <linux/string.h>
+#include <linux/workqueue.h>
 
 #include "gs_kmod.h"
 
@@ -95,17 +96,37 @@ static struct cgroup *gs_set_binding(struct gs_ctr *ctr, struct cgroup *cgrp)
 /*
  * Drop the bindings whose cgroup has been removed, and with them the
  * reference that keeps the dead cgroup's memory.  Until then readers
- * already treat them as unbound (gs_bound()).  Runs before every command.
+ * already treat them as unbound (gs_bound()).  Runs before every command
+ * and, while any binding is kept, every GS_REAP_PERIOD (no kernel
+ * interface tells a module that a cgroup was removed), so that a dead
+ * cgroup is not pinned for as long as no command comes.  Returns whether
+ * any binding is left.
  */
-static void gs_reap(void)
+static bool gs_reap(void)
 {
 	struct gs_ctr *ctr;
+	bool left = false;
 
 	mutex_lock(&gs_lock);
-	list_for_each_entry(ctr, &gs_ctrs, node)
+	list_for_each_entry(ctr, &gs_ctrs, node) {
 		if (ctr->cgrp && !gs_bound(ctr))
 			cgroup_put(gs_set_binding(ctr, NULL));
+		left |= !!ctr->cgrp;
+	}
 	mutex_unlock(&gs_lock);
+	return left;
+}
+
+#define GS_REAP_PERIOD	(5 * HZ)
+
+static void gs_reap_fn(struct work_struct *work);
+static DECLARE_DELAYED_WORK(gs_reap_work, gs_reap_fn);
+
+/* Re-arms itself while bindings are kept; cancelled (synchronously) at exit. */
+static void gs_reap_fn(struct work_struct *work)
+{
+	if (gs_reap())
+		schedule_delayed_work(&gs_reap_work, GS_REAP_PERIOD);
 }
 
 static int gs_declare_gpu(const struct gs_cmd *cmd)
@@ -313,8 +334,11 @@ static int gs_bind(struct gs_cmd *cmd)
 	list_for_each_entry(other, &gs_ctrs, node)
 		if (cgrp && other != ctr && gs_bound(other) == cgrp)
 			ret = -EBUSY;
-	if (!ret)
+	if (!ret) {
+		if (cgrp)	/* a no-op while the reaper is pending */
+			schedule_delayed_work(&gs_reap_work, GS_REAP_PERIOD);
 		cgrp = gs_set_binding(ctr, cgrp);	/* put the old one */
+	}
 	mutex_unlock(&gs_lock);
 	if (cgrp)
 		cgroup_put(cgrp);
@@ -405,12 +429,16 @@ static void gs_free_all(void)
 		kfree(gs_gpus[i]);
 }
 
-/* Wait for the command in flight, refuse the rest, and remove the tree. */
+/*
+ * Wait for the command in flight, refuse the rest (so no bind arms the
+ * reaper again), stop the reaper and remove the tree.
+ */
 static void gs_shutdown(void)
 {
 	mutex_lock(&gs_cfg_lock);
 	gs_dying = true;
 	mutex_unlock(&gs_cfg_lock);
+	cancel_delayed_work_sync(&gs_reap_work);
 	gs_proc_exit();
 }
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -147,4 +148,33 @@ def test_bind_paths_and_ids_in_a_cgroup_namespace(cgroups: MakeCgroup) -> None:
     ]
     assert value(ROOT / "0/a/cgroup") == os.stat(sub).st_ino
     assert ctl("bind a /") == errno.EINVAL  # the real root, from here
+    ok("del a")
+
+
+def dying_below(cgroup: Path) -> int:
+    for line in (cgroup / "cgroup.stat").read_text().splitlines():
+        key, val = line.split()
+        if key == "nr_dying_descendants":
+            return int(val)
+    raise AssertionError("no nr_dying_descendants")
+
+
+def test_a_removed_cgroup_is_released_without_a_command(cgroups: MakeCgroup) -> None:
+    """The binding's reference on a removed cgroup is dropped by the
+    module's periodic reaper (every 5 s while bindings are kept), not only
+    at the next command: a quiet registry must not pin a dead cgroup's
+    memory for ever.  Before the reaper it stayed dying until a command."""
+    ok("gpu 0 16000")
+    ok("add a 0:100")
+    parent = cgroups("gs-reap")
+    child = cgroups("gs-reap/c")
+    ok("bind a /gs-reap/c")
+    child.rmdir()
+    assert value(ROOT / "0/a/cgroup") == 0  # unbound at once, for readers
+    assert dying_below(parent) == 1  # pinned by the binding's reference
+    deadline = time.monotonic() + 30
+    while dying_below(parent) and time.monotonic() < deadline:
+        read(ROOT / "0/a/cgroup")  # reads are not commands: they reap nothing
+        time.sleep(0.5)
+    assert dying_below(parent) == 0
     ok("del a")
