@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import stat as statmod
+import time
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
@@ -30,6 +31,8 @@ log = logging.getLogger(__name__)
 
 NVIDIA_MAJOR = 195
 NVIDIACTL_MINOR = 255
+_RACY_NS = 2_000_000_000
+"""A directory changed this recently may change again within the same mtime tick."""
 
 
 class HostDevices:
@@ -48,9 +51,40 @@ class HostDevices:
         self.nvidiactl_minor = nvidiactl_minor
         self.control_name = control_name
         self._stat = stat
+        self._seen: tuple[int, int, int] | None = None
+        self._nodes: dict[str, DeviceNode | None] = {}
 
     def find(self, name: str) -> DeviceNode | None:
         """The host's character device /dev/<name> (path as seen in containers)."""
+        return self._find(name, self._stamp())
+
+    def _find(self, name: str, stamp: tuple[int, int, int] | None) -> DeviceNode | None:
+        if stamp is None:
+            return self._lookup(name)
+        if stamp != self._seen:
+            self._nodes.clear()
+            self._seen = stamp
+        try:
+            return self._nodes[name]
+        except KeyError:
+            node = self._nodes[name] = self._lookup(name)
+            return node
+
+    def _stamp(self) -> tuple[int, int, int] | None:
+        """What identifies the device directory's entries: nodes are only looked
+        up again when it changes (an entry added, removed or replaced changes its
+        mtime).  None when it cannot be trusted: no such directory, or changed
+        too recently (within the mtime's granularity), so look up each time."""
+        try:
+            st = self._stat(self.dev_dir)
+            mtime = st.st_mtime_ns
+            if time.time_ns() - mtime < _RACY_NS:
+                return None
+            return (st.st_dev, st.st_ino, mtime)
+        except (OSError, AttributeError):
+            return None
+
+    def _lookup(self, name: str) -> DeviceNode | None:
         try:
             st = self._stat(os.path.join(self.dev_dir, name))
         except OSError:
@@ -60,10 +94,12 @@ class HostDevices:
         return DeviceNode(f"/dev/{name}", "c", os.major(st.st_rdev), os.minor(st.st_rdev))
 
     def common(self) -> tuple[DeviceNode, ...]:
-        ctl = self.find("nvidiactl") or DeviceNode(
+        stamp = self._stamp()
+        ctl = self._find("nvidiactl", stamp) or DeviceNode(
             "/dev/nvidiactl", "c", self.nvidia_major, self.nvidiactl_minor
         )
-        uvm = [d for d in (self.find("nvidia-uvm"), self.find("nvidia-uvm-tools")) if d]
+        found = (self._find("nvidia-uvm", stamp), self._find("nvidia-uvm-tools", stamp))
+        uvm = [d for d in found if d]
         return (ctl, *uvm)
 
     def gpu(self, minor: int) -> DeviceNode:
