@@ -67,6 +67,9 @@ def fields(data: bytes, what: str, wire_types: WireTypes = _NO_TYPES) -> Iterato
         key = data[pos]
         if key < 0x80:
             pos += 1
+        elif pos + 1 < end and data[pos + 1] < 0x80:  # two-byte key: fields 16..2047
+            key = key & 0x7F | data[pos + 1] << 7
+            pos += 2
         else:
             key, pos = read_varint(data, pos, what)
         number, wire_type = key >> 3, key & 7
@@ -89,6 +92,9 @@ def fields(data: bytes, what: str, wire_types: WireTypes = _NO_TYPES) -> Iterato
             if pos < end and data[pos] < 0x80:
                 size = data[pos]
                 pos += 1
+            elif pos + 1 < end and data[pos + 1] < 0x80:  # two-byte length
+                size = data[pos] & 0x7F | data[pos + 1] << 7
+                pos += 2
             else:
                 size, pos = read_varint(data, pos, what)
         elif wire_type == FIXED64:
@@ -151,24 +157,38 @@ def tag(field: int, wire_type: int) -> bytes:
 
 def len_field(field: int, payload: bytes) -> bytes:
     """A length-delimited field, emitted even when empty (a present message)."""
-    return tag(field, LEN) + uvarint(len(payload)) + payload
+    key, size = field << 3 | LEN, len(payload)
+    if key < 0x80 and size < 0x80:  # the usual case: one-byte key and length
+        return bytes((key, size)) + payload
+    return uvarint(key) + uvarint(size) + payload
 
 
 def bytes_field(field: int, value: bytes, *, always: bool = False) -> bytes:
     """A bytes field, omitted when empty unless `always`."""
     if not value and not always:
         return b""
-    return tag(field, LEN) + uvarint(len(value)) + value
+    return len_field(field, value)
 
 
 def string_field(field: int, value: str) -> bytes:
     """A string field, omitted when empty."""
-    return bytes_field(field, value.encode()) if value else b""
+    if not value:
+        return b""
+    data = value.encode()
+    key, size = field << 3 | LEN, len(data)
+    if key < 0x80 and size < 0x80:
+        return bytes((key, size)) + data
+    return uvarint(key) + uvarint(size) + data
 
 
 def varint_field(field: int, value: int) -> bytes:
     """A varint field, omitted when zero; negatives as 64-bit two's complement."""
-    return tag(field, VARINT) + varint(value) if value else b""
+    if not value:
+        return b""
+    key = field << 3  # | VARINT
+    if key < 0x80 and 0 < value < 0x80:
+        return bytes((key, value))
+    return uvarint(key) + varint(value)
 
 
 def int_field(field: int, value: int, bits: int = 64) -> bytes:
