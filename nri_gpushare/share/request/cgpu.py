@@ -8,7 +8,7 @@ variable.
 from __future__ import annotations
 
 from ..units import GiB
-from .settings import Context, Setting, Settings
+from .settings import NOTHING, Context, Setting, Settings
 from .values import Invalid, int_list
 
 TRUE = ("1", "true", "yes")
@@ -26,7 +26,7 @@ def from_cgpu(ctx: Context) -> Settings:
             raise ctx.fail(f"CGPU_DISABLE={disable}: must be true or false", "CGPU_DISABLE")
     text = env.get("ALIYUN_COM_GPU_MEM_CONTAINER")
     if text is None or not text.strip():
-        return Settings()
+        return NOTHING
     key = "ALIYUN_COM_GPU_MEM_CONTAINER"
     try:
         gib = int_list(text, 0, None)

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from ..model import ShareRefused
 from ..units import MiB
-from .settings import Context, Setting, Settings
+from .settings import NOTHING, Context, Setting, Settings
 from .values import Invalid, int_list
 
 
 def from_egpu(ctx: Context) -> Settings:
     text = ctx.c.env.get("EGPU")
     if text is None or not text.strip():
-        return Settings()
+        return NOTHING
     parsed = _blocks(ctx, text)
     devices: list[int] = []
     memory: list[int] = []

@@ -4,7 +4,7 @@ per container) and the container's own annotations and labels."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from ..model import ASSIGNED, ISOLATIONS, PLACEMENTS, PREFIX, PRIORITIES, ShareRefused
 from .settings import Context, Setting, Settings
@@ -13,6 +13,7 @@ from .values import Invalid, choice, core_list, equal, is_number, memory_list, s
 T = TypeVar("T")
 
 KEYS = ("gpu-memory", "gpu-core", "gpu-count", "gpu-devices", "priority", "placement", "isolation")
+_FULL = {key: PREFIX + key for key in KEYS}
 
 
 def from_keys(ctx: Context) -> Settings:
@@ -20,8 +21,9 @@ def from_keys(ctx: Context) -> Settings:
     container's annotation or label (one level: they must agree)."""
     c = ctx.c
     _check_pod_keys(ctx, c.pod_annotations)
-    _check_container_keys(ctx, c.annotations, "container annotation")
-    _check_container_keys(ctx, c.labels, "container label")
+    own = _check_container_keys(ctx, c.annotations, "container annotation")
+    own |= _check_container_keys(ctx, c.labels, "container label")
+    pod = _Sources(f"{PREFIX}container.{c.name}.", own)
 
     def count(text: str) -> int:
         if not is_number(text) or int(text) < 1:
@@ -31,31 +33,42 @@ def from_keys(ctx: Context) -> Settings:
         return int(text)
 
     return Settings(
-        memory=_find(ctx, "gpu-memory", memory_list, same_list),
-        core=_find(ctx, "gpu-core", core_list, same_list),
-        count=_find(ctx, "gpu-count", count, equal),
-        devices=_find(ctx, "gpu-devices", ctx.gpu_list.parse, equal),
-        priority=_find(ctx, "priority", choice(PRIORITIES), equal),
-        placement=_find(ctx, "placement", choice(PLACEMENTS), equal),
-        isolation=_find(ctx, "isolation", choice(ISOLATIONS), equal),
+        memory=_find(ctx, pod, "gpu-memory", memory_list, same_list),
+        core=_find(ctx, pod, "gpu-core", core_list, same_list),
+        count=_find(ctx, pod, "gpu-count", count, equal),
+        devices=_find(ctx, pod, "gpu-devices", ctx.parse_gpus, equal),
+        priority=_find(ctx, pod, "priority", _PRIORITY, equal),
+        placement=_find(ctx, pod, "placement", _PLACEMENT, equal),
+        isolation=_find(ctx, pod, "isolation", _ISOLATION, equal),
     )
 
 
+_PRIORITY, _PLACEMENT, _ISOLATION = choice(PRIORITIES), choice(PLACEMENTS), choice(ISOLATIONS)
+
+
+class _Sources(NamedTuple):
+    own_prefix: str  # "gpushare.io/container.<name>." in the pod's annotations
+    container: bool  # whether the container's annotations or labels have keys
+
+
 def _find(
-    ctx: Context, key: str, parse: Callable[[str], T], same: Callable[[T, T], bool]
+    ctx: Context, src: _Sources, key: str, parse: Callable[[str], T], same: Callable[[T, T], bool]
 ) -> Setting[T] | None:
     c = ctx.c
-    own = f"{PREFIX}container.{c.name}.{key}"
+    own = src.own_prefix + key
     if (text := c.pod_annotations.get(own)) is not None:
         return _value(ctx, parse, text, own, "pod annotation", "container")
-    if (text := c.pod_annotations.get(PREFIX + key)) is not None:
-        return _value(ctx, parse, text, PREFIX + key, "pod annotation", "pod")
-    ann, lab = c.annotations.get(PREFIX + key), c.labels.get(PREFIX + key)
+    full = _FULL[key]
+    if (text := c.pod_annotations.get(full)) is not None:
+        return _value(ctx, parse, text, full, "pod annotation", "pod")
+    if not src.container:
+        return None
+    ann, lab = c.annotations.get(full), c.labels.get(full)
     a = b = None
     if ann is not None:
-        a = _value(ctx, parse, ann, PREFIX + key, "container annotation", "container")
+        a = _value(ctx, parse, ann, full, "container annotation", "container")
     if lab is not None:
-        b = _value(ctx, parse, lab, PREFIX + key, "container label", "container")
+        b = _value(ctx, parse, lab, full, "container label", "container")
     return ctx.pick(a, b, same)
 
 
@@ -89,7 +102,9 @@ def _check_pod_keys(ctx: Context, annotations: Mapping[str, str]) -> None:
             raise _unknown(ctx, key, "pod annotation")
 
 
-def _check_container_keys(ctx: Context, values: Mapping[str, str], where: str) -> None:
+def _check_container_keys(ctx: Context, values: Mapping[str, str], where: str) -> bool:
+    """Refuses unknown keys; True when `values` has a request key."""
+    found = False
     for key in values:
         if not key.startswith(PREFIX) or key == ASSIGNED:
             continue
@@ -99,6 +114,8 @@ def _check_container_keys(ctx: Context, values: Mapping[str, str], where: str) -
             continue
         if rest not in KEYS:
             raise _unknown(ctx, key, where)
+        found = True
+    return found
 
 
 def _unknown(ctx: Context, key: str, where: str) -> ShareRefused:

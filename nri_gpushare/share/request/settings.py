@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Generic, TypeVar
 
 from ..model import ContainerInfo, Gpu, NodePolicy, ShareRefused
@@ -52,6 +53,10 @@ class Settings:
         return {attr: s for attr, s in every.items() if s is not None}
 
 
+NOTHING = Settings()
+"""A source that sets nothing (shared: Settings is immutable)."""
+
+
 class Context:
     """The container being parsed and the node it is parsed for."""
 
@@ -59,7 +64,15 @@ class Context:
         self.c = c
         self.gpus = list(gpus)
         self.policy = policy
-        self.gpu_list = GpuList(self.gpus)
+
+    @cached_property
+    def gpu_list(self) -> GpuList:
+        """The node's GPUs as a list parser (built when a request names GPUs)."""
+        return GpuList(self.gpus)
+
+    def parse_gpus(self, text: str) -> tuple[int, ...]:
+        """A GPU list (indexes or UUIDs) of this node."""
+        return self.gpu_list.parse(text)
 
     def fail(self, message: str, key: str | None, reason: str = "invalid") -> ShareRefused:
         return ShareRefused(f"gpushare: {self.c.describe()}: {message}", reason, key)
@@ -84,6 +97,10 @@ class Context:
 
 def merge(ctx: Context, high: Settings, low: Settings) -> Settings:
     """`high` over `low`, attribute by attribute; disagreement is a conflict."""
+    if low is NOTHING:
+        return high
+    if high is NOTHING:
+        return low
     return Settings(
         memory=ctx.pick(high.memory, low.memory, same_list),
         core=ctx.pick(high.core, low.core, same_list),
