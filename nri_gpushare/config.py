@@ -15,11 +15,18 @@ from typing import Any, NoReturn
 import yaml
 
 from nri_gpushare.kmod.abi import MAX_GPUS
-from nri_gpushare.share.model import Gpu
+from nri_gpushare.share.model import (
+    POD_SOURCES,
+    STANDALONE_SOURCES,
+    UNSERVED_ACTIONS,
+    Gpu,
+    SourcePolicy,
+)
 from nri_gpushare.share.units import parse_size
 
 DEFAULT_SOCKET = "/var/run/nri/nri.sock"
 DEFAULT_STATUS_SOCKET = "/run/nri-gpushare/status.sock"
+DEFAULT_STATE_DIR = "/var/lib/nri-gpushare"
 
 _UUID = re.compile(r"^GPU-[0-9A-Za-z-]+$")
 
@@ -43,6 +50,10 @@ class Config:
     max_high_priority_per_gpu: int = 1
     use_nvml: bool = True
     inventory: tuple[Gpu, ...] = field(default_factory=tuple)
+    state_dir: str = DEFAULT_STATE_DIR
+    unserved: str = "warn"
+    pod_sources: SourcePolicy = POD_SOURCES
+    standalone_sources: SourcePolicy = STANDALONE_SOURCES
 
 
 def parse_quantity(value: object) -> int:
@@ -141,6 +152,34 @@ def _parse_inventory(source: str, items: object) -> tuple[Gpu, ...]:
     return tuple(sorted(gpus, key=lambda g: g.index))
 
 
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def _parse_sources(source: str, data: object) -> tuple[SourcePolicy, SourcePolicy]:
+    top = _Reader(source, "sources", data)
+    pods = _Reader(source, "sources.pods", top.get("pods", {}, dict))
+    namespaces = pods.get("namespaces", [], list)
+    for name in namespaces:
+        if not isinstance(name, str) or not _NAMESPACE.fullmatch(name):
+            pods.fail("sources.pods.namespaces", f"{name!r} is not a Kubernetes namespace name")
+    pod_sources = SourcePolicy(
+        annotations=pods.get("annotations", POD_SOURCES.annotations, bool),
+        labels=pods.get("labels", POD_SOURCES.labels, bool),
+        env=pods.get("env", POD_SOURCES.env, bool),
+        namespaces=tuple(namespaces),
+    )
+    pods.finish()
+    hand = _Reader(source, "sources.standalone", top.get("standalone", {}, dict))
+    standalone = SourcePolicy(
+        annotations=hand.get("annotations", STANDALONE_SOURCES.annotations, bool),
+        labels=hand.get("labels", STANDALONE_SOURCES.labels, bool),
+        env=hand.get("env", STANDALONE_SOURCES.env, bool),
+    )
+    hand.finish()
+    top.finish()
+    return pod_sources, standalone
+
+
 def parse_config(data: object, source: str = "<config>") -> Config:
     top = _Reader(source, "", data)
     nri = _Reader(source, "nri", top.get("nri", {}, dict))
@@ -152,6 +191,10 @@ def parse_config(data: object, source: str = "<config>") -> Config:
     if not re.fullmatch(r"\d\d", plugin_index):
         nri.fail(nri.key("plugin_index"), f"{raw_index!r} must be exactly two digits (00..99)")
     nri.finish()
+    pod_sources, standalone_sources = _parse_sources(source, top.get("sources", {}, dict))
+    state_dir = top.get("state_dir", defaults.state_dir, str)
+    if not state_dir.startswith("/"):
+        top.fail("state_dir", f"{state_dir!r} must be an absolute path")
 
     config = Config(
         socket=socket,
@@ -171,6 +214,10 @@ def parse_config(data: object, source: str = "<config>") -> Config:
         ),
         use_nvml=top.get("use_nvml", defaults.use_nvml, bool),
         inventory=_parse_inventory(source, top.get("inventory", None, (list, type(None)))),
+        state_dir=state_dir,
+        unserved=top.choice("unserved", defaults.unserved, UNSERVED_ACTIONS),
+        pod_sources=pod_sources,
+        standalone_sources=standalone_sources,
     )
     top.finish()
     return config

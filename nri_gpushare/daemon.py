@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from nri_gpushare.api import nri
 from nri_gpushare.api.lite import Adjustment, ContainerView, Device, MountSpec, PodSandboxView
 from nri_gpushare.config import Config, ConfigError
-from nri_gpushare.host import HostDevices, load_inventory
+from nri_gpushare.host import HostDevices, kill_container, load_inventory
 from nri_gpushare.kmod.client import KernelModule
 from nri_gpushare.kmod.worker import OffLoopKernelModule
 from nri_gpushare.share.model import (
@@ -31,10 +31,14 @@ from nri_gpushare.share.model import (
     ShareRefused,
 )
 from nri_gpushare.share.service import ShareService
+from nri_gpushare.statefile import StateDirError, StateFile
 from nri_gpushare.status import StatusServer
 from nri_gpushare.stub import Plugin, PluginError, Stub
 
 log = logging.getLogger(__name__)
+
+MARK_REMOVAL = "-"
+"""NRI: an adjustment's annotation key with this prefix removes the annotation."""
 
 
 def container_info(pod: PodSandboxView | None, container: ContainerView) -> ContainerInfo:
@@ -54,13 +58,16 @@ def container_info(pod: PodSandboxView | None, container: ContainerView) -> Cont
         labels=container.labels,
         env=env,
         cgroups_path=container.cgroups_path,
+        pid=container.pid,
+        running=container.state != nri.ContainerState.CONTAINER_STOPPED,
     )
 
 
 def adjustment(plan: InjectionPlan) -> Adjustment:
     """The NRI container adjustment carrying the plan's devices, env, mounts, annotations."""
+    removals = {MARK_REMOVAL + key: "" for key in plan.remove_annotations}
     return Adjustment(
-        annotations=dict(plan.annotations),
+        annotations={**plan.annotations, **removals},
         env=list(plan.env.items()),
         devices=[
             Device(path=d.path, type=d.type, major=d.major, minor=d.minor, file_mode=d.mode)
@@ -83,13 +90,24 @@ class GpuShareHandler(Plugin):
         self, pods: list[PodSandboxView], containers: list[ContainerView]
     ) -> list[nri.ContainerUpdate]:
         by_id = {p.id: p for p in pods}
-        live = [container_info(by_id.get(c.pod_sandbox_id), c) for c in containers]
-        await self.service.synchronize(live)
+        live = []
+        for c in containers:
+            try:
+                live.append(container_info(by_id.get(c.pod_sandbox_id), c))
+            except Exception:  # one odd container must not stop the rest
+                log.exception("container %s: unreadable in Synchronize; ignored", c.id)
+        unserved = await self.service.synchronize(live)
+        if self.service.policy.unserved == "deny":
+            for entry in unserved:
+                info = entry.container
+                entry.action = "denied: " + kill_container(info.id, info.pid)
+                log.warning("%s: unserved policy deny: %s", info.describe(), entry.action)
         log.info(
-            "synchronized: %d pod(s), %d container(s), %d GPU allocation(s)",
+            "synchronized: %d pod(s), %d container(s), %d GPU allocation(s), %d unserved",
             len(pods),
             len(containers),
             len(self.service.allocations),
+            len(self.service.unserved),
         )
         return []
 
@@ -118,6 +136,18 @@ class GpuShareHandler(Plugin):
     async def remove_container(self, pod: PodSandboxView, container: ContainerView) -> None:
         await self.service.release(container.id)
 
+    async def stop_pod_sandbox(self, pod: PodSandboxView) -> None:
+        self.service.pod_stopped(
+            ContainerInfo(
+                id="",
+                name="",
+                pod_name=pod.name,
+                pod_namespace=pod.namespace,
+                pod_uid=pod.uid,
+                pod_annotations=pod.annotations,
+            )
+        )
+
 
 def kmod_worker(config: Config) -> OffLoopKernelModule | None:
     """The real kernel-module client on its worker thread; None with kmod: off."""
@@ -144,8 +174,16 @@ async def build_service(config: Config, kmod: KernelModule | None) -> ShareServi
         default_placement=config.placement,
         max_high_priority_per_gpu=config.max_high_priority_per_gpu,
         kmod_mode=config.kmod,
+        pod_sources=config.pod_sources,
+        standalone_sources=config.standalone_sources,
+        unserved=config.unserved,
     )
-    service = ShareService(gpus, policy, kmod, HostDevices())
+    store = StateFile(config.state_dir)
+    try:
+        store.prepare()
+    except StateDirError as e:
+        raise ConfigError(str(e)) from None
+    service = ShareService(gpus, policy, kmod, HostDevices(), store)
     await service.start()
     kmod_state = service.status()["kmod"]
     if config.kmod == "required" and not kmod_state["loaded"]:

@@ -7,6 +7,7 @@ looked up here so that the domain works on plain values.
   driver, an error while asking) falls back to the static list, with a log
   line saying so.
 - `HostDevices`: the device nodes to give a container (a `DeviceLookup`).
+- `kill_container`: the node's `unserved: deny` action.
 
 NVIDIA's nodes: /dev/nvidiactl and /dev/nvidia<minor> have the fixed major 195
 (nvidiactl is minor 255); where the host lacks them (no driver, test machines)
@@ -19,9 +20,11 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import stat as statmod
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -171,3 +174,37 @@ def _checked(static: Sequence[Gpu]) -> list[Gpu]:
         if g.memory_bytes <= 0:
             raise ValueError(f"static GPU inventory: GPU {g.index} has no memory")
     return gpus
+
+
+def kill_container(container_id: str, pid: int, proc: Path = Path("/proc")) -> str:
+    """SIGKILL a container's first process, which ends the container (as the
+    OOM killer would; its restart policy brings it back through the plugin).
+
+    containerd 1.7 applies no device rules in an NRI update and NRI there has
+    no eviction, so this is how `unserved: deny` takes a GPU away.  The process
+    is held by a pidfd and checked to be in the container's cgroup before the
+    signal, so a reused PID is never hit.  Returns what happened, for status.
+    """
+    if pid <= 0:
+        return "not running: nothing to kill"
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return "already gone"
+    except OSError as e:
+        return f"not killed: {e.strerror}"
+    try:
+        try:
+            cgroups = (proc / str(pid) / "cgroup").read_text()
+        except OSError:
+            return "already gone"
+        if container_id not in cgroups:
+            return f"not killed: process {pid} is not in the container's cgroup"
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+    except ProcessLookupError:
+        return "already gone"
+    except OSError as e:
+        return f"not killed: {e.strerror}"
+    finally:
+        os.close(fd)
+    return f"killed (process {pid})"

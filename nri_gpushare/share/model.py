@@ -18,6 +18,7 @@ PLACEMENTS = ("binpack", "spread")
 PRIORITIES = ("normal", "high")
 ISOLATIONS = ("full", "memory", "none")
 KMOD_MODES = ("required", "optional", "off")
+UNSERVED_ACTIONS = ("warn", "deny")
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,30 @@ class Mount:
 
 
 @dataclass(frozen=True)
+class SourcePolicy:
+    """Which parts of a container may ask for a share, for one path.
+
+    annotations: pod annotations (pod-wide and per container) and the
+        container's own annotations.
+    labels: the container's labels (containerd merges the image's labels in).
+    env: cGPU and eGPU variables (the image's ENV and the spec's env: NRI
+        cannot tell them apart).
+    namespaces: Kubernetes namespaces that may ask; empty: every namespace.
+    """
+
+    annotations: bool = True
+    labels: bool = False
+    env: bool = False
+    namespaces: tuple[str, ...] = ()
+
+
+POD_SOURCES = SourcePolicy()
+"""Kubernetes pods: only what the pod spec carries (its annotations)."""
+STANDALONE_SOURCES = SourcePolicy(annotations=True, labels=True, env=True)
+"""Containers started by hand: labels and env as the operator passed them."""
+
+
+@dataclass(frozen=True)
 class NodePolicy:
     """The node's sharing rules (from the daemon's config).
 
@@ -60,6 +85,9 @@ class NodePolicy:
     max_high_priority_per_gpu: most high-priority containers on one GPU
         (0 forbids high priority).
     kmod_mode: required | optional | off.
+    pod_sources / standalone_sources: who may ask for a share, per path.
+    unserved: what to do with a container found running without the share it
+        asked for (created while the plugin was down): warn | deny.
     """
 
     memory_reserve_bytes: int = 0
@@ -67,6 +95,13 @@ class NodePolicy:
     default_placement: str = "binpack"
     max_high_priority_per_gpu: int = 1
     kmod_mode: str = "optional"
+    pod_sources: SourcePolicy = POD_SOURCES
+    standalone_sources: SourcePolicy = STANDALONE_SOURCES
+    unserved: str = "warn"
+
+    def sources_for(self, c: ContainerInfo) -> SourcePolicy:
+        """The source policy of the path the container came by."""
+        return self.pod_sources if c.pod_name else self.standalone_sources
 
     def __post_init__(self) -> None:
         if self.memory_reserve_bytes < 0:
@@ -85,6 +120,10 @@ class NodePolicy:
             )
         if self.kmod_mode not in KMOD_MODES:
             raise ValueError(f"kmod must be one of {', '.join(KMOD_MODES)}, got {self.kmod_mode!r}")
+        if self.unserved not in UNSERVED_ACTIONS:
+            raise ValueError(
+                f"unserved must be one of {', '.join(UNSERVED_ACTIONS)}, got {self.unserved!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -102,6 +141,8 @@ class ContainerInfo:
     labels: Mapping[str, str] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
     cgroups_path: str = ""
+    pid: int = 0  # the container's first process on the host; 0: none (yet)
+    running: bool = True  # created, running or paused (not stopped)
 
     @property
     def pod(self) -> str:
@@ -121,6 +162,7 @@ class InjectionPlan:
     env: Mapping[str, str]
     annotations: Mapping[str, str]
     mounts: tuple[Mount, ...] = ()
+    remove_annotations: tuple[str, ...] = ()  # annotations to take off the container
 
 
 @dataclass(frozen=True)
@@ -161,7 +203,9 @@ class ShareRefused(Exception):
     """A request the domain will not serve; str() is a message for a person.
 
     reason: "invalid" (bad value), "conflict" (sources disagree), "capacity"
-    (does not fit), "kmod" (the kernel module refused or is missing).
+    (does not fit), "kmod" (the kernel module refused or is missing),
+    "forbidden" (the node does not let this container ask), "state" (the
+    allocation could not be recorded).
     key: the key or variable to change, when one is to blame.
     """
 

@@ -2,14 +2,17 @@
 
 create_container parses the request (nothing reserved), places it
 (all-or-nothing), registers it with the kernel module (a refused registration
-leaves nothing reserved) and answers with an injection plan.  release undoes
-it and is idempotent.  synchronize rebuilds the table after a plugin restart
-from the live containers' ``gpushare.io/assigned`` annotations and the
-module's registry.
+leaves nothing reserved) and answers with an injection plan.  and records it
+in the daemon's store (a share that cannot be recorded is refused).  release
+undoes it and is idempotent.  synchronize rebuilds the table after a plugin
+restart from what the plugin and the module wrote (`records`), never from
+anything a container carries, and finds the containers that asked for a share
+but run without one (created while the plugin was down: `unserved`).
 
 The parts live next door: `request` (what a container asks for), `placement`
-(the per-GPU ledger), `kmod_link` (the kernel module), `assigned` (the
-annotation), `plan` (what is injected), `report` (the status document).
+(the per-GPU ledger), `kmod_link` (the kernel module), `records` (the daemon's
+record and recovery), `assigned` (the annotation people read), `plan` (what is
+injected), `report` (the status document).
 
 The methods that may ask the kernel module are coroutines: the module is
 reached through the awaited `KernelModule` interface, so other containers are
@@ -21,21 +24,53 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..kmod.client import KernelModule
-from .assigned import assigned_annotation, recover
+from . import records
+from .assigned import assigned_annotation
 from .kmod_link import KernelLink
-from .model import Allocation, ContainerInfo, Gpu, InjectionPlan, NodePolicy, ShareRefused
+from .model import (
+    ASSIGNED,
+    PREFIX,
+    Allocation,
+    ContainerInfo,
+    Gpu,
+    InjectionPlan,
+    NodePolicy,
+    ShareRefused,
+)
 from .placement import Ledger
 from .plan import DeviceLookup, injection_plan
 from .report import status_document
-from .request import ShareRequest, parse_request
+from .request import ShareRequest, ignored, parse_request
 from .units import GiB
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ShareService", "assigned_annotation"]
+__all__ = ["ShareService", "Unserved", "assigned_annotation"]
+
+_STRIP_ASSIGNED = InjectionPlan(devices=(), env={}, annotations={}, remove_annotations=(ASSIGNED,))
+
+
+@dataclass
+class Unserved:
+    """A live container that asked for a share and runs without one."""
+
+    container: ContainerInfo
+    asked: str  # what it asked for, or why that request is refused
+    action: str = "warned"  # what the node's `unserved` policy did about it
+
+    def json(self) -> dict[str, Any]:
+        c = self.container
+        return {
+            "container_id": c.id,
+            "name": c.name,
+            "pod": c.pod,
+            "asked": self.asked,
+            "action": self.action,
+        }
 
 
 class ShareService:
@@ -45,6 +80,7 @@ class ShareService:
         policy: NodePolicy,
         kmod: KernelModule | None,
         devices: DeviceLookup,
+        store: records.AllocationStore | None = None,
     ) -> None:
         self.gpus = sorted(gpus, key=lambda g: g.index)
         self.by_index = {g.index: g for g in self.gpus}
@@ -53,6 +89,9 @@ class ShareService:
         self.devices = devices
         self.ledger = Ledger(self.gpus, policy)
         self.allocations: dict[str, Allocation] = {}
+        self.store: records.AllocationStore = store or records.MemoryStore()
+        self.unserved: dict[str, Unserved] = {}
+        self._pod_containers: dict[str, set[str]] = {}  # pod UID -> container names seen
         self._creating: set[str] = set()  # waiting for the module
         self._generation = 0  # bumped when synchronize replaces the table
 
@@ -77,9 +116,21 @@ class ShareService:
             raise ShareRefused(f"gpushare: {who} is already being created", "conflict")
         if c.id in self.allocations:  # asked again: same answer
             return self._plan(self.allocations[c.id])
+        if c.pod_uid:
+            self._pod_containers.setdefault(c.pod_uid, set()).add(c.name)
+        if not_allowed := ignored(c, self.policy.sources_for(c)):
+            log.warning(
+                "%s: ignoring %s: this node does not take share requests from there "
+                "(node config `sources`)",
+                who,
+                ", ".join(not_allowed),
+            )
+        forged = ASSIGNED in c.annotations
+        if forged:
+            log.warning("%s: ignoring the %s it carries: only the plugin writes it", who, ASSIGNED)
         req = parse_request(c, self.gpus, self.policy)
         if req is None:
-            return None
+            return _STRIP_ASSIGNED if forged else None
         shares = self.ledger.place(req, who)
         alloc = Allocation(c.id, c.name, c.pod, shares, req.priority, req.isolation)
         # Reserved before the module is asked: what is placed meanwhile sees it.
@@ -105,6 +156,17 @@ class ShareService:
                 f"registered it",
                 "conflict",
             )
+        try:
+            self._save()
+        except OSError as e:
+            self._drop(alloc, generation)
+            if registered:
+                await self.link.release(c.id)
+            raise ShareRefused(
+                f"gpushare: cannot create {who}: its allocation cannot be recorded "
+                f"({e}); the node's state directory needs attention",
+                "state",
+            ) from None
         self._check_memory_dev(req, alloc, c)
         log.info("%s: placed %s", who, alloc.describe_shares())
         return self._plan(alloc)
@@ -122,40 +184,109 @@ class ShareService:
         True when this call freed an allocation.
         """
         alloc = self.allocations.pop(container_id, None)
+        self.unserved.pop(container_id, None)
         if alloc is not None:
             self.ledger.remove(alloc)
             log.info("container %s: released %s", container_id, alloc.describe_shares())
+            self._save_or_log()
         await self.link.release(container_id)
         return alloc is not None
 
-    async def synchronize(self, live: Sequence[ContainerInfo]) -> None:
-        """Rebuild everything from the live containers and the module's registry.
+    def pod_stopped(self, c: ContainerInfo) -> None:
+        """The pod (`c`'s pod fields) stopped: warn about per-container keys
+        that named no container of it."""
+        seen = self._pod_containers.pop(c.pod_uid, set())
+        prefix = PREFIX + "container."
+        named = {
+            key[len(prefix) :].rpartition(".")[0]
+            for key in c.pod_annotations
+            if key.startswith(prefix)
+        }
+        for name in sorted(named - seen - {""}):
+            log.warning(
+                "%s: pod annotations %s%s.* name no container of this pod (its containers: "
+                "%s); they were ignored",
+                f"pod {c.pod}",
+                prefix,
+                name[:64],
+                ", ".join(sorted(seen)) or "none seen",
+            )
 
-        Allocations come from each container's gpushare.io/assigned annotation,
-        else from the module's registration of it.  Registrations without a live
-        container are removed; live shares the module lost are registered again.
-        Live shares are recorded even when they no longer fit (a smaller reserve
-        or inventory): they exist, so nothing new is placed on top of them.
+    async def synchronize(self, live: Sequence[ContainerInfo]) -> list[Unserved]:
+        """Rebuild everything from the live containers, the daemon's records and
+        the module's registry; returns the containers that are newly found to
+        run without the share they asked for.
+
+        Registrations without a live container are removed; live shares the
+        module lost are registered again.  Live shares are recorded even when
+        they no longer fit (a smaller reserve or inventory): they exist, so
+        nothing new is placed on top of them.  A bad record or container is
+        logged and treated as absent: this never raises for what it reads.
         """
         module = await self.link.registrations()
+        text = self.store.load()
+        saved = records.decode(text, self.gpus) if text is not None else {}
         # From here to resync nothing is awaited: the table is replaced at once.
         self._generation += 1
         self.ledger = Ledger(self.gpus, self.policy)
         self.allocations = {}
         self.link.forget()
+        self._pod_containers = {}
         for c in live:
-            alloc = recover(c, (module or {}).get(c.id), self.gpus)
-            if alloc is None:
+            if c.pod_uid:
+                self._pod_containers.setdefault(c.pod_uid, set()).add(c.name)
+            try:
+                alloc = records.recover(c, saved.get(c.id), (module or {}).get(c.id), self.gpus)
+                if alloc is None:
+                    continue
+                for note in self.ledger.add(alloc):
+                    log.warning("%s: recovered share: %s", c.describe(), note)
+            except Exception:
+                log.exception("%s: cannot recover its share; treated as having none", c.describe())
                 continue
-            for note in self.ledger.add(alloc):
-                log.warning("%s: recovered share: %s", c.describe(), note)
             self.allocations[c.id] = alloc
+        if forgotten := sorted(set(saved) - set(self.allocations)):
+            log.info("records of %d container(s) that are gone dropped", len(forgotten))
+        self._save_or_log()
+        new = self._find_unserved(live)
         recovered = dict(self.allocations)
         await self.link.resync(module, recovered, {c.id: c.cgroups_path for c in live})
+        return new
+
+    def _find_unserved(self, live: Sequence[ContainerInfo]) -> list[Unserved]:
+        """Live containers that ask for a share and hold none (fail-open)."""
+        before, self.unserved = self.unserved, {}
+        new = []
+        for c in live:
+            if not c.running or c.id in self.allocations:
+                continue
+            try:
+                req = parse_request(c, self.gpus, self.policy)
+                if req is None:
+                    continue
+                asked = req.describe()
+            except ShareRefused as e:
+                asked = f"a share it would be refused: {e}"
+            except Exception as e:  # never let one container stop the rest
+                asked = f"a share that cannot be read ({type(e).__name__})"
+            if c.id in before:
+                self.unserved[c.id] = before[c.id]
+                continue
+            entry = Unserved(c, asked)
+            self.unserved[c.id] = entry
+            new.append(entry)
+            log.warning(
+                "%s asked for %s but runs without a share: it was created while the plugin "
+                "was not serving (containerd failed open); unserved policy: %s",
+                c.describe(),
+                asked,
+                self.policy.unserved,
+            )
+        return new
 
     def status(self) -> dict[str, Any]:
         """A JSON-able picture of GPUs, allocations and the module."""
-        return status_document(
+        document = status_document(
             self.gpus,
             self.policy,
             self.ledger,
@@ -163,8 +294,21 @@ class ShareService:
             self.link.registered,
             self.link.state(),
         )
+        document["unserved"] = [u.json() for u in self.unserved.values()]
+        return document
 
     # -- helpers -----------------------------------------------------------------------
+
+    def _save(self) -> None:
+        """Record the table in the store (raises OSError)."""
+        self.store.save(records.encode(self.allocations.values()))
+
+    def _save_or_log(self) -> None:
+        try:
+            self._save()
+        except OSError as e:
+            # Stale records are harmless: recovery checks them against live containers.
+            log.error("cannot record allocations: %s", e)
 
     def _drop(self, alloc: Allocation, generation: int) -> None:
         """Free a reservation that did not become an allocation."""

@@ -331,6 +331,22 @@ async def test_plugin_restart_keeps_registrations_identical(bed, plugins, plugin
     assert registered() == [] and refcount() == 0
 
 
+async def test_with_the_module_loaded_recovery_rests_on_its_registry(bed, plugins, plugin, client):
+    """Without the daemon's records (deleted), the module's registry is what a
+    restart recovers."""
+    cid = await sleeper(client, "mod", SHARE)
+    before = plugin.status()
+    plugin.kill()
+    (plugin.workdir.parent / "state" / "allocations.json").unlink()
+    restarted = plugins.start()
+    after = restarted.status()
+    assert [a["container_id"] for a in after["allocations"]] == [cid]
+    assert after["allocations"][0]["gpus"] == before["allocations"][0]["gpus"]
+    assert after["unserved"] == []
+    await client.cleanup()
+    assert registered() == [] and refcount() == 0
+
+
 async def test_synchronize_removes_a_stale_registration(bed, plugins, plugin, client):
     pod = await client.run_pod("stale", annotations=SHARE)
     cid = await client.create_container(pod, "main", command=["sleep", "3600"])

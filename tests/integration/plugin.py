@@ -41,6 +41,7 @@ class PluginProcess:
             "kmod": "off",
             "use_nvml": False,
             "inventory": gpu_inventory(2, "16Gi"),
+            "state_dir": str(workdir.parent / "state"),  # shared by a test's plugins
         }
         config.update(settings)
         self.config_path = workdir / "gpushare.yaml"

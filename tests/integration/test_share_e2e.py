@@ -142,8 +142,11 @@ async def test_placement_annotation_beats_node_default(containerd, start_plugin,
     assert allocation(plugin, second)["gpus"][0]["index"] == 1
 
 
+ENV_SOURCES = {"pods": {"env": True}}  # cGPU/eGPU variables in pods are opt-in
+
+
 async def test_cgpu_short_list_on_four_gpus(containerd, start_plugin, cri):
-    start_plugin(containerd, inventory=gpu_inventory(4, "16Gi"))
+    start_plugin(containerd, inventory=gpu_inventory(4, "16Gi"), sources=ENV_SOURCES)
     run = await cri.run_container_env(env={"ALIYUN_COM_GPU_MEM_CONTAINER": "3,1"})
     env = env_of(run.lines)
     assert env["GPUSHARE_MEMORY_LIMIT"] == f"{3 * GiB},{GiB},{GiB},{GiB}"
@@ -151,7 +154,7 @@ async def test_cgpu_short_list_on_four_gpus(containerd, start_plugin, cri):
 
 
 async def test_egpu_string_is_honoured(containerd, start_plugin, cri):
-    start_plugin(containerd, inventory=gpu_inventory(4, "32Gi"))
+    start_plugin(containerd, inventory=gpu_inventory(4, "32Gi"), sources=ENV_SOURCES)
     run = await cri.run_container_env(env={"EGPU": EGPU, "NVIDIA_VISIBLE_DEVICES": "0,1"})
     env = env_of(run.lines)
     assert env["GPUSHARE_MEMORY_LIMIT"] == f"{3276 * MiB},{3276 * MiB}"

@@ -71,6 +71,7 @@ class Containerd:
         log_level: str = "info",
         sandbox_image: str = PAUSE_IMAGE,
         images: bool = True,
+        passthrough_annotations: tuple[str, ...] = (),
     ) -> None:
         self._own_base = base is None
         self.base = Path(base or tempfile.mkdtemp(prefix="gpushare-tb-", dir="/tmp"))
@@ -81,6 +82,10 @@ class Containerd:
         self.log_level = log_level
         self.sandbox_image = sandbox_image
         self.images = images
+        # CRI copies pod and container annotations matching these into the OCI
+        # spec (the runtime's pod_annotations / container_annotations), where NRI
+        # shows them as the container's annotations.
+        self.passthrough_annotations = passthrough_annotations
         self.cri_socket = self.base / "containerd.sock"
         self.ttrpc_socket = self.base / "containerd.sock.ttrpc"
         self.nri_socket = self.base / "nri.sock"
@@ -133,7 +138,11 @@ class Containerd:
                 "stream_server_port": "0",
             },
             f"{cri}.containerd": {"snapshotter": "overlayfs", "default_runtime_name": "runc"},
-            runc: {"runtime_type": "io.containerd.runc.v2"},
+            runc: {
+                "runtime_type": "io.containerd.runc.v2",
+                "pod_annotations": list(self.passthrough_annotations),
+                "container_annotations": list(self.passthrough_annotations),
+            },
             f"{runc}.options": {"SystemdCgroup": False, "Root": self.runc_root},
             f"{cri}.cni": {"bin_dir": b / "cni" / "bin", "conf_dir": b / "cni" / "conf"},
             'plugins."io.containerd.nri.v1.nri"': {

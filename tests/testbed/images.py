@@ -81,15 +81,29 @@ def _json(obj: object) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _layout(layer: bytes) -> bytes:
+def _image_config(cmd: list[str], env: dict[str, str], labels: dict[str, str]) -> dict:
+    config: dict[str, object] = {
+        "Cmd": cmd,
+        "Env": [_PATH] + [f"{k}={v}" for k, v in env.items()],
+        "WorkingDir": "/",
+    }
+    if labels:
+        config["Labels"] = labels
+    return config
+
+
+def _layout(layer: bytes, images: dict[str, dict] | None = None) -> bytes:
+    """An OCI layout holding `images` (name -> image config), all on `layer`."""
+    if images is None:
+        images = {name: _image_config(cmd, {}, {}) for name, cmd in _IMAGES.items()}
     blobs: dict[str, bytes] = {_digest(layer): layer}
     entries = []
-    for name, cmd in _IMAGES.items():
+    for name, image_config in images.items():
         config = _json(
             {
                 "architecture": "amd64",
                 "os": "linux",
-                "config": {"Cmd": cmd, "Env": [_PATH], "WorkingDir": "/"},
+                "config": image_config,
                 "rootfs": {"type": "layers", "diff_ids": [_digest(layer)]},
             }
         )
@@ -142,6 +156,28 @@ def build_images(busybox: Path = BUSYBOX_BINARY, cache_dir: Path = CACHE_DIR) ->
         cache_dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_bytes(_layout(_layer(busybox)))
+        tmp.replace(path)
+    return path
+
+
+def build_custom_image(
+    name: str,
+    env: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    busybox: Path = BUSYBOX_BINARY,
+    cache_dir: Path = CACHE_DIR,
+) -> Path:
+    """An OCI layout tar with one busybox image named `name` whose config
+    carries `env` (as a Dockerfile's ENV) and `labels` (LABEL)."""
+    if not is_static_elf(busybox):
+        raise RuntimeError(f"{busybox} is not a static binary: install busybox-static")
+    images = {name: _image_config(["/bin/sh"], dict(env or {}), dict(labels or {}))}
+    key = hashlib.sha256(busybox.read_bytes() + _json(images)).hexdigest()[:16]
+    path = cache_dir / f"gpushare-custom-{key}.tar"
+    if not path.exists():
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(_layout(_layer(busybox), images))
         tmp.replace(path)
     return path
 

@@ -6,6 +6,7 @@ import copy
 import pytest
 
 from nri_gpushare.share import ContainerInfo, NodePolicy, ShareRefused, ShareService
+from nri_gpushare.share.model import STANDALONE_SOURCES
 from tests.fakes import FakeDevices, FakeKernelModule, GiB, Inline, MiB, make_gpus
 
 P = "gpushare.io/"
@@ -25,7 +26,12 @@ def pod(name, annotations, container="main", env=None):
 
 def service(gpus=None, policy=None, kmod=None):
     kmod = kmod if kmod is not None else FakeKernelModule()
-    svc = ShareService(gpus or make_gpus(4), policy or NodePolicy(), Inline(kmod), FakeDevices())
+    svc = ShareService(
+        gpus or make_gpus(4),
+        policy or NodePolicy(pod_sources=STANDALONE_SOURCES),
+        Inline(kmod),
+        FakeDevices(),
+    )
     return svc, kmod
 
 
@@ -53,14 +59,20 @@ async def refuse(svc, kmod, c) -> ShareRefused:
 
 @pytest.mark.parametrize(("placement", "expected"), [("binpack", [0, 0]), ("spread", [0, 1])])
 async def test_binpack_and_spread_example(placement, expected):
-    svc, _ = service(make_gpus(2, 15 * GiB), NodePolicy(default_placement=placement))
+    svc, _ = service(
+        make_gpus(2, 15 * GiB),
+        NodePolicy(pod_sources=STANDALONE_SOURCES, default_placement=placement),
+    )
     got = [(await placed(svc, pod("pod1", {P + "gpu-memory": "2"})))[0]]
     got.append((await placed(svc, pod("pod2", {P + "gpu-memory": "3"})))[0])
     assert got == expected
 
 
 async def test_placement_key_beats_node_default():
-    svc, _ = service(make_gpus(2, 15 * GiB), NodePolicy(default_placement="binpack"))
+    svc, _ = service(
+        make_gpus(2, 15 * GiB),
+        NodePolicy(pod_sources=STANDALONE_SOURCES, default_placement="binpack"),
+    )
     await placed(svc, pod("pod1", {P + "gpu-memory": "2"}))
     assert await placed(svc, pod("pod2", {P + "gpu-memory": "3", P + "placement": "spread"})) == [1]
 
@@ -75,7 +87,10 @@ async def test_binpack_fills_the_fullest_gpu_that_fits():
 
 
 async def test_spread_prefers_fewest_containers():
-    svc, _ = service(make_gpus(3, 16 * GiB), NodePolicy(default_placement="spread"))
+    svc, _ = service(
+        make_gpus(3, 16 * GiB),
+        NodePolicy(pod_sources=STANDALONE_SOURCES, default_placement="spread"),
+    )
     assert [(await placed(svc, pod(f"p{i}", {P + "gpu-memory": "1Gi"})))[0] for i in range(4)] == [
         0,
         1,
@@ -216,7 +231,9 @@ async def test_case7_with_egpu_weights():
 
 
 async def test_memory_reserve():
-    svc, kmod = service(make_gpus(1, 16 * GiB), NodePolicy(memory_reserve_bytes=GiB))
+    svc, kmod = service(
+        make_gpus(1, 16 * GiB), NodePolicy(pod_sources=STANDALONE_SOURCES, memory_reserve_bytes=GiB)
+    )
     await placed(svc, pod("a", {P + "gpu-memory": "15Gi"}))
     e = await refuse(svc, kmod, pod("b", {P + "gpu-memory": "1Mi"}))
     assert "16384Mi total, 1024Mi reserved, 15360Mi allocated" in str(e)
@@ -224,7 +241,7 @@ async def test_memory_reserve():
 
 
 async def test_max_inst():
-    svc, kmod = service(make_gpus(1), NodePolicy(max_inst=2))
+    svc, kmod = service(make_gpus(1), NodePolicy(pod_sources=STANDALONE_SOURCES, max_inst=2))
     await placed(svc, pod("a", {P + "gpu-memory": "1Gi"}))
     await placed(svc, pod("b", {P + "gpu-memory": "1Gi"}))
     e = await refuse(svc, kmod, pod("c", {P + "gpu-memory": "1Gi"}))
@@ -245,7 +262,9 @@ async def test_one_high_priority_per_gpu_by_default():
 
 
 async def test_more_high_priority_when_configured():
-    svc, kmod = service(make_gpus(1), NodePolicy(max_high_priority_per_gpu=2))
+    svc, kmod = service(
+        make_gpus(1), NodePolicy(pod_sources=STANDALONE_SOURCES, max_high_priority_per_gpu=2)
+    )
     hi = {P + "gpu-memory": "1Gi", P + "priority": "high"}
     assert await placed(svc, pod("a", hi)) == [0]
     assert await placed(svc, pod("b", hi)) == [0]
@@ -296,7 +315,10 @@ async def test_egpu_string_is_honoured():
 def unguarded(gpus=None, **policy):
     """A service with kmod: off: the domain alone stands between a GPU and over-commit."""
     return ShareService(
-        gpus or make_gpus(1, 16 * GiB), NodePolicy(kmod_mode="off", **policy), None, FakeDevices()
+        gpus or make_gpus(1, 16 * GiB),
+        NodePolicy(pod_sources=STANDALONE_SOURCES, kmod_mode="off", **policy),
+        None,
+        FakeDevices(),
     )
 
 

@@ -112,7 +112,7 @@ class ShareMachine(RuleBasedStateMachine):
         if reload_module:
             self.kmod.unload()
             self.kmod.load()
-        self.svc = ShareService(GPUS, POLICY, Inline(self.kmod), FakeDevices())
+        self.svc = ShareService(GPUS, POLICY, Inline(self.kmod), FakeDevices(), self.svc.store)
         done(self.svc.synchronize(list(self.live.values())))
         assert self.svc.status() == before
 

@@ -3,10 +3,13 @@
 import pytest
 
 from nri_gpushare.share import ContainerInfo, NodePolicy, ShareRefused, parse_request
+from nri_gpushare.share.model import STANDALONE_SOURCES
 from tests.fakes import GiB, MiB, make_gpus
 
 GPUS = make_gpus(4)
-POLICY = NodePolicy()
+# Every source may ask (as for containers started by hand): these tests are about
+# what each source says; test_share_sources.py is about which sources may ask.
+POLICY = NodePolicy(pod_sources=STANDALONE_SOURCES)
 P = "gpushare.io/"
 EGPU_EXAMPLE = "POLICY=0,ONLINE=0,TYPE=DOCKER:PGPU=0,MEM=3276,WEIGHT=10:PGPU=1,MEM=3276,WEIGHT=10"
 
@@ -396,7 +399,7 @@ def test_cgpu_visible_devices_weight_priority():
 )
 def test_cgpu_weight_mapping(weight, max_inst, core):
     req = parse(
-        policy=NodePolicy(max_inst=max_inst),
+        policy=NodePolicy(max_inst=max_inst, pod_sources=STANDALONE_SOURCES),
         env={"ALIYUN_COM_GPU_MEM_CONTAINER": "1", "ALIYUN_COM_GPU_SCHD_WEIGHT": weight},
     )
     assert req.core_percent == (core,) * 4

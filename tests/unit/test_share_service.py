@@ -22,6 +22,8 @@ from nri_gpushare.share import (
     ShareRefused,
     ShareService,
 )
+from nri_gpushare.share.model import STANDALONE_SOURCES
+from nri_gpushare.share.records import MemoryStore
 from tests.fakes import FakeDevices, FakeKernelModule, GiB, Inline, done, make_gpus
 
 P = "gpushare.io/"
@@ -42,6 +44,7 @@ def ctr(cid, annotations=None, env=None, cgroups_path="", name=None, pod_annotat
 
 def make(kmod_mode="optional", kmod=None, gpus=None, devices=None, **policy):
     kmod = kmod if kmod is not None else FakeKernelModule()
+    policy.setdefault("pod_sources", STANDALONE_SOURCES)
     svc = ShareService(
         gpus or make_gpus(2),
         NodePolicy(kmod_mode=kmod_mode, **policy),
@@ -324,8 +327,10 @@ async def test_release_when_module_already_lost_it():
 # -- recovery ------------------------------------------------------------------------------------
 
 
-async def restart(svc, kmod, live_containers, **kw):
-    fresh = ShareService(svc.gpus, svc.policy, Inline(kmod), FakeDevices(), **kw)
+async def restart(svc, kmod, live_containers, store=None):
+    """A new service (a restarted daemon) on the old one's records, synchronized."""
+    store = store if store is not None else MemoryStore(svc.store.load())
+    fresh = ShareService(svc.gpus, svc.policy, Inline(kmod), FakeDevices(), store)
     await fresh.synchronize(live_containers)
     return fresh
 
@@ -364,12 +369,21 @@ async def test_restart_never_double_allocates():
     assert fresh.status()["gpus"][0]["memory_allocated"] == 32 * GiB
 
 
-async def test_recovery_without_module_uses_annotations_only():
+async def test_recovery_without_module_uses_the_records():
     svc, kmod = make(kmod=FakeKernelModule(loaded=False))
     c = ctr("c1", REQ)
     lc = live(c, await svc.create_container(c))
     fresh = await restart(svc, kmod, [lc])
     assert fresh.status()["allocations"] == svc.status()["allocations"]
+
+
+async def test_without_records_or_module_nothing_is_recovered_and_it_is_unserved():
+    svc, kmod = make(kmod=FakeKernelModule(loaded=False))
+    c = ctr("c1", REQ)
+    lc = live(c, await svc.create_container(c))
+    fresh = await restart(svc, kmod, [lc], store=MemoryStore())
+    assert fresh.allocations == {}
+    assert [u["container_id"] for u in fresh.status()["unserved"]] == ["c1"]
 
 
 async def test_orphan_registrations_are_removed():
@@ -397,13 +411,15 @@ async def test_lost_registrations_are_registered_again_and_bound():
     assert "c1" in fresh.registered
 
 
-async def test_differing_registration_is_replaced():
+async def test_differing_registration_wins_over_the_record(caplog):
     svc, kmod = make()
     c = ctr("c1", REQ)
     lc = live(c, await svc.create_container(c))
     kmod.regs["c1"] = Registration("c1", (GpuQuota(1, GiB, 0),))
-    await restart(svc, kmod, [lc])
-    assert kmod.regs["c1"].quotas == (GpuQuota(0, 2 * GiB, 30, False),)
+    fresh = await restart(svc, kmod, [lc])
+    assert kmod.regs["c1"].quotas == (GpuQuota(1, GiB, 0),)
+    assert fresh.allocations["c1"].describe_shares() == "GPU 1 1024Mi"
+    assert "the module's wins" in caplog.text
 
 
 async def test_live_container_without_annotation_recovered_from_module():
@@ -418,17 +434,70 @@ async def test_live_container_without_annotation_recovered_from_module():
     assert "c1" in fresh.registered
 
 
-async def test_bad_annotation_is_ignored_with_a_warning(caplog):
-    svc, kmod = make()
-    bad = ContainerInfo(id="c1", name="c1", annotations={ASSIGNED: "{not json"})
-    unknown_gpu = ContainerInfo(
-        id="c2",
-        name="c2",
-        annotations={ASSIGNED: json.dumps({"gpus": [{"uuid": "GPU-x", "memory": 1, "core": 0}]})},
-    )
-    fresh = await restart(svc, kmod, [bad, unknown_gpu])
+FORGED = json.dumps(
+    {"version": 1, "gpus": [{"index": 0, "uuid": "GPU-0", "memory": 32 * GiB, "core": 100}]}
+)
+
+
+@pytest.mark.parametrize(
+    "annotation",
+    [FORGED, "{not json", '{"gpus":[{"memory": Infinity}]}', "[" * 100_000, "x" * 1_000_000],
+)
+async def test_a_containers_assigned_annotation_is_never_trusted(annotation):
+    svc, kmod = make(kmod_mode="off")
+    forged = ContainerInfo(id="c1", name="c1", annotations={ASSIGNED: annotation})
+    fresh = await restart(svc, kmod, [forged])
     assert fresh.allocations == {}
-    assert "unusable gpushare.io/assigned" in caplog.text
+    assert fresh.status()["unserved"] == []  # it asked for nothing
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{not json",
+        "[" * 100_000,
+        '{"version":1,"allocations":[{"container_id":"c1","name":"c1","pod":"ns/pod-c1",'
+        '"priority":"normal","isolation":"full","gpus":[{"index":0,"uuid":"GPU-0",'
+        '"memory":Infinity,"core":0}]}]}',
+        '{"version":1,"allocations":[{"container_id":"c1","name":"c1","pod":"ns/pod-c1",'
+        '"priority":"normal","isolation":"full","gpus":[{"index":0,"uuid":"GPU-0",'
+        '"memory":1e400,"core":0}]}]}',
+        '{"version":1,"allocations":"x"}',
+        '{"version":1,"allocations":[null, 1, [], {"gpus": "x"}]}',
+    ],
+)
+async def test_bad_records_are_logged_and_synchronize_goes_on(text, caplog):
+    svc, kmod = make(kmod_mode="off")
+    fresh = await restart(svc, kmod, [ctr("c1", REQ), ctr("c2", REQ)], store=MemoryStore(text))
+    assert fresh.allocations == {}
+    assert {u["container_id"] for u in fresh.status()["unserved"]} == {"c1", "c2"}
+    assert "record" in caplog.text
+    # and the plugin still serves
+    assert await fresh.create_container(ctr("c3", REQ)) is not None
+
+
+async def test_a_record_for_another_container_name_is_ignored(caplog):
+    svc, kmod = make(kmod_mode="off")
+    c = ctr("c1", REQ)
+    lc = live(c, await svc.create_container(c))
+    impostor = ContainerInfo(id="c1", name="other", pod_name=c.pod_name, pod_namespace="ns")
+    fresh = await restart(svc, kmod, [impostor])
+    assert fresh.allocations == {}
+    assert "not this container" in caplog.text
+    assert lc.id == impostor.id
+
+
+async def test_forged_annotation_on_input_is_removed_and_overwritten(caplog):
+    svc, _ = make(kmod_mode="off")
+    c1 = ContainerInfo(id="c1", name="c1", pod_name="p", annotations={ASSIGNED: FORGED})
+    plan = await svc.create_container(c1)
+    assert plan is not None and plan.remove_annotations == (ASSIGNED,) and not plan.env
+    c2 = ContainerInfo(
+        id="c2", name="c2", pod_name="p", pod_annotations=REQ, annotations={ASSIGNED: FORGED}
+    )
+    plan2 = await svc.create_container(c2)
+    assert json.loads(plan2.annotations[ASSIGNED])["gpus"][0]["memory"] == 2 * GiB
+    assert "ignoring the gpushare.io/assigned" in caplog.text
 
 
 async def test_recovered_shares_over_capacity_are_kept(caplog):
@@ -436,7 +505,11 @@ async def test_recovered_shares_over_capacity_are_kept(caplog):
     c = ctr("c1", {P + "gpu-memory": "32Gi"})
     lc = live(c, await svc.create_container(c))
     fresh = ShareService(
-        svc.gpus, NodePolicy(kmod_mode="off", memory_reserve_bytes=GiB), None, FakeDevices()
+        svc.gpus,
+        NodePolicy(kmod_mode="off", memory_reserve_bytes=GiB),
+        None,
+        FakeDevices(),
+        svc.store,
     )
     await fresh.synchronize([lc])
     assert "over capacity" in caplog.text

@@ -1,5 +1,11 @@
 """Turn a container's annotations, labels and environment into one share request.
 
+Which sources may ask at all is the node's choice per path (`sources`: for
+Kubernetes pods by default only annotations; image labels and environment are
+opt-in); what a source may not say is not seen here.  A pod annotation
+``gpu-memory: 0`` (pod-wide or for the container) opts out whatever the
+image's labels or environment say.
+
 Sources, highest first (precedence is per attribute):
 
 1. per-container pod annotation  ``gpushare.io/container.<name>.<key>``
@@ -76,11 +82,12 @@ from .cgpu import from_cgpu, memory_dev
 from .egpu import from_egpu
 from .keys import KEYS, from_keys
 from .settings import Context, Settings, merge
+from .sources import ignored, namespace_allowed, visible
 from .values import expand
 
 log = logging.getLogger(__name__)
 
-__all__ = ["KEYS", "ShareRequest", "parse_request"]
+__all__ = ["KEYS", "ShareRequest", "ignored", "parse_request"]
 
 _DEMAND = {"core": "gpu-core", "count": "gpu-count", "devices": "gpu-devices"}
 
@@ -114,11 +121,14 @@ class ShareRequest:
 def parse_request(c: ContainerInfo, gpus: Sequence[Gpu], policy: NodePolicy) -> ShareRequest | None:
     """The container's validated request, or None when it is not managed.
 
-    Raises ShareRefused (reason "invalid" or "conflict") naming the key, the
-    value and what is allowed.  Nothing is reserved here.
+    Raises ShareRefused (reason "invalid", "conflict" or "forbidden") naming
+    the key, the value and what is allowed.  Nothing is reserved here.
     """
-    ctx = Context(c, gpus, policy)
+    sources = policy.sources_for(c)
+    ctx = Context(visible(c, sources), gpus, policy)
     upper = from_keys(ctx)
+    if _opted_out(ctx, upper):
+        return None
     env = merge(ctx, from_cgpu(ctx), from_egpu(ctx))
     merged = merge(ctx, upper, env)
     if merged.memory is None:
@@ -126,7 +136,21 @@ def parse_request(c: ContainerInfo, gpus: Sequence[Gpu], policy: NodePolicy) -> 
         return None
     if merged.memory.value == (0,):
         return None
+    if not namespace_allowed(c, sources):
+        raise ctx.fail(
+            f"namespace '{c.pod_namespace}' may not ask for GPU shares on this node "
+            f"(allowed: {', '.join(sources.namespaces)}; node config sources.pods.namespaces)",
+            merged.memory.key,
+            "forbidden",
+        )
     return _resolve(ctx, merged)
+
+
+def _opted_out(ctx: Context, upper: Settings) -> bool:
+    """A pod annotation gpu-memory 0 (pod-wide or for this container) wins over
+    anything the image's labels or environment say."""
+    memory = upper.memory
+    return memory is not None and memory.value == (0,) and memory.key in ctx.c.pod_annotations
 
 
 def _demand_without_memory(ctx: Context, merged: Settings) -> None:

@@ -1,0 +1,197 @@
+"""The daemon's own record of allocations, and recovery from it.
+
+After a restart the plugin rebuilds its table only from what it or the kernel
+module wrote: the module's registry when the module is loaded, else the
+records the daemon saved (a state file it alone can write, see
+`nri_gpushare.statefile`), each cross-checked against the runtime's live
+containers.  Nothing a container carries (its ``gpushare.io/assigned``
+annotation included) is ever read back.
+
+The records are one JSON document, compact, keys sorted::
+
+    {"version": 1, "allocations": [{"container_id": "...", "name": "main",
+      "pod": "ns/name", "priority": "normal", "isolation": "full",
+      "gpus": [{"core": 30, "index": 0, "memory": 2147483648, "uuid": "GPU-..."}]}]}
+
+This module is pure: text in, text out; the store does the I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from ..kmod.client import Registration
+from .kmod_link import quotas
+from .model import ISOLATIONS, PRIORITIES, Allocation, ContainerInfo, Gpu, GpuShare
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+MAX_MEMORY = 1 << 60  # more than any GPU: a bound, so a record is never absurd
+
+
+class AllocationStore(Protocol):
+    """Where the records live between runs."""
+
+    def load(self) -> str | None:
+        """The text last saved; None when there is none (or it cannot be trusted)."""
+
+    def save(self, text: str) -> None:
+        """Replace the records atomically; raises OSError."""
+
+
+class MemoryStore:
+    """Records kept in memory only (tests; a daemon without a state directory)."""
+
+    def __init__(self, text: str | None = None) -> None:
+        self.text = text
+
+    def load(self) -> str | None:
+        return self.text
+
+    def save(self, text: str) -> None:
+        self.text = text
+
+
+def share_json(s: GpuShare) -> dict[str, Any]:
+    """One GPU share as the records, the annotation and the status document write it."""
+    return {"index": s.index, "uuid": s.uuid, "memory": s.memory_bytes, "core": s.core_percent}
+
+
+def encode(allocations: Iterable[Allocation]) -> str:
+    """The records of `allocations`."""
+    entries = [
+        {
+            "container_id": a.container_id,
+            "name": a.name,
+            "pod": a.pod,
+            "priority": a.priority,
+            "isolation": a.isolation,
+            "gpus": [share_json(s) for s in a.shares],
+        }
+        for a in sorted(allocations, key=lambda a: a.container_id)
+    ]
+    return json.dumps(
+        {"version": VERSION, "allocations": entries}, sort_keys=True, separators=(",", ":")
+    )
+
+
+def decode(text: str, gpus: Sequence[Gpu]) -> dict[str, Allocation]:
+    """Container ID -> allocation; a bad record is logged and left out, a bad
+    document gives nothing.  Never raises."""
+    try:
+        document = json.loads(text)
+        if not isinstance(document, dict) or document.get("version") != VERSION:
+            raise ValueError(f"not a version {VERSION} record document")
+        entries = document["allocations"]
+        if not isinstance(entries, list):
+            raise ValueError("allocations is not a list")
+    except Exception as e:  # the file may hold anything
+        log.error("allocation records unusable (%s): starting from the kernel module only", e)
+        return {}
+    by_uuid = {g.uuid: g for g in gpus}
+    out: dict[str, Allocation] = {}
+    for entry in entries:
+        try:
+            alloc = _allocation(entry, by_uuid)
+        except Exception as e:
+            log.error("allocation record left out (%s): %.200r", e, entry)
+            continue
+        out[alloc.container_id] = alloc
+    return out
+
+
+def _allocation(entry: Any, by_uuid: Mapping[str, Gpu]) -> Allocation:
+    def text(key: str) -> str:
+        value = entry[key]
+        if not isinstance(value, str):
+            raise TypeError(f"{key} is not a string")
+        return value
+
+    def number(share: Any, key: str, low: int, high: int) -> int:
+        value = share[key]
+        if type(value) is not int or not low <= value <= high:
+            raise ValueError(f"{key} out of range")
+        return value
+
+    shares = []
+    for share in entry["gpus"]:
+        uuid = share["uuid"]
+        gpu = by_uuid.get(uuid)
+        if gpu is None:
+            raise ValueError(f"GPU {uuid!r:.60} is not on this node")
+        memory = number(share, "memory", 1, MAX_MEMORY)
+        shares.append(GpuShare(gpu.index, gpu.uuid, memory, number(share, "core", 0, 100)))
+    priority, isolation = text("priority"), text("isolation")
+    if priority not in PRIORITIES or isolation not in ISOLATIONS or not shares:
+        raise ValueError("bad priority, isolation or GPU list")
+    cid = text("container_id")
+    if not cid:
+        raise ValueError("no container ID")
+    return Allocation(cid, text("name"), text("pod"), tuple(shares), priority, isolation)
+
+
+def from_registration(
+    c: ContainerInfo, registration: Registration, gpus: Sequence[Gpu]
+) -> Allocation | None:
+    """The allocation the module's registration describes; None when it names
+    GPUs this node does not have."""
+    by_index = {g.index: g for g in gpus}
+    regs = registration.quotas
+    if unknown := [q.gpu_index for q in regs if q.gpu_index not in by_index]:
+        log.warning("%s: registered on unknown GPUs %s; ignored", c.describe(), unknown)
+        return None
+    shares = tuple(
+        GpuShare(q.gpu_index, by_index[q.gpu_index].uuid, q.memory_bytes, q.core_percent)
+        for q in regs
+    )
+    high = any(q.high_priority for q in regs)
+    return Allocation(c.id, c.name, c.pod, shares, "high" if high else "normal", "full")
+
+
+def recover(
+    c: ContainerInfo,
+    record: Allocation | None,
+    registration: Registration | None,
+    gpus: Sequence[Gpu],
+) -> Allocation | None:
+    """A live container's allocation, from what the plugin or the module wrote.
+
+    The module's registration wins when it is there; the record supplies what
+    the module does not keep (isolation, GPU order) when the two agree, and
+    stands alone for shares the module never held (isolation none, module
+    not loaded) or lost (reloaded: registered again by resync).
+    """
+    if record is not None and (record.name != c.name or record.pod != c.pod):
+        log.warning(
+            "%s: the record of container %s names %s in pod %r; not this container, ignored",
+            c.describe(),
+            c.id,
+            record.name,
+            record.pod,
+        )
+        record = None
+    if registration is None:
+        return record
+    module = from_registration(c, registration, gpus)
+    if module is None:
+        return record
+    if record is None:
+        return module
+    if sorted(quotas(record), key=_gpu) == sorted(registration.quotas, key=_gpu):
+        return record
+    log.warning(
+        "%s: the daemon's record (%s) differs from the kernel module's registration (%s); "
+        "the module's wins",
+        c.describe(),
+        record.describe_shares(),
+        module.describe_shares(),
+    )
+    return module
+
+
+def _gpu(q: Any) -> int:
+    return int(q.gpu_index)

@@ -1,0 +1,67 @@
+"""Which of a container's sources may ask for a share (the node's
+`SourcePolicy` for the path it came by), and what is ignored.
+
+A Kubernetes pod's creator writes its annotations; a container's labels in
+Kubernetes come only from its image (containerd merges the image's labels in;
+the kubelet sets none of ours), and its environment mixes the image's ENV with
+the pod spec's env, which NRI cannot tell apart.  So by default a pod asks
+through annotations only; image labels and environment are opt-in.  What a
+source may not say is hidden from the request parser and reported by
+`ignored`, so the container runs as if it had not said it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+from ..model import ASSIGNED, PREFIX, ContainerInfo, SourcePolicy
+
+REQUEST_ENV = (
+    "ALIYUN_COM_GPU_MEM_CONTAINER",
+    "ALIYUN_COM_GPU_VISIBLE_DEVICES",
+    "ALIYUN_COM_GPU_SCHD_WEIGHT",
+    "ALIYUN_COM_GPU_HIGH_PRIO",
+    "ALIYUN_COM_GPU_MEM_DEV",
+    "CGPU_DISABLE",
+    "EGPU",
+)
+"""The environment variables that ask for (or opt out of) a share."""
+
+
+def _ours(mapping: Mapping[str, str]) -> list[str]:
+    return sorted(k for k in mapping if k.startswith(PREFIX) and k != ASSIGNED)
+
+
+def visible(c: ContainerInfo, sources: SourcePolicy) -> ContainerInfo:
+    """The container as the request parser may see it under `sources`."""
+    if sources.annotations and sources.labels and sources.env:
+        return c
+    changes: dict[str, object] = {}
+    if not sources.annotations:
+        changes["pod_annotations"] = {}
+        changes["annotations"] = {}
+    if not sources.labels:
+        changes["labels"] = {}
+    if not sources.env:
+        changes["env"] = {}
+    return replace(c, **changes)  # type: ignore[arg-type]
+
+
+def ignored(c: ContainerInfo, sources: SourcePolicy) -> list[str]:
+    """What the container says about a share that `sources` does not let it
+    say, for a warning ("container label gpushare.io/gpu-memory", ...)."""
+    out: list[str] = []
+    if not sources.annotations:
+        out += [f"pod annotation {k}" for k in _ours(c.pod_annotations)]
+        out += [f"container annotation {k}" for k in _ours(c.annotations)]
+    if not sources.labels:
+        out += [f"container label {k}" for k in _ours(c.labels)]
+    if not sources.env:
+        out += [f"environment {k}" for k in REQUEST_ENV if k in c.env]
+    return out
+
+
+def namespace_allowed(c: ContainerInfo, sources: SourcePolicy) -> bool:
+    """Whether the container's namespace may ask for a share."""
+    return not sources.namespaces or c.pod_namespace in sources.namespaces
