@@ -47,11 +47,15 @@ def _print_status(status: dict[str, Any]) -> None:
             f"{format_bytes(gpu['memory_free'])} free of {format_bytes(gpu['memory_total'])}; "
             f"core {gpu['core_allocated']}%; {len(gpu['containers'])} container(s)"
         )
+    nri = status.get("nri", {})
+    if not nri.get("connected", True):
+        why = f": {nri['last_error']}" if nri.get("last_error") else ""
+        print(f"NRI: not connected to the runtime{why}")
     allocations = status["allocations"]
     if not allocations:
         print("no allocations")
-        return
-    print(f"{'CONTAINER':14} {'POD':30} {'GPU':>3} {'MEMORY':>9} {'CORE':>5} PRIORITY")
+    else:
+        print(f"{'CONTAINER':14} {'POD':30} {'GPU':>3} {'MEMORY':>9} {'CORE':>5} PRIORITY")
     for alloc in allocations:
         for share in alloc["gpus"]:
             core = f"{share['core']}%" if share["core"] else "-"
@@ -60,6 +64,11 @@ def _print_status(status: dict[str, Any]) -> None:
                 f"{share['index']:>3} {format_bytes(share['memory']):>9} {core:>5} "
                 f"{alloc['priority']}"
             )
+    for entry in status.get("unserved", []):
+        print(
+            f"UNSERVED {entry['container_id'][:13]} {entry['pod'] or entry['name']}: asked for "
+            f"{entry['asked']}, runs without a share ({entry['action']})"
+        )
 
 
 def _status(args: argparse.Namespace) -> int:

@@ -84,6 +84,12 @@ def test_quantity(value, expected):
             "duplicate index 0",
         ),
         ({"inventory": {"index": 0}}, "inventory: expected list"),
+        ({"state_dir": "relative/dir"}, "state_dir: 'relative/dir' must be an absolute path"),
+        ({"unserved": "ignore"}, "unserved: 'ignore' is not one of warn, deny"),
+        ({"sources": {"pods": {"env": "yes"}}}, "sources.pods.env: expected bool"),
+        ({"sources": {"pods": {"namespaces": ["Bad_NS"]}}}, "'Bad_NS' is not a Kubernetes"),
+        ({"sources": {"standalone": {"namespaces": []}}}, "sources.standalone.namespaces: unknown"),
+        ({"sources": {"kubernetes": {}}}, "sources.kubernetes: unknown key"),
         ([1, 2], "expected a mapping"),
     ],
 )
@@ -101,6 +107,16 @@ def test_load_config_errors(tmp_path):
     bad.write_text("nri: [unclosed")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
+
+
+def test_sources_defaults_and_overrides():
+    defaults = parse_config({})
+    assert (defaults.pod_sources.annotations, defaults.pod_sources.labels) == (True, False)
+    assert defaults.pod_sources.env is False and defaults.pod_sources.namespaces == ()
+    assert defaults.standalone_sources.labels and defaults.standalone_sources.env
+    assert defaults.state_dir == "/var/lib/nri-gpushare" and defaults.unserved == "warn"
+    config = parse_config({"sources": {"pods": {"env": True, "namespaces": ["ml"]}}})
+    assert config.pod_sources.env and config.pod_sources.namespaces == ("ml",)
 
 
 def test_shipped_example_config_loads():

@@ -26,6 +26,11 @@ UUID = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 INVENTORY = [{"index": 0, "uuid": UUID, "memory": "16Gi"}]
 
 
+def state(tmp_path) -> dict[str, str]:
+    """Config keys that keep the daemon's records in the test's directory."""
+    return {"state_dir": str(tmp_path / "state")}
+
+
 def views(pod: nri.PodSandbox, container: nri.Container):
     request = lite.decode_create_container_request(
         bytes(nri.CreateContainerRequest(pod=pod, container=container))
@@ -94,6 +99,7 @@ async def test_kmod_required_without_module_refuses_to_start(tmp_path):
             "kmod_root": str(tmp_path / "none"),
             "use_nvml": False,
             "inventory": INVENTORY,
+            **state(tmp_path),
         }
     )
     kmod = kmod_worker(config)
@@ -106,8 +112,10 @@ async def test_no_gpus_is_a_config_error():
         await build_service(parse_config({"use_nvml": False, "kmod": "off"}), None)
 
 
-async def test_handler_refusal_is_a_plugin_error_and_release_is_idempotent():
-    config = parse_config({"kmod": "optional", "use_nvml": False, "inventory": INVENTORY})
+async def test_handler_refusal_is_a_plugin_error_and_release_is_idempotent(tmp_path):
+    config = parse_config(
+        {"kmod": "optional", "use_nvml": False, "inventory": INVENTORY, **state(tmp_path)}
+    )
     kmod = FakeKernelModule()
     handler = GpuShareHandler(await build_service(config, Inline(kmod)))
     pod, big = views(
@@ -127,8 +135,10 @@ async def test_handler_refusal_is_a_plugin_error_and_release_is_idempotent():
     assert kmod.registrations() == [] and handler.service.allocations == {}
 
 
-async def test_remove_without_stop_releases():
-    config = parse_config({"kmod": "optional", "use_nvml": False, "inventory": INVENTORY})
+async def test_remove_without_stop_releases(tmp_path):
+    config = parse_config(
+        {"kmod": "optional", "use_nvml": False, "inventory": INVENTORY, **state(tmp_path)}
+    )
     kmod = FakeKernelModule()
     handler = GpuShareHandler(await build_service(config, Inline(kmod)))
     pod, container = views(
@@ -160,7 +170,9 @@ async def test_a_hung_module_access_blocks_nothing_else(tmp_path, mode):
     that need it as the kmod mode says, and 'slow' fails after its timeout."""
     kmod = Hangs("slow")
     worker = OffLoopKernelModule(kmod, timeout=0.5)
-    config = parse_config({"kmod": mode, "use_nvml": False, "inventory": INVENTORY2})
+    config = parse_config(
+        {"kmod": mode, "use_nvml": False, "inventory": INVENTORY2, **state(tmp_path)}
+    )
     handler = GpuShareHandler(await build_service(config, worker))
     path = str(tmp_path / "status.sock")
     status = StatusServer(path, handler.service.status)
@@ -200,3 +212,70 @@ async def test_a_hung_module_access_blocks_nothing_else(tmp_path, mode):
     await settled(worker)
     assert kmod.regs == {}  # 'slow' landed late and was unregistered behind it
     worker.close()
+
+
+async def test_state_dir_others_can_write_is_a_config_error(tmp_path):
+    bad = tmp_path / "shared"
+    bad.mkdir(mode=0o777)
+    bad.chmod(0o777)
+    config = parse_config(
+        {"kmod": "off", "use_nvml": False, "inventory": INVENTORY, "state_dir": str(bad)}
+    )
+    with pytest.raises(ConfigError, match="writable by others"):
+        await build_service(config, None)
+
+
+async def test_synchronize_survives_odd_containers_and_denies_unserved(tmp_path, monkeypatch):
+    config = parse_config(
+        {
+            "kmod": "off",
+            "use_nvml": False,
+            "inventory": INVENTORY,
+            "unserved": "deny",
+            **state(tmp_path),
+        }
+    )
+    handler = GpuShareHandler(await build_service(config, None))
+    killed = []
+    monkeypatch.setattr(
+        "nri_gpushare.daemon.kill_container",
+        lambda cid, pid: killed.append((cid, pid)) or f"killed (process {pid})",
+    )
+    pod = lite.decode_pod_sandbox(
+        bytes(
+            nri.PodSandbox(
+                id="p",
+                name="pod",
+                namespace="ns",
+                uid="u",
+                annotations={"gpushare.io/gpu-memory": "1Gi"},
+            )
+        )
+    )
+    asked = lite.decode_container(
+        bytes(
+            nri.Container(
+                id="c1",
+                pod_sandbox_id="p",
+                name="main",
+                pid=42,
+                state=nri.ContainerState.CONTAINER_RUNNING,
+            )
+        )
+    )
+    stopped = lite.decode_container(
+        bytes(
+            nri.Container(
+                id="c2",
+                pod_sandbox_id="p",
+                name="main",
+                pid=0,
+                state=nri.ContainerState.CONTAINER_STOPPED,
+            )
+        )
+    )
+    orphan = lite.decode_container(bytes(nri.Container(id="c3", pod_sandbox_id="gone")))
+    assert await handler.synchronize([pod], [asked, stopped, orphan]) == []
+    assert killed == [("c1", 42)]
+    [entry] = handler.service.status()["unserved"]
+    assert entry["container_id"] == "c1" and entry["action"] == "denied: killed (process 42)"

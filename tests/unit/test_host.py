@@ -156,3 +156,29 @@ def test_host_devices_fallbacks_without_driver():
 def test_host_devices_real_dev_null():
     devices = HostDevices(control_name="null")
     assert devices.control() == DeviceNode("/dev/null", "c", 1, 3)
+
+
+def _fake_proc(tmp_path, pid: int, cgroup: str):
+    (tmp_path / str(pid)).mkdir()
+    (tmp_path / str(pid) / "cgroup").write_text(cgroup)
+    return tmp_path
+
+
+def test_kill_container_kills_only_a_process_of_that_container(tmp_path):
+    import subprocess
+
+    from nri_gpushare.host import kill_container
+
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        fake = _fake_proc(tmp_path, proc.pid, "0::/k8s.io/other\n")
+        assert kill_container("abc123", proc.pid, fake).startswith("not killed")
+        assert proc.poll() is None
+        (fake / str(proc.pid) / "cgroup").write_text("0::/k8s.io/abc123\n")
+        assert kill_container("abc123", proc.pid, fake) == f"killed (process {proc.pid})"
+        assert proc.wait(10) == -9
+        assert kill_container("abc123", proc.pid, fake) == "already gone"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert kill_container("abc123", 0) == "not running: nothing to kill"
