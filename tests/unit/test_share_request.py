@@ -154,7 +154,8 @@ def test_devices_uuid_case_insensitive():
     ("text", "fragment"),
     [
         ("7", "no GPU 7 on this node"),
-        ("GPU-nope", "'GPU-nope' is not an index or a UUID"),
+        ("GPU-nope", "gpu-devices=GPU-nope: must be an index or a UUID"),
+        ("0,GPU-nope", "'GPU-nope' must be an index or a UUID"),
         ("1,1", "listed twice"),
         ("1,,2", "empty value"),
     ],
@@ -232,9 +233,20 @@ def test_unknown_per_container_key():
     assert "gpushare.io/container.<name>.<key>" in str(e)
 
 
-def test_unknown_label_key():
-    e = refused(labels={P + "gpu-cores": "10"})
-    assert "container label gpushare.io/gpu-cores: not a known key" in str(e)
+def test_unknown_container_annotation_key():
+    e = refused(annotations={P + "gpu-cores": "10"})
+    assert "container annotation gpushare.io/gpu-cores: not a known key" in str(e)
+
+
+def test_unknown_label_key_is_ignored_with_a_warning(caplog):
+    # containerd merges the image's labels in: an image's own gpushare.io/ label
+    # is not a request and must not stop the container.
+    req = parse(pod={P + "gpu-memory": "1Gi"}, labels={P + "maintainer": "x", P + "gpu-cores": "1"})
+    assert req.memory_bytes == (GiB,)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("container label gpushare.io/maintainer" in w and "ignored" in w for w in warnings)
+    assert any("container label gpushare.io/gpu-cores" in w for w in warnings)
+    assert parse(labels={P + "maintainer": "x"}) is None  # no request: not managed
 
 
 def test_foreign_and_own_output_keys_are_ignored():
@@ -474,10 +486,11 @@ def test_egpu_without_header_and_weight():
         ("PGPU=0", "needs PGPU=<GPU index> and MEM=<MiB>"),
         ("POLICY=0", "EGPU has no GPU block"),
         ("PGPU=9,MEM=1", "PGPU=9: no GPU 9"),
-        ("PGPU=GPU-x,MEM=1", "is not an index of a GPU"),
-        ("PGPU=0,MEM=1:PGPU=0,MEM=2", "a GPU appears in two blocks"),
-        ("PGPU=0,MEM=1,SPEED=3", "unknown field SPEED"),
+        ("PGPU=GPU-x,MEM=1", "PGPU=GPU-x: must be an index of a GPU"),
+        ("PGPU=0,MEM=1:PGPU=0,MEM=2", "a GPU appears in two blocks (GPU 0)"),
+        ("PGPU=0,MEM=1,SPEED=3", "EGPU block 1: unknown field SPEED"),
         ("PGPU=0,MEM", "'MEM' is not NAME=VALUE"),
+        ("POLICY=0:PGPU=0,MEM=1:PGPU=1", "EGPU block 3: needs PGPU"),
     ],
 )
 def test_egpu_bad(text, fragment):
@@ -519,3 +532,108 @@ def test_describe():
 def test_non_ascii_digits_are_a_clear_refusal(key):
     e = refused(pod={P + "gpu-memory": "1Gi", P + key: "²"})
     assert P + key in str(e)
+
+
+# -- values nobody checked (issue 8): any length, any characters ------------------
+
+LONG = "1" * 5000  # beyond Python's int() limit of 4,301 digits
+HUGE = 3 << 20  # a 3 MB value: quoting it whole would exceed ttrpc's 4 MiB message
+
+
+@pytest.mark.parametrize(
+    ("kw", "key", "fragment"),
+    [
+        ({"pod": {P + "gpu-memory": "1Gi", P + "gpu-core": LONG}}, P + "gpu-core", "multiple of 5"),
+        ({"pod": {P + "gpu-memory": "1Gi", P + "gpu-count": LONG}}, P + "gpu-count", "whole"),
+        ({"pod": {P + "gpu-memory": LONG}}, P + "gpu-memory", "longer than 64 characters"),
+        ({"pod": {P + "gpu-memory": "1" * 10**6}}, P + "gpu-memory", "longer than 64"),
+        ({"pod": {P + "gpu-memory": "1Gi", P + "gpu-devices": LONG}}, P + "gpu-devices", "UUID"),
+        (
+            {"pod": {P + "gpu-memory": "1Gi", P + "gpu-devices": "0" * 19}},
+            P + "gpu-devices",
+            "UUID",
+        ),
+        (
+            {"env": {"ALIYUN_COM_GPU_MEM_CONTAINER": LONG}},
+            "ALIYUN_COM_GPU_MEM_CONTAINER",
+            "whole number, at least 0, of at most 18 digits",
+        ),
+        (
+            {"env": {"ALIYUN_COM_GPU_MEM_CONTAINER": "1", "ALIYUN_COM_GPU_MEM_DEV": LONG}},
+            "ALIYUN_COM_GPU_MEM_DEV",
+            "whole GiB",
+        ),
+        (
+            {"env": {"ALIYUN_COM_GPU_MEM_CONTAINER": "1", "ALIYUN_COM_GPU_SCHD_WEIGHT": LONG}},
+            "ALIYUN_COM_GPU_SCHD_WEIGHT",
+            "between 1 and",
+        ),
+        ({"env": {"EGPU": f"PGPU=0,MEM={LONG}"}}, "EGPU", "whole number of MiB"),
+        ({"env": {"EGPU": f"PGPU={LONG},MEM=1"}}, "EGPU", "must be an index of a GPU"),
+        ({"env": {"EGPU": f"PGPU=0,MEM=1,WEIGHT={LONG}"}}, "EGPU", "percentage"),
+    ],
+)
+def test_long_numbers_are_refused_with_what_is_allowed(kw, key, fragment):
+    e = refused(**kw)
+    assert e.key == key and e.reason == "invalid"
+    assert fragment in str(e)
+    assert "(5000 characters)" in str(e) or "(1000000 characters)" in str(e) or "0" * 19 in str(e)
+    assert len(str(e)) < 600
+
+
+def test_whole_numbers_up_to_18_digits_are_read():
+    assert parse(pod={P + "gpu-memory": "1Gi", P + "gpu-devices": "0" * 18}).devices == (0,)
+    e = refused(pod={P + "gpu-memory": "1Gi", P + "gpu-count": "9" * 18})
+    assert e.reason == "capacity"  # read as a number, then too many GPUs
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"pod": {P + "gpu-memory": "x" * HUGE}},
+        {"pod": {P + "gpu-memory": "1Gi", P + "gpu-core": "x" * HUGE}},
+        {"pod": {P + "gpu-memory": "1Gi", P + "gpu-devices": "x" * HUGE}},
+        {"pod": {P + "gpu-memory": "1Gi", P + "priority": "x" * HUGE}},
+        {"pod": {P + "gpu-memory": "1Gi," * (HUGE // 16) + "1Gi"}},  # sizes, too many
+        {"pod": {P + "gpu-memory": "1Gi", P + "x" * HUGE: "1"}},
+        {"pod": {P + "gpu-memory": "1Gi", P + "container." + "x" * HUGE: "1"}},
+        {"annotations": {P + "x" * HUGE: "1"}},
+        {"labels": {P + "gpu-memory": "x" * HUGE}},
+        {"env": {"CGPU_DISABLE": "x" * HUGE}},
+        {"env": {"ALIYUN_COM_GPU_MEM_CONTAINER": "x" * HUGE}},
+        {"env": {"ALIYUN_COM_GPU_MEM_CONTAINER": "1", "NVIDIA_VISIBLE_DEVICES": "x" * HUGE}},
+        {"env": {"ALIYUN_COM_GPU_MEM_CONTAINER": "1", "ALIYUN_COM_GPU_SCHD_WEIGHT": "x" * HUGE}},
+        {"env": {"ALIYUN_COM_GPU_MEM_CONTAINER": "1", "ALIYUN_COM_GPU_HIGH_PRIO": "x" * HUGE}},
+        {"env": {"ALIYUN_COM_GPU_MEM_CONTAINER": "1", "ALIYUN_COM_GPU_MEM_DEV": "x" * HUGE}},
+        {"env": {"EGPU": "PGPU=0,MEM=1," + "x" * HUGE}},
+        {"env": {"EGPU": "PGPU=0,MEM=1," + "X" * HUGE + "=1"}},
+        {"env": {"EGPU": "PGPU=0,MEM=" + "x" * HUGE}},
+    ],
+)
+def test_a_refusal_quotes_a_huge_value_short_and_once(kw):
+    e = refused(**kw)
+    assert len(str(e)) < 1000, str(e)[:2000]
+    assert str(e).count(" characters)") <= 1, str(e)
+    assert e.key is not None and e.key[:64] in str(e)
+
+
+def test_a_list_names_the_bad_item_and_quotes_the_value_once():
+    e = refused(pod={P + "gpu-memory": "2X"})
+    assert str(e).count("2X") == 1  # the cite only: "gpu-memory=2X: not a memory size"
+    e = refused(pod={P + "gpu-memory": "1Gi,2X"})
+    assert "gpu-memory=1Gi,2X: '2X' is not a memory size" in str(e)
+    e = refused(pod={P + "gpu-memory": "1Gi", P + "gpu-core": "10,7"})
+    assert "gpu-core=10,7: '7' must be a multiple of 5" in str(e)
+    e = refused(env={"ALIYUN_COM_GPU_MEM_CONTAINER": "x"})
+    assert str(e).count("x:") == 1 and "'x'" not in str(e)
+
+
+def test_a_quoted_value_shows_control_characters_escaped():
+    e = refused(pod={P + "gpu-memory": "2\x00Gi\n"})
+    assert "gpu-memory=2\\x00Gi\\n:" in str(e) and "\n" not in str(e)
+
+
+@pytest.mark.parametrize("text", ["\uff12Gi", "\u0663", "1\uff10Gi", "\u00b2Gi"])
+def test_non_ascii_digits_are_not_a_size(text):
+    e = refused(pod={P + "gpu-memory": text})
+    assert f"gpu-memory={text}: not a memory size; use e.g. 2Gi" in str(e)

@@ -7,7 +7,7 @@ variable.
 
 from __future__ import annotations
 
-from ..units import GiB
+from ..units import GiB, quote
 from .settings import NOTHING, Context, Setting, Settings
 from .values import Invalid, int_list
 
@@ -21,25 +21,25 @@ def from_cgpu(ctx: Context) -> Settings:
     if disable is not None:
         flag = disable.strip().lower()
         if flag in TRUE:
-            return Settings(memory=Setting((0,), f"CGPU_DISABLE={disable}", "CGPU_DISABLE", "env"))
+            cite = f"CGPU_DISABLE={quote(disable)}"
+            return Settings(memory=Setting((0,), cite, "CGPU_DISABLE", "env"))
         if flag not in FALSE:
-            raise ctx.fail(f"CGPU_DISABLE={disable}: must be true or false", "CGPU_DISABLE")
+            raise ctx.fail(f"CGPU_DISABLE={quote(disable)}: must be true or false", "CGPU_DISABLE")
     text = env.get("ALIYUN_COM_GPU_MEM_CONTAINER")
     if text is None or not text.strip():
         return NOTHING
     key = "ALIYUN_COM_GPU_MEM_CONTAINER"
+    cite = f"{key}={quote(text)}"
     try:
         gib = int_list(text, 0, None)
         if len(gib) > 1 and 0 in gib:
             raise Invalid("0 opts out and cannot be one value of a list")
     except Invalid as e:
         raise ctx.fail(
-            f"{key}={text}: {e}; use whole GiB per GPU, e.g. 3 or 3,1 (0: no sharing)", key
+            f"{cite}: {e}; use whole GiB per GPU, e.g. 3 or 3,1 (0: no sharing)", key
         ) from None
     memory_values = tuple(v * GiB for v in gib)
-    memory = Setting(
-        memory_values, f"environment {key}={text}", key, "env", default_count=len(ctx.gpus)
-    )
+    memory = Setting(memory_values, f"environment {cite}", key, "env", default_count=len(ctx.gpus))
     if memory_values == (0,):
         return Settings(memory=memory)
     return Settings(
@@ -59,7 +59,9 @@ def memory_dev(ctx: Context) -> int | None:
     try:
         (gib,) = int_list(text, 1, None, single=True)
     except Invalid:
-        raise ctx.fail(f"{var}={text}: must be the GPU's memory in whole GiB", var) from None
+        raise ctx.fail(
+            f"{var}={quote(text)}: must be the GPU's memory in whole GiB (at least 1)", var
+        ) from None
     return gib * GiB
 
 
@@ -68,11 +70,12 @@ def _devices(ctx: Context) -> Setting[tuple[int, ...]] | None:
         devs = ctx.c.env.get(var)
         if devs is None or devs.strip().lower() in ("", "all", "none", "void"):
             continue
+        cite = f"{var}={quote(devs)}"
         try:
             value = ctx.gpu_list.parse(devs.strip())
         except Invalid as e:
-            raise ctx.fail(f"{var}={devs}: {e}", var) from None
-        return Setting(value, f"environment {var}={devs}", var, "env")
+            raise ctx.fail(f"{cite}: {e}", var) from None
+        return Setting(value, f"environment {cite}", var, "env")
     return None
 
 
@@ -86,13 +89,14 @@ def _weight(ctx: Context) -> Setting[tuple[int, ...]] | None:
         (weight,) = int_list(w, 1, max_inst, single=True)
     except Invalid:
         raise ctx.fail(
-            f"{var}={w}: must be a whole number between 1 and {max_inst} (max_inst of this node)",
+            f"{var}={quote(w)}: must be a whole number between 1 and {max_inst} "
+            "(max_inst of this node)",
             var,
         ) from None
     if weight <= 1:
         return None
     core = max(5, 20 * weight // max_inst * 5)
-    return Setting((core,), f"environment {var}={w} ({core}%)", var, "env")
+    return Setting((core,), f"environment {var}={quote(w)} ({core}%)", var, "env")
 
 
 def _priority(ctx: Context) -> Setting[str] | None:
@@ -102,5 +106,7 @@ def _priority(ctx: Context) -> Setting[str] | None:
         return None
     flag = p.strip().lower()
     if flag not in TRUE + FALSE:
-        raise ctx.fail(f"{var}={p}: must be 1 (high) or 0 (normal)", var)
-    return Setting("high" if flag in TRUE else "normal", f"environment {var}={p}", var, "env")
+        raise ctx.fail(f"{var}={quote(p)}: must be 1 (high) or 0 (normal)", var)
+    return Setting(
+        "high" if flag in TRUE else "normal", f"environment {var}={quote(p)}", var, "env"
+    )

@@ -10,7 +10,7 @@ an optional header of node settings (ignored), then one block per GPU:
 from __future__ import annotations
 
 from ..model import ShareRefused
-from ..units import MiB
+from ..units import MiB, quote
 from .settings import NOTHING, Context, Setting, Settings
 from .values import Invalid, int_list
 
@@ -23,35 +23,40 @@ def from_egpu(ctx: Context) -> Settings:
     devices: list[int] = []
     memory: list[int] = []
     core: list[int] = []
-    for fields in parsed:
-        block = ",".join(f"{k}={v}" for k, v in fields.items())
+    for number, fields in parsed:
 
-        def bad(what: str, block: str = block) -> ShareRefused:
-            return ctx.fail(f"EGPU block '{block}': {what}", "EGPU")
+        def bad(what: str, number: int = number) -> ShareRefused:
+            return ctx.fail(f"EGPU block {number}: {what}", "EGPU")
 
         if unknown := set(fields) - {"PGPU", "MEM", "WEIGHT"}:
-            raise bad(f"unknown field {', '.join(sorted(unknown))}; allowed PGPU, MEM, WEIGHT")
+            names = quote(", ".join(sorted(unknown)))
+            raise bad(f"unknown field {names}; allowed PGPU, MEM, WEIGHT")
         if "PGPU" not in fields or "MEM" not in fields:
             raise bad("needs PGPU=<GPU index> and MEM=<MiB>")
         try:
             devices.extend(ctx.gpu_list.parse(fields["PGPU"], indexes_only=True))
         except Invalid as e:
-            raise bad(f"PGPU={fields['PGPU']}: {e}") from None
+            raise bad(f"PGPU={quote(fields['PGPU'])}: {e}") from None
         try:
             memory.extend(m * MiB for m in int_list(fields["MEM"], 1, None, single=True))
         except Invalid:
-            raise bad(f"MEM={fields['MEM']}: must be a whole number of MiB, at least 1") from None
+            raise bad(
+                f"MEM={quote(fields['MEM'])}: must be a whole number of MiB, at least 1"
+            ) from None
         if "WEIGHT" in fields:
             try:
                 core.extend(int_list(fields["WEIGHT"], 1, 100, single=True))
             except Invalid:
                 raise bad(
-                    f"WEIGHT={fields['WEIGHT']}: must be a percentage between 1 and 100"
+                    f"WEIGHT={quote(fields['WEIGHT'])}: must be a percentage between 1 and 100"
                 ) from None
         else:
             core.append(0)
-    if len(set(devices)) != len(devices):
-        raise ctx.fail(f"EGPU={text}: a GPU appears in two blocks", "EGPU")
+    seen: set[int] = set()
+    for d in devices:
+        if d in seen:
+            raise ctx.fail(f"EGPU: a GPU appears in two blocks (GPU {d})", "EGPU")
+        seen.add(d)
     listed = ",".join(str(d) for d in devices)
     return Settings(
         memory=Setting(
@@ -74,19 +79,19 @@ def from_egpu(ctx: Context) -> Settings:
     )
 
 
-def _blocks(ctx: Context, text: str) -> list[dict[str, str]]:
-    """The GPU blocks as NAME -> value, the header skipped."""
-    parsed: list[dict[str, str]] = []
-    for number, block in enumerate(b.strip() for b in text.strip().split(":")):
+def _blocks(ctx: Context, text: str) -> list[tuple[int, dict[str, str]]]:
+    """The GPU blocks as (position in `text` from 1, NAME -> value), the header skipped."""
+    parsed: list[tuple[int, dict[str, str]]] = []
+    for number, block in enumerate((b.strip() for b in text.strip().split(":")), 1):
         fields: dict[str, str] = {}
         for item in filter(None, (i.strip() for i in block.split(","))):
             name, eq, value = item.partition("=")
             if not eq:
-                raise ctx.fail(f"EGPU block '{block}': '{item}' is not NAME=VALUE", "EGPU")
+                raise ctx.fail(f"EGPU block {number}: '{quote(item)}' is not NAME=VALUE", "EGPU")
             fields[name.strip().upper()] = value.strip()
-        if number == 0 and "PGPU" not in fields:
+        if number == 1 and "PGPU" not in fields:
             continue  # header: node settings (POLICY, ONLINE, TYPE), not ours
-        parsed.append(fields)
+        parsed.append((number, fields))
     if not parsed:
         raise ctx.fail(
             "EGPU has no GPU block; expected PGPU=<index>,MEM=<MiB>[,WEIGHT=<percent>] "

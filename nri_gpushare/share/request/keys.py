@@ -1,14 +1,23 @@
 """Requests written as ``gpushare.io/`` keys: pod annotations (pod-wide and
-per container) and the container's own annotations and labels."""
+per container) and the container's own annotations and labels.
+
+An unknown ``gpushare.io/`` key in an annotation is refused: a person typed it
+(e.g. a misspelt request).  One in the container's labels is only logged:
+containerd merges the image's labels in, and an image may carry labels of its
+own under our prefix (``gpushare.io/maintainer``)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import NamedTuple, TypeVar
 
 from ..model import ASSIGNED, ISOLATIONS, PLACEMENTS, PREFIX, PRIORITIES, ShareRefused
+from ..units import quote
 from .settings import Context, Setting, Settings
 from .values import Invalid, choice, core_list, equal, is_number, memory_list, same_list
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -22,7 +31,7 @@ def from_keys(ctx: Context) -> Settings:
     c = ctx.c
     _check_pod_keys(ctx, c.pod_annotations)
     own = _check_container_keys(ctx, c.annotations, "container annotation")
-    own |= _check_container_keys(ctx, c.labels, "container label")
+    own |= _check_container_keys(ctx, c.labels, "container label", unknown_ok=True)
     pod = _Sources(f"{PREFIX}container.{c.name}.", own)
 
     def count(text: str) -> int:
@@ -75,7 +84,7 @@ def _find(
 def _value(
     ctx: Context, parse: Callable[[str], T], text: str, full_key: str, where: str, level: str
 ) -> Setting[T]:
-    cite = f"{where} {full_key}={text}"
+    cite = f"{where} {full_key}={quote(text)}"
     try:
         value = parse(text.strip())
     except Invalid as e:
@@ -94,7 +103,7 @@ def _check_pod_keys(ctx: Context, annotations: Mapping[str, str]) -> None:
             if name and sub in KEYS:
                 continue
             raise ctx.fail(
-                f"pod annotation {key}: not a known key; per-container keys are "
+                f"pod annotation {quote(key)}: not a known key; per-container keys are "
                 f"{PREFIX}container.<name>.<key> with <key> one of {', '.join(KEYS)}",
                 key,
             )
@@ -102,8 +111,11 @@ def _check_pod_keys(ctx: Context, annotations: Mapping[str, str]) -> None:
             raise _unknown(ctx, key, "pod annotation")
 
 
-def _check_container_keys(ctx: Context, values: Mapping[str, str], where: str) -> bool:
-    """Refuses unknown keys; True when `values` has a request key."""
+def _check_container_keys(
+    ctx: Context, values: Mapping[str, str], where: str, unknown_ok: bool = False
+) -> bool:
+    """Refuses unknown keys (only logs them when `unknown_ok`: labels, which
+    come with the image); True when `values` has a request key."""
     found = False
     for key in values:
         if not key.startswith(PREFIX) or key == ASSIGNED:
@@ -112,14 +124,21 @@ def _check_container_keys(ctx: Context, values: Mapping[str, str], where: str) -
         # Pod annotations copied to the container by the runtime: read from the pod.
         if rest.startswith("container."):
             continue
-        if rest not in KEYS:
+        if rest in KEYS:
+            found = True
+        elif unknown_ok:
+            log.warning(
+                "%s: %s %s is not a gpushare.io request key; ignored (known keys: %s)",
+                ctx.c.describe(),
+                where,
+                quote(key),
+                ", ".join(KEYS),
+            )
+        else:
             raise _unknown(ctx, key, where)
-        found = True
     return found
 
 
 def _unknown(ctx: Context, key: str, where: str) -> ShareRefused:
-    return ctx.fail(
-        f"{where} {key}: not a known key; known keys are {', '.join(PREFIX + k for k in KEYS)}",
-        key,
-    )
+    known = ", ".join(PREFIX + k for k in KEYS)
+    return ctx.fail(f"{where} {quote(key)}: not a known key; known keys are {known}", key)

@@ -1,13 +1,21 @@
 """Value parsing shared by every request source: lists, whole numbers, sizes,
 compute percentages, choices and GPU lists.  Errors are `Invalid`, without the
-key: the caller knows which key or variable it read."""
+key: the caller knows which key or variable it read, and cites the value.
+
+Every value is someone else's: numbers are bounded before int() (`is_number`,
+`parse_size`), and a message shows a value only through `units.quote`, once
+(an error here names a list's item only when the list has more than one)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
 from ..model import Gpu
-from ..units import parse_size
+from ..units import SizeError, parse_size, quote
+
+MAX_DIGITS = 18
+"""Digits a whole number may have: far more than any count, index, percentage
+or size needs, and int() of it is cheap (Python refuses 4,301 digits)."""
 
 
 class Invalid(Exception):
@@ -22,8 +30,14 @@ def items(text: str) -> list[str]:
 
 
 def is_number(text: str) -> bool:
-    """ASCII decimal digits only (str.isdigit also accepts e.g. '²')."""
-    return text.isascii() and text.isdigit()
+    """A whole number: ASCII decimal digits only (str.isdigit also accepts
+    e.g. '²'), at most MAX_DIGITS of them."""
+    return len(text) <= MAX_DIGITS and text.isascii() and text.isdigit()
+
+
+def _which(item: str, values: Sequence[str]) -> str:
+    """The item an error is about, when the list has more than one."""
+    return f"'{quote(item)}' " if len(values) > 1 else ""
 
 
 def int_list(text: str, low: int, high: int | None, single: bool = False) -> list[int]:
@@ -33,20 +47,28 @@ def int_list(text: str, low: int, high: int | None, single: bool = False) -> lis
     out = []
     for item in values:
         if not is_number(item) or int(item) < low or (high is not None and int(item) > high):
-            raise Invalid(f"'{item}' is not allowed")
+            allowed = (
+                f" from {low} to {high}"
+                if high is not None
+                else f", at least {low}, of at most {MAX_DIGITS} digits"
+            )
+            raise Invalid(f"{_which(item, values)}must be a whole number{allowed}")
         out.append(int(item))
     return out
 
 
 def memory_list(text: str) -> tuple[int, ...]:
     """gpu-memory: sizes per GPU; a single 0 opts out."""
-    try:
-        values = tuple(parse_size(i) for i in items(text))
-    except ValueError as e:
-        raise Invalid(str(e)) from None
-    if values != (0,) and 0 in values:
+    values = items(text)
+    out = []
+    for item in values:
+        try:
+            out.append(parse_size(item))
+        except SizeError as e:
+            raise Invalid(str(e) if len(values) > 1 else e.reason) from None
+    if len(out) > 1 and 0 in out:
         raise Invalid("every GPU needs more than 0 bytes (a single 0 opts the container out)")
-    return values
+    return tuple(out)
 
 
 def core_list(text: str) -> tuple[int, ...]:
@@ -55,8 +77,10 @@ def core_list(text: str) -> tuple[int, ...]:
     out = []
     for item in values:
         if not is_number(item) or not 5 <= int(item) <= 100 or int(item) % 5:
-            which = f"'{item}' " if len(values) > 1 else ""
-            raise Invalid(f"{which}must be a multiple of 5 between 5 and 100 (percent of a GPU)")
+            raise Invalid(
+                f"{_which(item, values)}must be a multiple of 5 between 5 and 100 "
+                "(percent of a GPU)"
+            )
         out.append(int(item))
     return tuple(out)
 
@@ -82,7 +106,8 @@ class GpuList:
 
     def parse(self, text: str, indexes_only: bool = False) -> tuple[int, ...]:
         out: list[int] = []
-        for item in items(text):
+        values = items(text)
+        for item in values:
             if is_number(item):
                 index = int(item)
                 if index not in self.indexes:
@@ -91,9 +116,11 @@ class GpuList:
                 index = self.by_uuid[item.lower()]
             else:
                 what = "an index" if indexes_only else "an index or a UUID"
-                raise Invalid(f"'{item}' is not {what} of a GPU of this node; {self.known()}")
+                raise Invalid(
+                    f"{_which(item, values)}must be {what} of a GPU of this node; {self.known()}"
+                )
             if index in out:
-                raise Invalid(f"GPU {item} is listed twice")
+                raise Invalid(f"GPU {item} is listed twice")  # a known index or UUID: short
             out.append(index)
         return tuple(out)
 
