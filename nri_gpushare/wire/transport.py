@@ -164,7 +164,7 @@ class MuxConnection:
             return Response(int(exc.code), exc.message)
         except Exception as exc:
             log.exception("handler for %s/%s failed", request.service, request.method)
-            return Response(Code.INTERNAL, str(exc) or type(exc).__name__)
+            return Response(Code.INTERNAL, _message(exc))
         if not isinstance(payload, bytes | bytearray | memoryview):
             message = f"handler returned {type(payload).__name__}, not bytes"
             log.error("%s/%s: %s", request.service, request.method, message)
@@ -200,6 +200,14 @@ class MuxConnection:
         else:
             self._writer.transport.abort()
         self._closed_event.set()
+
+
+def _message(exc: BaseException) -> str:
+    """An exception's message, or its type's name (also when str() itself fails)."""
+    try:
+        return str(exc) or type(exc).__name__
+    except Exception:
+        return type(exc).__name__
 
 
 class TtrpcClient:

@@ -142,6 +142,24 @@ async def test_handler_exception_answers_internal_and_connection_survives(pair):
     assert not plugin.closed and not runtime.closed
 
 
+async def test_handler_exception_without_a_message_still_answers(pair):
+    plugin, runtime = pair
+
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no message either")
+
+    async def handler(service, method, payload):
+        raise Unprintable if method == "unprintable" else MemoryError
+
+    plugin.serve(1, handler)
+    for method, message in (("unprintable", "Unprintable"), ("empty", "MemoryError")):
+        with pytest.raises(TtrpcError) as info:
+            await within(runtime.client(1).call("s", method, b""))
+        assert (info.value.code, info.value.message) == (Code.INTERNAL, message)
+    assert not plugin.closed
+
+
 async def test_no_handler_answers_unimplemented(pair):
     plugin, runtime = pair
     with pytest.raises(TtrpcError) as info:
