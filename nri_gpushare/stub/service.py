@@ -5,6 +5,12 @@ returns the reply payload (or raises `TtrpcError` for an error status): the
 transport serves it on conn 1, and tests drive it byte for byte.  Which RPCs
 exist and which handler each reaches comes from the event table
 (`stub.events`); this module holds the codec of each RPC.
+
+A connection whose Configure or Synchronize failed, or ran past the runtime's
+request timeout, can never work: the runtime (containerd 1.7, NRI 0.6) keeps
+such a plugin connected but never sends it an event.  The service then sets
+`broken` (and `failure`, why) and the stub drops the connection, after the
+error reply has gone out, and reconnects.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ DEFAULT_REQUEST_TIMEOUT = 2.0
 """Seconds the runtime waits for a reply, until Configure says (NRI's default)."""
 DEFAULT_REGISTRATION_TIMEOUT = 5.0
 """Seconds to wait for registration, until Configure says (NRI's default)."""
+SESSION_METHODS = frozenset({"Configure", "Synchronize"})
+"""Requests whose failure leaves the connection useless (see `PluginService.broken`)."""
 _TIMING_SAMPLES = 4096  # handler timings kept per method, for `status`
 
 
@@ -56,6 +64,10 @@ class PluginService:
         """Called with each Configure request, before the plugin's configure()."""
         #: Set once per connection when Synchronize has completed.
         self.synchronized = asyncio.Event()
+        #: Set when this connection can no longer work (Configure or Synchronize
+        #: failed or ran past the request timeout); `failure` says why.
+        self.broken = asyncio.Event()
+        self.failure = ""
         #: How many connections reached Synchronize (for tests and logs).
         self.sessions = 0
         #: Recent time spent inside the plugin's handlers, per RPC method (seconds).
@@ -64,9 +76,19 @@ class PluginService:
         self._sync_containers: list[ContainerView] = []
 
     def reset(self) -> None:
-        """Forget the previous connection's Synchronize state."""
+        """Forget the previous connection's Synchronize state and failure."""
         self.synchronized.clear()
+        self.broken.clear()
+        self.failure = ""
         self._sync_pods, self._sync_containers = [], []
+
+    def fail(self, reason: str) -> None:
+        """Mark this connection broken (the first reason is kept)."""
+        if self.broken.is_set():
+            return
+        self.failure = reason
+        self.synchronized.clear()
+        self.broken.set()
 
     def begin(self) -> None:
         """A new connection: nothing synchronized, NRI's default timeouts until
@@ -87,36 +109,49 @@ class PluginService:
         watchdog = asyncio.get_running_loop().call_later(budget, self._overdue, method, budget)
         try:
             return await serve(self, payload)
-        except PluginError as exc:
-            raise TtrpcError(Code.UNKNOWN, str(exc)) from None
-        except DecodeError as exc:
-            raise TtrpcError(Code.INVALID_ARGUMENT, f"{method}: malformed request: {exc}") from None
-        except TtrpcError:
-            raise
         except Exception as exc:
-            log.exception("%s handler failed", method)
-            raise TtrpcError(
-                Code.INTERNAL, f"{self.name}: internal error in {method}: {exc}"
-            ) from exc
+            error = self._status(method, exc)
+            if method in SESSION_METHODS:
+                self.fail(f"{method} failed: {error}")
+            if error is exc:
+                raise
+            raise error from exc
         finally:
             watchdog.cancel()
             elapsed = time.perf_counter() - started
             self.handler_seconds.setdefault(method, deque(maxlen=_TIMING_SAMPLES)).append(elapsed)
             if elapsed > budget:
-                log.warning(
-                    "%s answered after %.3f s, past the runtime's request timeout of %.3f s",
-                    method,
-                    elapsed,
-                    budget,
+                message = (
+                    f"{method} answered after {elapsed:.3f} s,"
+                    f" past the runtime's request timeout of {budget:.3f} s"
                 )
+                if method in SESSION_METHODS:
+                    self.fail(message)
+                else:
+                    log.warning("%s", message)
+
+    def _status(self, method: str, exc: Exception) -> TtrpcError:
+        """The error status that answers a handler's exception."""
+        if isinstance(exc, TtrpcError):
+            return exc
+        if isinstance(exc, PluginError):
+            return TtrpcError(Code.UNKNOWN, describe_error(exc))
+        if isinstance(exc, DecodeError):
+            return TtrpcError(Code.INVALID_ARGUMENT, f"{method}: malformed request: {exc}")
+        log.error("%s handler failed", method, exc_info=exc)
+        return TtrpcError(
+            Code.INTERNAL, f"{self.name}: internal error in {method}: {describe_error(exc)}"
+        )
 
     def _overdue(self, method: str, budget: float) -> None:
-        log.warning(
-            "%s is still running after %.3f s, the runtime's request timeout:"
-            " the runtime has given up waiting for it",
-            method,
-            budget,
+        message = (
+            f"{method} is still running after {budget:.3f} s, the runtime's request timeout:"
+            " the runtime has given up waiting for it"
         )
+        if method in SESSION_METHODS:
+            self.fail(message)  # the stub drops the connection now
+        else:
+            log.warning("%s", message)  # NRI closes the connection itself
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -154,9 +189,11 @@ class PluginService:
         pods, containers = self._sync_pods, self._sync_containers
         self._sync_pods, self._sync_containers = [], []
         updates = await self.plugin.synchronize(pods, containers)
-        self.sessions += 1
-        self.synchronized.set()
-        return lite.encode_synchronize_response(updates=_encoded(updates))
+        reply = lite.encode_synchronize_response(updates=_encoded(updates))
+        if not self.broken.is_set():  # else the runtime gave up on it meanwhile
+            self.sessions += 1
+            self.synchronized.set()
+        return reply
 
     async def _shutdown(self, payload: bytes) -> bytes:
         await self.plugin.shutdown()
@@ -220,6 +257,14 @@ class PluginService:
         except PluginError as exc:
             return lite.encode_validate_adjustment_response(reject=True, reason=str(exc))
         return lite.EMPTY  # accepted
+
+
+def describe_error(exc: BaseException) -> str:
+    """An exception's message, or its type's name (also when str() itself fails)."""
+    try:
+        return str(exc) or type(exc).__name__
+    except Exception:
+        return type(exc).__name__
 
 
 def _encoded(updates: Iterable[betterproto.Message] | None) -> list[bytes]:

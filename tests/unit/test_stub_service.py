@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -352,3 +353,107 @@ def test_notify_events_have_no_reply_data() -> None:
     for spec in EVENTS:
         empty_reply = f"message {spec.rpc}Response {{}}" in PROTO
         assert empty_reply or spec.delivery is Delivery.RPC, spec.rpc
+
+
+# -- a connection that can no longer work ----------------------------------------------
+
+
+class Failing(Everything):
+    """Fails configure() or synchronize() with what it is given, or stalls them."""
+
+    def __init__(self, configure: Any = None, synchronize: Any = None, stall: float = 0) -> None:
+        super().__init__()
+        self.failures = {"configure": configure, "synchronize": synchronize}
+        self.stall = stall
+
+    async def _maybe(self, what: str) -> None:
+        if self.stall:
+            await asyncio.sleep(self.stall)
+        if self.failures[what] is not None:
+            raise self.failures[what]
+
+    async def configure(self, config: str, runtime_name: str, runtime_version: str) -> Any:
+        await self._maybe("configure")
+
+    async def synchronize(self, pods: Any, containers: Any) -> Any:
+        await self._maybe("synchronize")
+        return []
+
+
+@pytest.mark.parametrize("method", ["Configure", "Synchronize"])
+@pytest.mark.parametrize(
+    "failure",
+    [RuntimeError("crashed"), PluginError("refused"), RecursionError(), MemoryError()],
+    ids=lambda exc: type(exc).__name__,
+)
+async def test_a_failed_configure_or_synchronize_breaks_the_connection(
+    method: str, failure: BaseException
+) -> None:
+    service = PluginService(Failing(**{method.lower(): failure}))
+    request = LEGACY if method == "Configure" else nri.SynchronizeRequest()
+    with pytest.raises(TtrpcError) as info:
+        await handle(service, method, request)
+    assert service.broken.is_set() and not service.synchronized.is_set()
+    assert service.failure == f"{method} failed: {info.value}"
+    assert service.sessions == 0
+    service.begin()  # the next connection starts whole
+    assert not service.broken.is_set() and service.failure == ""
+
+
+async def test_a_malformed_synchronize_chunk_breaks_the_connection() -> None:
+    service = PluginService(Everything())
+    with pytest.raises(TtrpcError) as info:
+        await service.handle(PLUGIN, "Synchronize", b"\x12\x09garbage")
+    assert info.value.code == Code.INVALID_ARGUMENT
+    assert service.broken.is_set() and "malformed" in service.failure
+
+
+async def test_updates_that_do_not_encode_leave_synchronize_unfinished() -> None:
+    class BadUpdates(Everything):
+        async def synchronize(self, pods: Any, containers: Any) -> Any:
+            return ["not a message"]
+
+    service = PluginService(BadUpdates())
+    with pytest.raises(TtrpcError):
+        await handle(service, "Synchronize", nri.SynchronizeRequest())
+    assert service.broken.is_set()
+    assert not service.synchronized.is_set() and service.sessions == 0
+
+
+async def test_a_failed_event_leaves_the_connection_whole() -> None:
+    class Refusing(Everything):
+        async def create_container(self, pod: Any, container: Any) -> Any:
+            raise RuntimeError("crashed")
+
+    service = PluginService(Refusing())
+    with pytest.raises(TtrpcError):
+        await handle(service, "CreateContainer", nri.CreateContainerRequest(pod=POD, container=CTR))
+    assert not service.broken.is_set()
+
+
+async def test_a_synchronize_past_the_request_timeout_breaks_the_connection() -> None:
+    service = PluginService(Failing(stall=0.15))
+    service.request_timeout = 0.05
+    task = asyncio.create_task(handle(service, "Synchronize", nri.SynchronizeRequest()))
+    await asyncio.wait_for(service.broken.wait(), 5)  # while the handler still runs
+    assert not task.done()
+    assert service.failure == (
+        "Synchronize is still running after 0.050 s, the runtime's request timeout:"
+        " the runtime has given up waiting for it"
+    )
+    await task  # answered late: the failure stays the first one, and it does not count
+    assert service.failure.startswith("Synchronize is still running")
+    assert not service.synchronized.is_set() and service.sessions == 0
+
+
+async def test_a_synchronize_answered_late_breaks_the_connection() -> None:
+    class Blocking(Everything):
+        async def synchronize(self, pods: Any, containers: Any) -> Any:
+            time.sleep(0.1)  # blocks the loop: the watchdog cannot fire first
+            return []
+
+    service = PluginService(Blocking())
+    service.request_timeout = 0.05
+    await handle(service, "Synchronize", nri.SynchronizeRequest())
+    assert service.broken.is_set() and not service.synchronized.is_set()
+    assert re.match(r"Synchronize answered after 0\.1\d* s, past .* 0\.050 s", service.failure)
