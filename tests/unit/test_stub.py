@@ -390,7 +390,9 @@ async def test_backoff_never_exceeds_one_second(tmp_path):
     assert delays[-3:] == [1.0] * 3  # it settles at the ceiling
 
 
-async def test_backoff_starts_over_after_a_session(tmp_path):
+async def _closing_sessions(tmp_path, *, synchronize: bool) -> list[float]:
+    """The reconnect delays of a stub whose first three sessions the runtime
+    closes, after Configure and Synchronize or right after registration."""
     runtime = FakeRuntime()
     path = str(tmp_path / "nri.sock")
     server = await runtime.serve(path)
@@ -404,12 +406,25 @@ async def test_backoff_starts_over_after_a_session(tmp_path):
     task = asyncio.create_task(stub.run())
     for _ in range(3):
         conn, _ = await runtime.next_plugin()
+        if synchronize:
+            await call(conn, "Configure", nri.ConfigureRequest(runtime_name="containerd"))
+            await call(conn, "Synchronize", nri.SynchronizeRequest())
         await conn.close()
     await runtime.next_plugin()
     await stub.stop()
     await asyncio.wait_for(task, 5)
     server.close()
-    assert delays == [0.05, 0.05, 0.05]
+    return delays
+
+
+async def test_backoff_starts_over_after_a_synchronized_session(tmp_path):
+    assert await _closing_sessions(tmp_path, synchronize=True) == [0.05, 0.05, 0.05]
+
+
+async def test_backoff_goes_on_while_sessions_never_synchronize(tmp_path):
+    # A runtime that accepts the registration but never synchronizes us (or a
+    # Synchronize that keeps failing) is not retried 20 times a second.
+    assert await _closing_sessions(tmp_path, synchronize=False) == [0.05, 0.1, 0.2]
 
 
 class SilentRuntime(FakeRuntime):
