@@ -29,33 +29,74 @@ _WIRE_OF = (
 )
 
 
+class _Schema(NamedTuple):
+    wire_types: dict[int, int]  # by field number (packable repeated fields: either)
+    nested: dict[int, type[betterproto.Message]]  # message class by field number
+    known: frozenset[int]  # every field number of the message
+
+
 @cache
-def _schema(cls: type[betterproto.Message]) -> tuple[dict[int, int], dict[int, type]]:
-    """(wire type, nested message class) by field number, from betterproto's metadata."""
+def _schema(cls: type[betterproto.Message]) -> _Schema:
+    """A message's fields from betterproto's metadata."""
     meta = cast(Any, cls)._betterproto
     wire_types: dict[int, int] = {}
-    nested: dict[int, type] = {}
+    nested: dict[int, type[betterproto.Message]] = {}
     for name, info in meta.meta_by_field_name.items():
         packable = info.proto_type in betterproto.PACKED_TYPES
         if not (packable and meta.default_gen[name] is list):  # packed or not: both fine
             wire_types[info.number] = _WIRE_OF[info.proto_type]
         if info.proto_type in (betterproto.TYPE_MESSAGE, betterproto.TYPE_MAP):
             nested[info.number] = meta.cls_by_field[name]  # a map's entry class
-    return wire_types, nested
+    return _Schema(wire_types, nested, frozenset(meta.field_name_by_number))
 
 
-def check(cls: type[betterproto.Message], raw: bytes) -> None:
-    """Check the wire structure of a whole message tree of type `cls`."""
-    wire_types, nested = _schema(cls)
+def check(cls: type[betterproto.Message], raw: bytes) -> bool:
+    """Check the wire structure of a whole message tree of type `cls`; True
+    when some message in it has a field the schema does not know."""
+    wire_types, nested, known = _schema(cls)
+    unknown = False
     for number, value in pb.fields(raw, cls.__name__, wire_types):
         sub = nested.get(number)
         if sub is not None:
-            check(sub, value)
+            unknown = check(sub, value) or unknown
+        elif number not in known:
+            unknown = True
+    return unknown
+
+
+def _known_only(cls: type[betterproto.Message], raw: bytes) -> bytes:
+    """`raw` (checked) without the fields `cls` does not know, at any depth.
+
+    betterproto appends each unknown field to a bytes attribute, copying all
+    the earlier ones: quadratic in a request that repeats one a million times.
+    """
+    _, nested, known = _schema(cls)
+    out = bytearray()
+    pos, end, what = 0, len(raw), cls.__name__
+    while pos < end:
+        start = pos
+        key, pos = pb.read_varint(raw, pos, what)
+        number, wire_type = key >> 3, key & 7
+        if wire_type == pb.LEN:
+            size, pos = pb.read_varint(raw, pos, what)
+            payload, pos = pos, pos + size
+        elif wire_type == pb.VARINT:
+            _, pos = pb.read_varint(raw, pos, what)
+        else:  # check() let only FIXED64 and FIXED32 through
+            pos += 8 if wire_type == pb.FIXED64 else 4
+        sub = nested.get(number)
+        if sub is not None and wire_type == pb.LEN:
+            out += pb.len_field(number, _known_only(sub, raw[payload:pos]))
+        elif number in known:
+            out += raw[start:pos]
+    return bytes(out)
 
 
 def parse(cls: type[M], raw: bytes) -> M:
-    """Check, then parse with betterproto; any failure is a DecodeError."""
-    check(cls, raw)
+    """Check, then parse with betterproto; any failure is a DecodeError.
+    Fields the schema does not know (a newer NRI's) are left out."""
+    if check(cls, raw):
+        raw = _known_only(cls, raw)
     try:
         return cls().parse(raw)
     except Exception as exc:

@@ -4,6 +4,9 @@ malformed input only ever raises DecodeError."""
 
 from __future__ import annotations
 
+import gc
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,7 @@ from hypothesis import strategies as st
 
 from nri_gpushare.api import lite, nri
 from nri_gpushare.api.lite import Adjustment, DecodeError, Device, MountSpec
+from nri_gpushare.wire import pb as lite_pb
 
 PAYLOAD = (Path(__file__).parent / "data" / "create_container_request.bin").read_bytes()
 FEW = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -530,6 +534,42 @@ def test_unknown_fields_and_wire_types_are_skipped() -> None:
     assert (got.pod.id, got.container.id) == ("p", "c")
 
 
+def test_message_leaves_out_unknown_fields_at_any_depth() -> None:
+    # Fields 100 (varint), 127 (fixed64, fixed32) and 200 (bytes): a newer NRI's.
+    unknown = b"\xa0\x06\x01" + b"\xf9\x07" + bytes(8) + b"\xfd\x07" + bytes(4) + b"\xc2\x0c\x01x"
+    raw = (
+        b"\x0a\x01c"
+        + unknown
+        + ld(8, b"A=b")
+        + ld(11, ld(5, b"/x") + unknown)  # linux.cgroups_path
+        + ld(5, b"\x0a\x01k\x12\x01v" + unknown)  # a label's map entry
+        + ld(9, ld(1, b"/d") + unknown)  # a mount
+        + ld(9, ld(1, b"/e"))
+        + unknown
+    )
+    want = nri.Container(
+        id="c",
+        env=["A=b"],
+        linux=nri.LinuxContainer(cgroups_path="/x"),
+        labels={"k": "v"},
+        mounts=[nri.Mount(destination="/d"), nri.Mount(destination="/e")],
+    )
+    got = lite.decode_container(raw).message()
+    assert got == want
+    assert bytes(got) == bytes(want)  # nothing unknown kept to write back
+
+
+def test_message_without_unknown_fields_parses_the_bytes_as_they_are(monkeypatch) -> None:
+    from nri_gpushare.api import views
+
+    def copying(cls, raw):
+        raise AssertionError("copied a message with no unknown field")
+
+    monkeypatch.setattr(views, "_known_only", copying)
+    view = lite.decode_create_container_request(PAYLOAD)
+    assert view.container.message() == nri.CreateContainerRequest().parse(PAYLOAD).container
+
+
 def test_negative_and_large_ints() -> None:
     got = lite.decode_container(bytes(nri.Container(state=3, pid=(1 << 32) - 1)))
     assert (got.state, got.pid) == (3, (1 << 32) - 1)
@@ -681,3 +721,67 @@ def test_repeated_singular_fields_merge_in_linear_time(monkeypatch) -> None:
     request = decode.decode_create_container_request(data)
     assert request.container.id == "c"
     assert copied <= 2 * len(data)
+
+
+# -- decoding time grows linearly with repetition ---------------------------------
+
+REPEATS = 800_000  # a 4 MiB request holds about a million one-byte fields
+
+
+def _resources_with_unknown_fields(n: int) -> bytes:
+    # An UpdateContainerRequest whose LinuxResources repeats a field this schema
+    # does not know (a newer NRI's) n times; the stub parses it with betterproto.
+    resources = b"\xa0\x06\x01" * n  # field 100, varint 1
+    return GOOD_POD + GOOD_CTR + lite_pb.len_field(3, resources)
+
+
+def _update_resources(data: bytes) -> object:
+    return lite.decode_update_container_request(data).linux_resources_message()
+
+
+def _container_with_unknown_fields(n: int) -> bytes:
+    return b"\x0a\x01c" + b"\xa0\x06\x01" * n
+
+
+def _container_message(data: bytes) -> object:
+    return lite.decode_container(data).message()
+
+
+def _container_with_env(n: int) -> bytes:
+    return b"\x0a\x01c" + b"\x42\x03A=b" * n  # env (8), the hot path's own walk
+
+
+def _create_request_with_env(n: int) -> bytes:
+    return GOOD_POD + lite_pb.len_field(2, _container_with_env(n))
+
+
+def _seconds(decode: Callable[[bytes], object], data: bytes) -> float:
+    best = float("inf")
+    for _ in range(2):
+        started = time.perf_counter()
+        decode(data)
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+@pytest.mark.parametrize(
+    ("build", "decode"),
+    [
+        (_resources_with_unknown_fields, _update_resources),
+        (_container_with_unknown_fields, _container_message),
+        (_create_request_with_env, lite.decode_create_container_request),
+    ],
+    ids=["update-resources-unknown", "container-message-unknown", "create-env"],
+)
+def test_decoding_a_repeated_field_takes_linear_time(build, decode) -> None:
+    # Timings are compared within the test only: 4N repetitions take about 4x
+    # as long as N, and well under 8x (a quadratic decoder takes about 16x).
+    small, large = build(REPEATS // 4), build(REPEATS)
+    gc.collect()
+    gc.disable()
+    try:
+        decode(small)  # warm up
+        ratio = _seconds(decode, large) / _seconds(decode, small)
+    finally:
+        gc.enable()
+    assert ratio < 8, f"{REPEATS} repetitions took {ratio:.1f}x as long as {REPEATS // 4}"
