@@ -30,10 +30,13 @@ class FakeRuntime:
         self.registered: asyncio.Queue[tuple[MuxConnection, nri.RegisterPluginRequest]] = (
             asyncio.Queue()
         )
+        self.connections: list[MuxConnection] = []
+        """Every connection, kept referenced: asyncio streams hold their reader weakly."""
 
     async def serve(self, path: str) -> asyncio.AbstractServer:
         async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             conn = MuxConnection(reader, writer)
+            self.connections.append(conn)
 
             async def runtime_service(service: str, method: str, payload: bytes) -> bytes:
                 assert service == RUNTIME
@@ -437,6 +440,7 @@ class SilentRuntime(FakeRuntime):
     async def serve(self, path: str) -> asyncio.AbstractServer:
         async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             conn = MuxConnection(reader, writer)
+            self.connections.append(conn)
 
             async def runtime_service(service: str, method: str, payload: bytes) -> bytes:
                 await self.registered.put((conn, nri.RegisterPluginRequest().parse(payload)))

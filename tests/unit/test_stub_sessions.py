@@ -52,8 +52,12 @@ class FakeRuntime:
         self.registered: asyncio.Queue[MuxConnection] = asyncio.Queue()
         self.silent_registrations = 0
         """How many of the next RegisterPlugin calls get no reply."""
+        self.connections: list[MuxConnection] = []
+        """Every connection, kept referenced: asyncio streams hold their reader weakly."""
 
     def attach(self, conn: MuxConnection) -> None:
+        self.connections.append(conn)
+
         async def runtime_service(service: str, method: str, payload: bytes) -> bytes:
             assert (service, method) == (RUNTIME, "RegisterPlugin")
             await self.registered.put(conn)
