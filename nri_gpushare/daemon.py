@@ -34,6 +34,7 @@ from nri_gpushare.share.service import ShareService
 from nri_gpushare.statefile import StateDirError, StateFile
 from nri_gpushare.status import StatusServer
 from nri_gpushare.stub import Plugin, PluginError, Stub
+from nri_gpushare.stub.runtime import RuntimeConnectionLost
 
 log = logging.getLogger(__name__)
 
@@ -231,6 +232,7 @@ async def run_daemon(
         nri_state = {
             "connected": stub.synchronized.is_set(),
             "sessions": stub.sessions,
+            "last_error": stub.last_error,
             "handler_ms": {
                 method: _summary(samples) for method, samples in stub.handler_seconds.items()
             },
@@ -251,6 +253,11 @@ async def run_daemon(
     )
     try:
         await stub.run()
+    except RuntimeConnectionLost as exc:
+        # Launched by the runtime on fd 3: only a restart (by the runtime or
+        # systemd) can connect again.
+        log.error("nri-gpushare: the runtime connection is lost (%s); exiting", exc)
+        return 1
     finally:
         await status.close()
         if kmod is not None:
