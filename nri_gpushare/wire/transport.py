@@ -41,7 +41,12 @@ class _Logical:
 
 
 class MuxConnection:
-    """An NRI socket: ttrpc servers and clients on its logical connections."""
+    """An NRI socket: ttrpc servers and clients on its logical connections.
+
+    Keep a reference to it while it is in use: asyncio holds a stream's reader
+    only weakly, so an unreferenced connection and its read task can be
+    garbage-collected while the peer is still talking.
+    """
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._reader = reader
