@@ -2,7 +2,9 @@
 
 Protocol: connect to the unix socket, the plugin writes one JSON document
 and closes.  Nothing is read from the client, so the socket cannot be used to
-change anything; it is created mode 0660.
+change anything.  The socket is mode 0660 from the moment it exists; its
+directory is created 0750, and one already there is used only when it is the
+daemon's own and nobody else can write it (or they could swap the socket).
 """
 
 from __future__ import annotations
@@ -11,9 +13,15 @@ import asyncio
 import json
 import os
 import socket
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from nri_gpushare.config import ConfigError
+
+SOCKET_MODE = 0o660
+DIRECTORY_MODE = 0o750
 
 
 class StatusServer:
@@ -23,13 +31,22 @@ class StatusServer:
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:
-        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        """Listen on `path`; ConfigError (saying what to do) when it cannot."""
         try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
-        self._server = await asyncio.start_unix_server(self._serve, path=self.path)
-        os.chmod(self.path, 0o660)
+            _prepare_directory(Path(self.path).parent)
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+            sock = _bind(self.path)
+        except ConfigError as e:
+            raise ConfigError(f"status_socket {self.path}: {e}") from None
+        except OSError as e:
+            where = f" ({e.filename})" if e.filename else ""
+            raise ConfigError(
+                f"status_socket {self.path}: cannot create it: {e.strerror}{where}"
+            ) from e
+        self._server = await asyncio.start_unix_server(self._serve, sock=sock)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -47,6 +64,49 @@ class StatusServer:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+
+
+def _prepare_directory(directory: Path) -> None:
+    """Create `directory` 0750, or check the one there (never changing it)."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(directory, DIRECTORY_MODE)
+    except FileExistsError:
+        pass
+    else:
+        os.chmod(directory, DIRECTORY_MODE)  # exactly: the umask may have taken more
+        return
+    st = os.stat(directory)
+    if not stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{directory} is not a directory")
+    if st.st_uid != os.geteuid():
+        raise ConfigError(
+            f"directory {directory} is owned by uid {st.st_uid}, not by this daemon "
+            f"(uid {os.geteuid()}); use a directory of the daemon's own"
+        )
+    if st.st_mode & 0o022:
+        raise ConfigError(
+            f"directory {directory} is writable by others (mode {stat.S_IMODE(st.st_mode):04o}); "
+            f"use one only the daemon can write (e.g. chmod {DIRECTORY_MODE:04o} it)"
+        )
+
+
+def _bind(path: str) -> socket.socket:
+    """A unix socket bound to `path` with mode 0660, not yet listening."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        # bind() creates the file with the umask's mode: take away what 0660 does
+        # not give (for this instant the umask is the process's, hence no await).
+        old = os.umask(0o777 & ~SOCKET_MODE)
+        try:
+            sock.bind(path)
+        finally:
+            os.umask(old)
+        os.chmod(path, SOCKET_MODE)  # exactly, before listen() lets anyone connect
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def query_status(path: str, timeout: float = 5.0) -> dict[str, Any]:
