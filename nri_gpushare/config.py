@@ -40,6 +40,8 @@ class Config:
     socket: str = DEFAULT_SOCKET
     plugin_name: str = "gpushare"
     plugin_index: str = "10"
+    request_timeout: float = 2.0  # containerd's plugin_request_timeout
+    registration_timeout: float = 5.0  # containerd's plugin_registration_timeout
     status_socket: str = DEFAULT_STATUS_SOCKET
     log_level: str = "info"
     kmod: str = "optional"
@@ -190,6 +192,15 @@ def parse_config(data: object, source: str = "<config>") -> Config:
     plugin_index = f"{raw_index:02d}" if isinstance(raw_index, int) else raw_index
     if not re.fullmatch(r"\d\d", plugin_index):
         nri.fail(nri.key("plugin_index"), f"{raw_index!r} must be exactly two digits (00..99)")
+    timeouts = {}
+    for name, default in (
+        ("request_timeout", defaults.request_timeout),
+        ("registration_timeout", defaults.registration_timeout),
+    ):
+        value = nri.get(name, default, (int, float))
+        if not 0.1 <= value <= 600:
+            nri.fail(nri.key(name), f"{value} is outside 0.1..600 seconds")
+        timeouts[name] = float(value)
     nri.finish()
     pod_sources, standalone_sources = _parse_sources(source, top.get("sources", {}, dict))
     state_dir = top.get("state_dir", defaults.state_dir, str)
@@ -200,6 +211,8 @@ def parse_config(data: object, source: str = "<config>") -> Config:
         socket=socket,
         plugin_name=plugin_name,
         plugin_index=plugin_index,
+        request_timeout=timeouts["request_timeout"],
+        registration_timeout=timeouts["registration_timeout"],
         status_socket=top.get("status_socket", defaults.status_socket, str),
         log_level=top.choice(
             "log_level", defaults.log_level, ("debug", "info", "warning", "error")
@@ -233,4 +246,6 @@ def load_config(path: str | Path) -> Config:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    except ValueError:  # e.g. an integer past Python's 4300-digit conversion limit
+        raise ConfigError(f"{path}: not valid YAML: a number is far too long") from None
     return parse_config(data, str(path))

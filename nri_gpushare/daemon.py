@@ -219,13 +219,19 @@ async def run_daemon(
         raise
     handler = GpuShareHandler(service)
     if prelaunched:
-        stub = Stub.from_environment(handler)
+        stub = Stub.from_environment(
+            handler,
+            request_timeout=config.request_timeout,
+            registration_timeout=config.registration_timeout,
+        )
     else:
         stub = Stub(
             handler,
             name=config.plugin_name,
             index=config.plugin_index,
             socket_path=socket_path or config.socket,
+            request_timeout=config.request_timeout,
+            registration_timeout=config.registration_timeout,
         )
 
     def snapshot() -> dict[str, object]:

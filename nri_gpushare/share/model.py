@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .units import format_bytes
+from .units import format_bytes, quote
 
 PREFIX = "gpushare.io/"
 ASSIGNED = PREFIX + "assigned"
@@ -150,8 +150,9 @@ class ContainerInfo:
         return f"{self.pod_namespace}/{self.pod_name}" if self.pod_name else ""
 
     def describe(self) -> str:
-        pod = f" (pod {self.pod})" if self.pod_name else ""
-        return f"container '{self.name or self.id}'{pod}"
+        """The container for messages, its names quoted short (a runtime may pass anything)."""
+        pod = f" (pod {quote(self.pod)})" if self.pod_name else ""
+        return f"container '{quote(self.name or self.id)}'{pod}"
 
 
 @dataclass(frozen=True)

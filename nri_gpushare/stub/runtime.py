@@ -44,7 +44,12 @@ from collections.abc import Iterator
 
 from nri_gpushare.api import lite, nri
 from nri_gpushare.stub.plugin import Plugin, PluginError
-from nri_gpushare.stub.service import PluginService, describe_error
+from nri_gpushare.stub.service import (
+    DEFAULT_REGISTRATION_TIMEOUT,
+    DEFAULT_REQUEST_TIMEOUT,
+    PluginService,
+    describe_error,
+)
 from nri_gpushare.wire.errors import Code, TtrpcError, WireError
 from nri_gpushare.wire.mux import PLUGIN_CONN, RUNTIME_CONN
 from nri_gpushare.wire.transport import MuxConnection
@@ -80,6 +85,8 @@ class Stub:
         socket_path: str | None = None,
         preconnected: socket.socket | None = None,
         reconnect_delays: tuple[float, ...] = DEFAULT_RECONNECT_DELAYS,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        registration_timeout: float = DEFAULT_REGISTRATION_TIMEOUT,
     ) -> None:
         if len(index) != 2 or not index.isdigit():
             raise ValueError(f"plugin index {index!r} must be exactly two digits")
@@ -92,7 +99,12 @@ class Stub:
         self._delays = reconnect_delays
         self._stopping = asyncio.Event()
         self._connection: MuxConnection | None = None
-        self.service = PluginService(plugin, name)
+        self.service = PluginService(
+            plugin,
+            name,
+            request_timeout=request_timeout,
+            registration_timeout=registration_timeout,
+        )
         """Serves the runtime's requests; holds what Configure said."""
         self.service.on_configure = self._configured
         # (deadline, when it started) of the registration reply, then of Synchronize.

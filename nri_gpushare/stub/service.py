@@ -51,15 +51,25 @@ _TIMING_SAMPLES = 4096  # handler timings kept per method, for `status`
 class PluginService:
     """Decodes the runtime's requests, calls the plugin, encodes its answers."""
 
-    def __init__(self, plugin: Plugin, name: str = "plugin") -> None:
+    def __init__(
+        self,
+        plugin: Plugin,
+        name: str = "plugin",
+        *,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        registration_timeout: float = DEFAULT_REGISTRATION_TIMEOUT,
+    ) -> None:
         self.plugin = plugin
         self.name = name
         self.handled = frozenset(implemented_events(plugin))
         """Events the plugin's class has a handler for."""
         self.events = 0
         """The subscription answered to the last Configure."""
-        self.request_timeout = DEFAULT_REQUEST_TIMEOUT
-        self.registration_timeout = DEFAULT_REGISTRATION_TIMEOUT
+        #: What the runtime is assumed to use until its Configure says (NRI
+        #: before v0.8, e.g. containerd 1.7, never says: set them to its config).
+        self.assumed_timeouts = (request_timeout, registration_timeout)
+        self.request_timeout = request_timeout
+        self.registration_timeout = registration_timeout
         self.on_configure: Callable[[ConfigureRequestView], None] | None = None
         """Called with each Configure request, before the plugin's configure()."""
         #: Set once per connection when Synchronize has completed.
@@ -91,11 +101,10 @@ class PluginService:
         self.broken.set()
 
     def begin(self) -> None:
-        """A new connection: nothing synchronized, NRI's default timeouts until
+        """A new connection: nothing synchronized, the assumed timeouts until
         its Configure says otherwise (not what the previous runtime said)."""
         self.reset()
-        self.request_timeout = DEFAULT_REQUEST_TIMEOUT
-        self.registration_timeout = DEFAULT_REGISTRATION_TIMEOUT
+        self.request_timeout, self.registration_timeout = self.assumed_timeouts
 
     async def handle(self, service: str, method: str, payload: bytes) -> bytes:
         """Serve one request (the transport's `Handler`)."""

@@ -31,7 +31,7 @@ def gpu_inventory(count: int, memory: str) -> list[dict[str, Any]]:
 
 class PluginProcess:
     def __init__(self, nri_socket: str | Path, workdir: Path, **settings: Any) -> None:
-        workdir.mkdir(parents=True, exist_ok=True)
+        workdir.mkdir(mode=0o750, parents=True, exist_ok=True)  # the status socket's dir
         self.workdir = workdir
         self.status_socket = str(workdir / "status.sock")
         config = {

@@ -84,6 +84,8 @@ def test_quantity(value, expected):
             "duplicate index 0",
         ),
         ({"inventory": {"index": 0}}, "inventory: expected list"),
+        ({"nri": {"request_timeout": 0}}, "nri.request_timeout: 0 is outside 0.1..600"),
+        ({"nri": {"registration_timeout": "5s"}}, "nri.registration_timeout: expected int"),
         ({"state_dir": "relative/dir"}, "state_dir: 'relative/dir' must be an absolute path"),
         ({"unserved": "ignore"}, "unserved: 'ignore' is not one of warn, deny"),
         ({"sources": {"pods": {"env": "yes"}}}, "sources.pods.env: expected bool"),
@@ -107,6 +109,19 @@ def test_load_config_errors(tmp_path):
     bad.write_text("nri: [unclosed")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
+
+
+def test_runtime_timeouts():
+    assert (parse_config({}).request_timeout, parse_config({}).registration_timeout) == (2, 5)
+    config = parse_config({"nri": {"request_timeout": 0.5, "registration_timeout": 10}})
+    assert (config.request_timeout, config.registration_timeout) == (0.5, 10.0)
+
+
+def test_huge_yaml_integer_is_a_config_error(tmp_path):
+    path = tmp_path / "node.yaml"
+    path.write_text("max_inst: " + "9" * 5000 + "\n")
+    with pytest.raises(ConfigError, match="max_inst|not valid"):
+        load_config(path)
 
 
 def test_sources_defaults_and_overrides():

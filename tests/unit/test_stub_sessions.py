@@ -139,7 +139,9 @@ async def running(
     runtime = FakeRuntime()
     path = str(tmp_path / "nri.sock")
     server = await runtime.serve(path)
-    stub = Stub(plugin, name="test", index="42", socket_path=path, reconnect_delays=(0.01,))
+    stub = Stub(
+        plugin, name="test", index="42", socket_path=path, reconnect_delays=(0.01,), **kwargs
+    )
     task = asyncio.create_task(stub.run())
     try:
         yield runtime, stub
@@ -294,14 +296,9 @@ async def test_c_no_synchronize_after_registration_drops_the_session(tmp_path: A
         await next_session_synchronizes(runtime, stub, sessions=1)
 
 
-async def test_c_without_configure_the_default_timeouts_apply(
-    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from nri_gpushare.stub import service
-
-    monkeypatch.setattr(service, "DEFAULT_REGISTRATION_TIMEOUT", 0.05)
-    monkeypatch.setattr(service, "DEFAULT_REQUEST_TIMEOUT", 0.05)
-    async with running(tmp_path, Recorder()) as (runtime, stub):
+async def test_c_without_configure_the_assumed_timeouts_apply(tmp_path: Any) -> None:
+    timeouts = {"registration_timeout": 0.05, "request_timeout": 0.05}
+    async with running(tmp_path, Recorder(), **timeouts) as (runtime, stub):
         conn = await runtime.next_plugin()  # registered, and nothing more
         await dropped(conn)
         assert stub.last_error == "no Synchronize within 0.1 s of registration"
@@ -320,13 +317,8 @@ async def test_c_a_synchronized_session_has_no_deadline(tmp_path: Any) -> None:
 # -- d. no RegisterPlugin reply -----------------------------------------------------
 
 
-async def test_d_no_registration_reply_drops_the_session(
-    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from nri_gpushare.stub import service
-
-    monkeypatch.setattr(service, "DEFAULT_REGISTRATION_TIMEOUT", 0.1)
-    async with running(tmp_path, Recorder()) as (runtime, stub):
+async def test_d_no_registration_reply_drops_the_session(tmp_path: Any) -> None:
+    async with running(tmp_path, Recorder(), registration_timeout=0.1) as (runtime, stub):
         runtime.silent_registrations = 1
         conn = await runtime.next_plugin()
         await dropped(conn)

@@ -21,6 +21,10 @@ differ, the request is refused with a message naming both.  Values that agree
 are fine (``gpu-memory: 3Gi`` and ``ALIYUN_COM_GPU_MEM_CONTAINER=3``); the
 higher source then supplies its defaults (e.g. the GPU count).
 
+Every value is untrusted: whole numbers have at most 18 digits and sizes at
+most 64 characters (checked before any conversion), and a refusal quotes at
+most a value's first 64 characters (`units.quote`).
+
 Keys (values are trimmed; enumerations are case-insensitive):
 
 - ``gpu-memory``: per GPU.  ``Ki Mi Gi Ti`` are binary, ``K M G T`` decimal

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from ..model import ASSIGNED, PREFIX, ContainerInfo, SourcePolicy
+from ..units import quote
 
 REQUEST_ENV = (
     "ALIYUN_COM_GPU_MEM_CONTAINER",
@@ -30,7 +31,7 @@ REQUEST_ENV = (
 
 
 def _ours(mapping: Mapping[str, str]) -> list[str]:
-    return sorted(k for k in mapping if k.startswith(PREFIX) and k != ASSIGNED)
+    return sorted(quote(k) for k in mapping if k.startswith(PREFIX) and k != ASSIGNED)
 
 
 def visible(c: ContainerInfo, sources: SourcePolicy) -> ContainerInfo:
