@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from nri_gpushare.api import nri
 from nri_gpushare.api.lite import Adjustment, ContainerView, Device, MountSpec, PodSandboxView
@@ -30,7 +30,8 @@ from nri_gpushare.share.model import (
     NodePolicy,
     ShareRefused,
 )
-from nri_gpushare.share.service import ShareService
+from nri_gpushare.share.service import ShareService, Unserved
+from nri_gpushare.share.units import quote
 from nri_gpushare.statefile import StateDirError, StateFile
 from nri_gpushare.status import StatusServer
 from nri_gpushare.stub import Plugin, PluginError, Stub
@@ -38,6 +39,9 @@ from nri_gpushare.stub.runtime import RuntimeConnectionLost
 
 log = logging.getLogger(__name__)
 
+ANSWER_WITHIN = 0.8
+"""Share of the runtime's request timeout CreateContainer may take (the rest
+is the runtime's and the wire's)."""
 MARK_REMOVAL = "-"
 """NRI: an adjustment's annotation key with this prefix removes the annotation."""
 
@@ -84,8 +88,12 @@ def adjustment(plan: InjectionPlan) -> Adjustment:
 class GpuShareHandler(Plugin):
     """NRI events -> share domain."""
 
-    def __init__(self, service: ShareService) -> None:
+    def __init__(
+        self, service: ShareService, request_timeout: Callable[[], float] = lambda: 2.0
+    ) -> None:
         self.service = service
+        #: Seconds the runtime waits for an answer (the stub knows; 2 s is NRI's default).
+        self.request_timeout = request_timeout
 
     async def synchronize(
         self, pods: list[PodSandboxView], containers: list[ContainerView]
@@ -97,12 +105,9 @@ class GpuShareHandler(Plugin):
                 live.append(container_info(by_id.get(c.pod_sandbox_id), c))
             except Exception:  # one odd container must not stop the rest
                 log.exception("container %s: unreadable in Synchronize; ignored", c.id)
-        unserved = await self.service.synchronize(live)
-        if self.service.policy.unserved == "deny":
-            for entry in unserved:
-                info = entry.container
-                entry.action = "denied: " + kill_container(info.id, info.pid)
-                log.warning("%s: unserved policy deny: %s", info.describe(), entry.action)
+        await self.service.synchronize(live)
+        for entry in list(self.service.unserved.values()):
+            self._deny(entry)
         log.info(
             "synchronized: %d pod(s), %d container(s), %d GPU allocation(s), %d unserved",
             len(pods),
@@ -112,15 +117,50 @@ class GpuShareHandler(Plugin):
         )
         return []
 
+    def _deny(self, entry: Unserved) -> None:
+        """With unserved: deny, end an unserved container (once it has a process)."""
+        if self.service.policy.unserved != "deny" or entry.settled:
+            return
+        info = entry.container
+        outcome = kill_container(info.id, info.pid)
+        entry.action = "denied: " + outcome
+        entry.settled = outcome.startswith(("killed", "already gone"))
+        log.warning("%s: unserved policy deny: %s", info.describe(), entry.action)
+
     async def create_container(
         self, pod: PodSandboxView, container: ContainerView
     ) -> Adjustment | None:
+        loop = asyncio.get_running_loop()
+        # Answer before the runtime gives up: a late answer is lost (containerd
+        # creates the container without it), so its share must not stay booked.
+        deadline = loop.time() + ANSWER_WITHIN * self.request_timeout()
         try:
-            plan = await self.service.create_container(container_info(pod, container))
+            async with asyncio.timeout_at(deadline):
+                plan = await self.service.create_container(container_info(pod, container))
         except ShareRefused as exc:
             log.warning("refused %s/%s: %s", pod.namespace, container.name, exc)
             raise PluginError(str(exc)) from None
+        except TimeoutError:
+            raise PluginError(self._late(pod, container)) from None
+        if plan is not None and loop.time() > deadline:
+            await self.service.release(container.id)
+            raise PluginError(self._late(pod, container))
         return adjustment(plan) if plan is not None else None
+
+    def _late(self, pod: PodSandboxView, container: ContainerView) -> str:
+        message = (
+            f"gpushare: container '{quote(container.name)}' (pod {quote(pod.namespace)}/"
+            f"{quote(pod.name)}): not placed within the runtime's request timeout "
+            f"({self.request_timeout():g} s); nothing was reserved, retry"
+        )
+        log.error("%s", message)
+        return message
+
+    async def post_start_container(self, pod: PodSandboxView, container: ContainerView) -> None:
+        entry = self.service.unserved.get(container.id)
+        if entry is not None:  # created while the plugin was away: now it has a process
+            entry.container = container_info(pod, container)
+            self._deny(entry)
 
     async def start_container(self, pod: PodSandboxView, container: ContainerView) -> None:
         try:
@@ -245,6 +285,7 @@ async def run_daemon(
         }
         return {**service.status(), "nri": nri_state}
 
+    handler.request_timeout = lambda: stub.request_timeout
     status = StatusServer(config.status_socket, snapshot)
     await status.start()
     loop = asyncio.get_running_loop()

@@ -3,19 +3,25 @@
 Only the daemon may write it, so recovery can trust it where it cannot trust
 anything a container carries: the directory is created mode 0700 and the file
 0600, and both are refused (treated as absent, with an error) unless they are
-owned by the daemon's user and writable by no one else.
+owned by the daemon's user and writable by no one else.  The directory is
+opened once and every file operation goes through that descriptor, so
+swapping the path (or a parent) for a symlink later redirects nothing; a
+lock on it keeps a second daemon out.
 
-Writes are atomic: the new text goes to a temporary file in the same directory
-that then replaces the old one, so a reader (a restarted daemon) sees the old
-records or the new ones, never a mix.  There is no fsync: the records only
-matter while their containers live, and a crash of the machine that could lose
-unsynced data also ends every container.
+Writes are atomic: the new text goes to a fresh temporary file (random name,
+created exclusively) in the same directory that then replaces the old one, so
+a reader (a restarted daemon) sees the old records or the new ones, never a
+mix.  There is no fsync: the records only matter while their containers live,
+and a crash of the machine that could lose unsynced data also ends every
+container.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
+import secrets
 import stat
 from pathlib import Path
 
@@ -44,34 +50,61 @@ class StateFile:
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
         self.path = self.directory / FILE_NAME
+        self._dir_fd: int | None = None
 
     def prepare(self) -> None:
-        """Create the directory (0700) or check the one there; StateDirError if unusable."""
+        """Create the directory (0700) or check the one there, open and lock it;
+        StateDirError if it is unusable or another daemon holds it."""
         try:
             self.directory.parent.mkdir(parents=True, exist_ok=True)
             try:
                 os.mkdir(self.directory, 0o700)
             except FileExistsError:
                 pass
-            st = os.lstat(self.directory)
+            fd = os.open(
+                self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            )
         except OSError as e:
-            raise StateDirError(f"state_dir {self.directory}: cannot create: {e.strerror}") from e
-        if not stat.S_ISDIR(st.st_mode):
-            raise StateDirError(f"state_dir {self.directory}: not a directory")
-        if why := _unsafe(st):
             raise StateDirError(
-                f"state_dir {self.directory}: {why}; it must be the daemon's own "
+                f"state_dir {self.directory}: cannot use it: {e.strerror} "
+                f"(it must be a directory, not a symlink)"
+            ) from e
+        why = _unsafe(os.fstat(fd))
+        if not why:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                why = "in use by another nri-gpushare daemon"
+        if why:
+            os.close(fd)
+            raise StateDirError(
+                f"state_dir {self.directory}: {why}; it must be this daemon's own "
                 f"(e.g. chown root: and chmod 0700 it)"
             )
+        self.close()
+        self._dir_fd = fd
+
+    def close(self) -> None:
+        """Release the directory (and its lock)."""
+        if self._dir_fd is not None:
+            os.close(self._dir_fd)
+            self._dir_fd = None
+
+    def _dir(self) -> int:
+        if self._dir_fd is None:
+            self.prepare()
+        assert self._dir_fd is not None
+        return self._dir_fd
 
     def load(self) -> str | None:
         """The records' text; None when there are none or they cannot be trusted."""
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(FILE_NAME, flags, dir_fd=self._dir())
         except FileNotFoundError:
             return None
-        except OSError as e:
-            log.error("state file %s cannot be read (%s): ignored", self.path, e.strerror)
+        except (OSError, StateDirError) as e:
+            log.error("state file %s cannot be read (%s): ignored", self.path, e)
             return None
         with os.fdopen(fd, "rb") as f:
             st = os.fstat(f.fileno())
@@ -92,17 +125,20 @@ class StateFile:
 
     def save(self, text: str) -> None:
         """Replace the records atomically; raises OSError."""
-        tmp = self.directory / f".{FILE_NAME}.{os.getpid()}.tmp"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(tmp, flags, 0o600)
+        try:
+            dir_fd = self._dir()
+        except StateDirError as e:
+            raise OSError(f"state_dir unusable: {e}") from e
+        tmp = f".{FILE_NAME}.{secrets.token_hex(8)}.tmp"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
         try:
             with os.fdopen(fd, "wb") as f:
-                os.fchmod(f.fileno(), 0o600)  # a leftover temporary file may have had another
                 f.write(text.encode())
-            os.replace(tmp, self.path)
+            os.replace(tmp, FILE_NAME, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except BaseException:
             try:
-                os.unlink(tmp)
+                os.unlink(tmp, dir_fd=dir_fd)
             except OSError:
                 pass
             raise

@@ -18,10 +18,14 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from .model import Allocation
-from .records import share_json
+from .model import Allocation, GpuShare
 
 VERSION = 1
+
+
+def share_json(s: GpuShare) -> dict[str, Any]:
+    """One GPU share as the annotation, the records and the status document write it."""
+    return {"index": s.index, "uuid": s.uuid, "memory": s.memory_bytes, "core": s.core_percent}
 
 
 def assigned_annotation(alloc: Allocation) -> str:

@@ -4,8 +4,11 @@ After a restart the plugin rebuilds its table only from what it or the kernel
 module wrote: the module's registry when the module is loaded, else the
 records the daemon saved (a state file it alone can write, see
 `nri_gpushare.statefile`), each cross-checked against the runtime's live
-containers.  Nothing a container carries (its ``gpushare.io/assigned``
-annotation included) is ever read back.
+containers.  Nothing a container carries is ever taken as a grant; its
+``gpushare.io/assigned`` annotation is only compared: a live container that
+does not carry exactly what the plugin gave it was created without the
+plugin's adjustment (containerd gave up waiting and failed open), so it holds
+no share, whatever was recorded (a check that can only take a share away).
 
 The records are one JSON document, compact, keys sorted::
 
@@ -24,8 +27,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from ..kmod.client import Registration
+from .assigned import assigned_annotation, share_json
 from .kmod_link import quotas
-from .model import ISOLATIONS, PRIORITIES, Allocation, ContainerInfo, Gpu, GpuShare
+from .model import ASSIGNED, ISOLATIONS, PRIORITIES, Allocation, ContainerInfo, Gpu, GpuShare
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +58,6 @@ class MemoryStore:
 
     def save(self, text: str) -> None:
         self.text = text
-
-
-def share_json(s: GpuShare) -> dict[str, Any]:
-    """One GPU share as the records, the annotation and the status document write it."""
-    return {"index": s.index, "uuid": s.uuid, "memory": s.memory_bytes, "core": s.core_percent}
 
 
 def encode(allocations: Iterable[Allocation]) -> str:
@@ -165,13 +164,28 @@ def recover(
     stands alone for shares the module never held (isolation none, module
     not loaded) or lost (reloaded: registered again by resync).
     """
+    if not c.running:
+        return None  # stopped: it holds nothing any more
     if record is not None and (record.name != c.name or record.pod != c.pod):
         log.warning(
-            "%s: the record of container %s names %s in pod %r; not this container, ignored",
+            "%s: the record of container %s names %.64r in pod %.64r; not this container, ignored",
             c.describe(),
             c.id,
             record.name,
             record.pod,
+        )
+        record = None
+    given = c.annotations.get(ASSIGNED)
+    if given is None and (record is not None or registration is not None):
+        log.warning(
+            "%s: recorded with a share but created without the plugin's adjustment "
+            "(the runtime failed open): it holds no share",
+            c.describe(),
+        )
+        return None
+    if record is not None and given != assigned_annotation(record):
+        log.warning(
+            "%s: does not carry the share recorded for it; the record is ignored", c.describe()
         )
         record = None
     if registration is None:

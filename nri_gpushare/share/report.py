@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from .assigned import share_json
 from .model import Allocation, Gpu, NodePolicy
 from .placement import Ledger
-from .records import share_json
 
 
 def status_document(

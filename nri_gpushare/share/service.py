@@ -61,6 +61,7 @@ class Unserved:
     container: ContainerInfo
     asked: str  # what it asked for, or why that request is refused
     action: str = "warned"  # what the node's `unserved` policy did about it
+    settled: bool = False  # nothing more to do (deny: it was killed or is gone)
 
     def json(self) -> dict[str, Any]:
         c = self.container
@@ -223,6 +224,7 @@ class ShareService:
         nothing new is placed on top of them.  A bad record or container is
         logged and treated as absent: this never raises for what it reads.
         """
+        live = list({c.id: c for c in live}.values())  # one entry per container
         module = await self.link.registrations()
         text = self.store.load()
         saved = records.decode(text, self.gpus) if text is not None else {}
@@ -270,7 +272,9 @@ class ShareService:
             except Exception as e:  # never let one container stop the rest
                 asked = f"a share that cannot be read ({type(e).__name__})"
             if c.id in before:
-                self.unserved[c.id] = before[c.id]
+                kept = before[c.id]
+                kept.container = c  # its pid may be known by now
+                self.unserved[c.id] = kept
                 continue
             entry = Unserved(c, asked)
             self.unserved[c.id] = entry

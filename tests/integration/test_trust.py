@@ -244,3 +244,17 @@ async def test_unserved_deny_ends_them(containerd, start_plugin, cri):
     assert status.exit_code == 137  # SIGKILL
     assert "unserved policy deny: denied: killed" in plugin.log()
     assert (await cri.container_status(bystander)).state == ContainerState.CONTAINER_RUNNING
+
+
+async def test_unserved_deny_ends_a_container_started_after_synchronize(
+    containerd, start_plugin, cri
+):
+    pod_id = await cri.run_pod("late-start", annotations={P + "gpu-memory": "2Gi"})
+    cid = await cri.create_container(pod_id, "main", command=["sleep", "3600"])  # fail-open
+    plugin = start_plugin(containerd, unserved="deny")
+    [entry] = plugin.status()["unserved"]
+    assert entry["container_id"] == cid  # created, not started: no process to end yet
+    await cri.start(cid)  # as the kubelet would, a moment later
+    status = await cri.wait_exit(cid, timeout=15)
+    assert status.exit_code == 137
+    assert "unserved policy deny: denied: killed" in plugin.log()

@@ -279,3 +279,78 @@ async def test_synchronize_survives_odd_containers_and_denies_unserved(tmp_path,
     assert killed == [("c1", 42)]
     [entry] = handler.service.status()["unserved"]
     assert entry["container_id"] == "c1" and entry["action"] == "denied: killed (process 42)"
+
+
+async def test_a_create_the_runtime_gave_up_on_leaves_nothing_booked(tmp_path, monkeypatch):
+    config = parse_config(
+        {"kmod": "off", "use_nvml": False, "inventory": INVENTORY, **state(tmp_path)}
+    )
+    handler = GpuShareHandler(await build_service(config, None), request_timeout=lambda: 0.2)
+    service = handler.service
+    slow_save = service._save
+
+    def save() -> None:  # a disk so slow that the answer comes too late
+        import time
+
+        time.sleep(0.3)
+        slow_save()
+
+    monkeypatch.setattr(service, "_save", save)
+    pod = lite.decode_pod_sandbox(
+        bytes(
+            nri.PodSandbox(
+                id="p",
+                name="pod",
+                namespace="ns",
+                uid="u",
+                annotations={"gpushare.io/gpu-memory": "1Gi"},
+            )
+        )
+    )
+    ctr = lite.decode_container(bytes(nri.Container(id="c1", pod_sandbox_id="p", name="main")))
+    with pytest.raises(PluginError, match="not placed within the runtime's request timeout"):
+        await handler.create_container(pod, ctr)
+    assert service.allocations == {}
+    assert service.status()["gpus"][0]["memory_allocated"] == 0
+
+
+async def test_deny_reaches_a_container_that_starts_after_synchronize(tmp_path, monkeypatch):
+    config = parse_config(
+        {
+            "kmod": "off",
+            "use_nvml": False,
+            "inventory": INVENTORY,
+            "unserved": "deny",
+            **state(tmp_path),
+        }
+    )
+    handler = GpuShareHandler(await build_service(config, None))
+    killed = []
+
+    def kill(cid, pid):
+        killed.append(pid)
+        return f"killed (process {pid})" if pid else "not running: nothing to kill"
+
+    monkeypatch.setattr("nri_gpushare.daemon.kill_container", kill)
+    pod = lite.decode_pod_sandbox(
+        bytes(
+            nri.PodSandbox(
+                id="p",
+                name="pod",
+                namespace="ns",
+                uid="u",
+                annotations={"gpushare.io/gpu-memory": "1Gi"},
+            )
+        )
+    )
+    created = nri.Container(
+        id="c1", pod_sandbox_id="p", name="main", state=nri.ContainerState.CONTAINER_CREATED
+    )
+    await handler.synchronize([pod], [lite.decode_container(bytes(created))])
+    assert handler.service.unserved["c1"].settled is False
+    created.pid, created.state = 42, nri.ContainerState.CONTAINER_RUNNING
+    await handler.post_start_container(pod, lite.decode_container(bytes(created)))
+    assert killed == [0, 42]
+    assert handler.service.status()["unserved"][0]["action"] == "denied: killed (process 42)"
+    await handler.synchronize([pod], [lite.decode_container(bytes(created))])
+    assert killed == [0, 42]  # settled: not killed again

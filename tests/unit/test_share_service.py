@@ -422,16 +422,44 @@ async def test_differing_registration_wins_over_the_record(caplog):
     assert "the module's wins" in caplog.text
 
 
-async def test_live_container_without_annotation_recovered_from_module():
+async def test_without_records_a_live_share_is_recovered_from_the_module():
     svc, kmod = make()
     kmod.declare_gpus([])
     kmod.gpus.update({0: 32 * GiB, 1: 32 * GiB})
     kmod.regs["c1"] = Registration("c1", (GpuQuota(1, 4 * GiB, 20, True),))
-    fresh = await restart(svc, kmod, [ctr("c1")])
+    c1 = ContainerInfo(id="c1", name="c1", annotations={ASSIGNED: "{}"})  # what we gave it
+    fresh = await restart(svc, kmod, [c1], store=MemoryStore())
     alloc = fresh.allocations["c1"]
     assert [(s.index, s.memory_bytes, s.core_percent) for s in alloc.shares] == [(1, 4 * GiB, 20)]
     assert alloc.priority == "high"
     assert "c1" in fresh.registered
+
+
+async def test_a_recorded_container_created_without_the_adjustment_holds_nothing(caplog):
+    """containerd gave up on a slow CreateContainer and created the container
+    without the plugin's adjustment: the record (and registration) must not make
+    it look served."""
+    svc, kmod = make()
+    c = ctr("c1", REQ)
+    await svc.create_container(c)  # recorded and registered, but the answer was lost
+    fresh = await restart(svc, kmod, [c])  # c carries no gpushare.io/assigned
+    assert fresh.allocations == {}
+    assert [u["container_id"] for u in fresh.status()["unserved"]] == ["c1"]
+    assert kmod.regs == {}  # the registration of a share it never got is removed
+    assert "created without the plugin's adjustment" in caplog.text
+
+
+async def test_stopped_containers_and_duplicates_hold_nothing_twice():
+    svc, kmod = make(kmod_mode="off", gpus=make_gpus(1))
+    c = ctr("c1", {P + "gpu-memory": "16Gi"})
+    lc = live(c, await svc.create_container(c))
+    fresh = await restart(svc, kmod, [lc, lc])
+    assert fresh.status()["gpus"][0]["memory_allocated"] == 16 * GiB
+    await fresh.release("c1")
+    assert fresh.status()["gpus"][0]["memory_allocated"] == 0
+    stopped = ContainerInfo(**{**lc.__dict__, "running": False})
+    again = await restart(svc, kmod, [stopped])
+    assert again.allocations == {}
 
 
 FORGED = json.dumps(

@@ -81,7 +81,7 @@ def test_a_failed_write_keeps_the_old_records(tmp_path, monkeypatch):
     store = StateFile(tmp_path)
     store.save("old")
 
-    def broken(*args):
+    def broken(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", broken)
@@ -90,3 +90,42 @@ def test_a_failed_write_keeps_the_old_records(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert store.load() == "old"
     assert os.listdir(tmp_path) == ["allocations.json"]
+
+
+def test_a_second_daemon_is_refused(tmp_path):
+    first = StateFile(tmp_path / "state")
+    first.prepare()
+    with pytest.raises(StateDirError, match="in use by another nri-gpushare daemon"):
+        StateFile(tmp_path / "state").prepare()
+    first.close()
+    StateFile(tmp_path / "state").prepare()  # free again once the first is gone
+
+
+def test_a_fifo_never_blocks_loading(tmp_path, caplog):
+    store = StateFile(tmp_path / "state")
+    store.prepare()
+    os.mkfifo(store.path, 0o600)
+    assert store.load() is None  # returns at once instead of waiting for a writer
+    assert "not a regular file" in caplog.text
+
+
+def test_a_symlinked_state_dir_is_refused(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(real)
+    with pytest.raises(StateDirError, match="not a symlink"):
+        StateFile(tmp_path / "link").prepare()
+
+
+def test_swapping_the_path_after_start_redirects_nothing(tmp_path):
+    store = StateFile(tmp_path / "state")
+    store.prepare()
+    store.save("one")
+    os.rename(tmp_path / "state", tmp_path / "moved")
+    decoy = tmp_path / "decoy"
+    decoy.mkdir()
+    (tmp_path / "state").symlink_to(decoy)
+    store.save("two")
+    assert os.listdir(decoy) == []
+    assert (tmp_path / "moved" / "allocations.json").read_text() == "two"
+

@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..model import ShareRefused
 from ..units import MiB, quote
 from .settings import NOTHING, Context, Setting, Settings
-from .values import Invalid, int_list
+from .values import MAX_ITEMS, Invalid, int_list
 
 
 def from_egpu(ctx: Context) -> Settings:
@@ -82,6 +82,8 @@ def from_egpu(ctx: Context) -> Settings:
 def _blocks(ctx: Context, text: str) -> list[tuple[int, dict[str, str]]]:
     """The GPU blocks as (position in `text` from 1, NAME -> value), the header skipped."""
     parsed: list[tuple[int, dict[str, str]]] = []
+    if text.count(":") >= MAX_ITEMS or text.count(",") >= 4 * MAX_ITEMS:
+        raise ctx.fail(f"EGPU has more blocks than GPUs (at most {MAX_ITEMS})", "EGPU")
     for number, block in enumerate((b.strip() for b in text.strip().split(":")), 1):
         fields: dict[str, str] = {}
         for item in filter(None, (i.strip() for i in block.split(","))):

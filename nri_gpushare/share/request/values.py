@@ -18,11 +18,19 @@ MAX_DIGITS = 18
 or size needs, and int() of it is cheap (Python refuses 4,301 digits)."""
 
 
+MAX_ITEMS = 64
+"""Items a list may have: more than any node's GPUs, and counted before
+anything is parsed, so a huge list costs nothing (every live container's
+request may be parsed again at each Synchronize)."""
+
+
 class Invalid(Exception):
     """A value's problem, without the key (the caller knows the key)."""
 
 
 def items(text: str) -> list[str]:
+    if text.count(",") >= MAX_ITEMS:
+        raise Invalid(f"a list of at most {MAX_ITEMS} values (one per GPU) is allowed")
     out = [i.strip() for i in text.split(",")]
     if not text.strip() or "" in out:
         raise Invalid("empty value in the list")
