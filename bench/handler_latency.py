@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import cProfile
 import pstats
+import shutil
 import statistics
 import sys
 import tempfile
@@ -53,8 +54,9 @@ def requests(n: int) -> list[bytes]:
 
 
 async def run(n: int, profile: bool) -> list[float]:
+    state_dir = tempfile.mkdtemp(prefix="gs-bench-state-")  # records: like a node's, not on it
     with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
-        f.write(CONFIG)
+        f.write(CONFIG + f"state_dir: {state_dir}\n")
         f.flush()
         config = load_config(f.name)
     handler = daemon.GpuShareHandler(await daemon.build_service(config, None))
@@ -70,6 +72,7 @@ async def run(n: int, profile: bool) -> list[float]:
             times.append(time.perf_counter() - started)
         request = lite.decode_create_container_request(raw)
         await handler.remove_container(request.pod, request.container)
+    shutil.rmtree(state_dir, ignore_errors=True)
     if profile:
         profiler.disable()
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(30)

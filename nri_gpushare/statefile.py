@@ -8,10 +8,12 @@ opened once and every file operation goes through that descriptor, so
 swapping the path (or a parent) for a symlink later redirects nothing; a
 lock on it keeps a second daemon out.
 
-Writes are atomic: the new text goes to a fresh temporary file (random name,
-created exclusively) in the same directory that then replaces the old one, so
-a reader (a restarted daemon) sees the old records or the new ones, never a
-mix.  There is no fsync: the records only matter while their containers live,
+The records are a journal (`nri_gpushare.share.records`): a change is one
+appended write; a snapshot replaces the file atomically (a fresh temporary
+file, random name, created exclusively, renamed over the old one), so a
+reader (a restarted daemon) sees the old records or the new ones; a write cut
+short leaves at most a torn last line, which the reader skips.  There is no
+fsync: the records only matter while their containers live,
 and a crash of the machine that could lose unsynced data also ends every
 container.
 """
@@ -51,6 +53,7 @@ class StateFile:
         self.directory = Path(directory)
         self.path = self.directory / FILE_NAME
         self._dir_fd: int | None = None
+        self._journal_fd: int | None = None  # the records, open for appending
 
     def prepare(self) -> None:
         """Create the directory (0700) or check the one there, open and lock it;
@@ -86,6 +89,7 @@ class StateFile:
 
     def close(self) -> None:
         """Release the directory (and its lock)."""
+        self._close_journal()
         if self._dir_fd is not None:
             os.close(self._dir_fd)
             self._dir_fd = None
@@ -123,7 +127,7 @@ class StateFile:
             log.error("state file %s is not UTF-8: ignored", self.path)
             return None
 
-    def save(self, text: str) -> None:
+    def replace(self, text: str) -> None:
         """Replace the records atomically; raises OSError."""
         try:
             dir_fd = self._dir()
@@ -142,3 +146,22 @@ class StateFile:
             except OSError:
                 pass
             raise
+        self._close_journal()  # it wrote to the file just replaced
+
+    def append(self, text: str) -> None:
+        """Add whole lines at the end of the records (one write); raises OSError."""
+        if self._journal_fd is None:
+            try:
+                dir_fd = self._dir()
+            except StateDirError as e:
+                raise OSError(f"state_dir unusable: {e}") from e
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+            self._journal_fd = os.open(FILE_NAME, flags, 0o600, dir_fd=dir_fd)
+        data = text.encode()
+        if os.write(self._journal_fd, data) != len(data):
+            raise OSError(f"short write to {self.path} (disk full?)")
+
+    def _close_journal(self) -> None:
+        if self._journal_fd is not None:
+            os.close(self._journal_fd)
+            self._journal_fd = None

@@ -10,11 +10,17 @@ does not carry exactly what the plugin gave it was created without the
 plugin's adjustment (containerd gave up waiting and failed open), so it holds
 no share, whatever was recorded (a check that can only take a share away).
 
-The records are one JSON document, compact, keys sorted::
+The records are a journal of JSON lines, keys sorted: a header, then one
+line per change, applied in order; a snapshot is a header and one ``add`` per
+allocation.  Appending a line is all a create or release costs (replacing a
+file is ten times dearer); the daemon rewrites the snapshot at Synchronize and
+every `COMPACT_AFTER` changes.  A line that does not parse (the torn end of a
+write cut short) is logged and skipped::
 
-    {"version": 1, "allocations": [{"container_id": "...", "name": "main",
-      "pod": "ns/name", "priority": "normal", "isolation": "full",
-      "gpus": [{"core": 30, "index": 0, "memory": 2147483648, "uuid": "GPU-..."}]}]}
+    {"version":1}
+    {"add":{"container_id":"...","gpus":[{"core":30,"index":0,"memory":2147483648,
+     "uuid":"GPU-..."}],"isolation":"full","name":"main","pod":"ns/name","priority":"normal"}}
+    {"del":"..."}
 
 This module is pure: text in, text out; the store does the I/O.
 """
@@ -37,14 +43,21 @@ VERSION = 1
 MAX_MEMORY = 1 << 60  # more than any GPU: a bound, so a record is never absurd
 
 
+COMPACT_AFTER = 1000
+"""Changes appended before the journal is rewritten as a snapshot."""
+
+
 class AllocationStore(Protocol):
     """Where the records live between runs."""
 
     def load(self) -> str | None:
-        """The text last saved; None when there is none (or it cannot be trusted)."""
+        """Everything written; None when there is none (or it cannot be trusted)."""
 
-    def save(self, text: str) -> None:
-        """Replace the records atomically; raises OSError."""
+    def replace(self, text: str) -> None:
+        """Replace the records atomically with `text`; raises OSError."""
+
+    def append(self, text: str) -> None:
+        """Add whole lines at the end; raises OSError."""
 
 
 class MemoryStore:
@@ -56,50 +69,69 @@ class MemoryStore:
     def load(self) -> str | None:
         return self.text
 
-    def save(self, text: str) -> None:
+    def replace(self, text: str) -> None:
         self.text = text
 
+    def append(self, text: str) -> None:
+        self.text = (self.text or "") + text
 
-def encode(allocations: Iterable[Allocation]) -> str:
-    """The records of `allocations`."""
-    entries = [
+
+def _line(data: object) -> str:
+    return json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n"
+
+
+_HEADER = _line({"version": VERSION})
+
+
+def added(a: Allocation) -> str:
+    """The journal line recording a new allocation."""
+    return _line(
         {
-            "container_id": a.container_id,
-            "name": a.name,
-            "pod": a.pod,
-            "priority": a.priority,
-            "isolation": a.isolation,
-            "gpus": [share_json(s) for s in a.shares],
+            "add": {
+                "container_id": a.container_id,
+                "name": a.name,
+                "pod": a.pod,
+                "priority": a.priority,
+                "isolation": a.isolation,
+                "gpus": [share_json(s) for s in a.shares],
+            }
         }
-        for a in sorted(allocations, key=lambda a: a.container_id)
-    ]
-    return json.dumps(
-        {"version": VERSION, "allocations": entries}, sort_keys=True, separators=(",", ":")
     )
 
 
+def removed(container_id: str) -> str:
+    """The journal line recording a release."""
+    return _line({"del": container_id})
+
+
+def snapshot(allocations: Iterable[Allocation]) -> str:
+    """A whole journal holding exactly `allocations`."""
+    return _HEADER + "".join(added(a) for a in sorted(allocations, key=lambda a: a.container_id))
+
+
 def decode(text: str, gpus: Sequence[Gpu]) -> dict[str, Allocation]:
-    """Container ID -> allocation; a bad record is logged and left out, a bad
-    document gives nothing.  Never raises."""
-    try:
-        document = json.loads(text)
-        if not isinstance(document, dict) or document.get("version") != VERSION:
-            raise ValueError(f"not a version {VERSION} record document")
-        entries = document["allocations"]
-        if not isinstance(entries, list):
-            raise ValueError("allocations is not a list")
-    except Exception as e:  # the file may hold anything
-        log.error("allocation records unusable (%s): starting from the kernel module only", e)
-        return {}
+    """Container ID -> allocation, the journal replayed; a bad line is logged
+    and skipped, a journal of another version gives nothing.  Never raises."""
     by_uuid = {g.uuid: g for g in gpus}
     out: dict[str, Allocation] = {}
-    for entry in entries:
+    for number, line in enumerate(text.splitlines(), 1):
         try:
-            alloc = _allocation(entry, by_uuid)
-        except Exception as e:
-            log.error("allocation record left out (%s): %.200r", e, entry)
-            continue
-        out[alloc.container_id] = alloc
+            entry = json.loads(line)
+            if not isinstance(entry, dict) or len(entry) != 1:
+                raise ValueError("not one operation")
+            if "version" in entry:
+                if entry["version"] != VERSION:
+                    log.error("allocation records of version %.20r: not read", entry["version"])
+                    return {}
+            elif "del" in entry:
+                if not isinstance(entry["del"], str):
+                    raise TypeError("del is not a container ID")
+                out.pop(entry["del"], None)
+            else:
+                alloc = _allocation(entry["add"], by_uuid)
+                out[alloc.container_id] = alloc
+        except Exception as e:  # the line may hold anything
+            log.error("allocation record on line %d left out (%s): %.200r", number, e, line)
     return out
 
 

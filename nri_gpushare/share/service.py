@@ -23,7 +23,7 @@ is asked, so nothing placed meanwhile can take its room; a refusal frees it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +92,7 @@ class ShareService:
         self.allocations: dict[str, Allocation] = {}
         self.store: records.AllocationStore = store or records.MemoryStore()
         self.unserved: dict[str, Unserved] = {}
+        self._changes = 0  # records appended since the last snapshot
         self._pod_containers: dict[str, set[str]] = {}  # pod UID -> container names seen
         self._creating: set[str] = set()  # waiting for the module
         self._generation = 0  # bumped when synchronize replaces the table
@@ -158,7 +159,7 @@ class ShareService:
                 "conflict",
             )
         try:
-            self._save()
+            self._record(records.added(alloc))
         except OSError as e:
             self._drop(alloc, generation)
             if registered:
@@ -189,7 +190,7 @@ class ShareService:
         if alloc is not None:
             self.ledger.remove(alloc)
             log.info("container %s: released %s", container_id, alloc.describe_shares())
-            self._save_or_log()
+            self._or_log(lambda: self._record(records.removed(container_id)))
         await self.link.release(container_id)
         return alloc is not None
 
@@ -249,7 +250,7 @@ class ShareService:
             self.allocations[c.id] = alloc
         if forgotten := sorted(set(saved) - set(self.allocations)):
             log.info("records of %d container(s) that are gone dropped", len(forgotten))
-        self._save_or_log()
+        self._or_log(self._snapshot)
         new = self._find_unserved(live)
         recovered = dict(self.allocations)
         await self.link.resync(module, recovered, {c.id: c.cgroups_path for c in live})
@@ -303,13 +304,21 @@ class ShareService:
 
     # -- helpers -----------------------------------------------------------------------
 
-    def _save(self) -> None:
-        """Record the table in the store (raises OSError)."""
-        self.store.save(records.encode(self.allocations.values()))
+    def _record(self, line: str) -> None:
+        """Append a change to the records, compacting now and then (raises OSError)."""
+        if self._changes >= records.COMPACT_AFTER:
+            self._snapshot()
+        self.store.append(line)
+        self._changes += 1
 
-    def _save_or_log(self) -> None:
+    def _snapshot(self) -> None:
+        """Rewrite the records as the table (raises OSError)."""
+        self.store.replace(records.snapshot(self.allocations.values()))
+        self._changes = 0
+
+    def _or_log(self, write: Callable[[], None]) -> None:
         try:
-            self._save()
+            write()
         except OSError as e:
             # Stale records are harmless: recovery checks them against live containers.
             log.error("cannot record allocations: %s", e)

@@ -287,15 +287,15 @@ async def test_a_create_the_runtime_gave_up_on_leaves_nothing_booked(tmp_path, m
     )
     handler = GpuShareHandler(await build_service(config, None), request_timeout=lambda: 0.2)
     service = handler.service
-    slow_save = service._save
+    record = service._record
 
-    def save() -> None:  # a disk so slow that the answer comes too late
+    def slow_record(line: str) -> None:  # a disk so slow that the answer comes too late
         import time
 
         time.sleep(0.3)
-        slow_save()
+        record(line)
 
-    monkeypatch.setattr(service, "_save", save)
+    monkeypatch.setattr(service, "_record", slow_record)
     pod = lite.decode_pod_sandbox(
         bytes(
             nri.PodSandbox(

@@ -479,19 +479,23 @@ async def test_a_containers_assigned_annotation_is_never_trusted(annotation):
     assert fresh.status()["unserved"] == []  # it asked for nothing
 
 
+ADD = (
+    '{"add":{"container_id":"c1","name":"c1","pod":"ns/pod-c1","priority":"normal",'
+    '"isolation":"full","gpus":[{"index":0,"uuid":"GPU-0","memory":%s,"core":0}]}}'
+)
+
+
 @pytest.mark.parametrize(
     "text",
     [
         "{not json",
         "[" * 100_000,
-        '{"version":1,"allocations":[{"container_id":"c1","name":"c1","pod":"ns/pod-c1",'
-        '"priority":"normal","isolation":"full","gpus":[{"index":0,"uuid":"GPU-0",'
-        '"memory":Infinity,"core":0}]}]}',
-        '{"version":1,"allocations":[{"container_id":"c1","name":"c1","pod":"ns/pod-c1",'
-        '"priority":"normal","isolation":"full","gpus":[{"index":0,"uuid":"GPU-0",'
-        '"memory":1e400,"core":0}]}]}',
-        '{"version":1,"allocations":"x"}',
-        '{"version":1,"allocations":[null, 1, [], {"gpus": "x"}]}',
+        '{"version":1}\n' + ADD % "Infinity",
+        '{"version":1}\n' + ADD % "1e400",
+        '{"version":1}\n' + ADD % '"x"',
+        '{"version":1}\n{"add":"x"}\n{"del":7}\nnull\n1\n[]\n{"add":{"gpus":"x"}}',
+        '{"version":2}\n' + ADD % "1073741824",
+        '{"version":1}\n' + (ADD % "1073741824")[:-20],  # torn by a crash
     ],
 )
 async def test_bad_records_are_logged_and_synchronize_goes_on(text, caplog):
@@ -687,3 +691,22 @@ async def test_release_after_a_synchronize_that_could_not_read_the_module():
     await svc.release("c1")
     assert kmod.regs == {}
     assert await svc.create_container(ctr("c2", REQ)) is not None
+
+
+async def test_the_journal_replays_and_compacts():
+    from nri_gpushare.share import records
+
+    svc, kmod = make(kmod_mode="off", gpus=make_gpus(1))
+    live_ones = []
+    for i in range(records.COMPACT_AFTER + 10):  # forces a compaction on the way
+        c = ctr(f"c{i}", {P + "gpu-memory": "1Mi"})
+        plan = await svc.create_container(c)
+        if i % 100 == 0:  # a few stay (max_inst), the rest come and go
+            live_ones.append(live(c, plan))
+        else:
+            await svc.release(c.id)
+    text = svc.store.load()
+    assert text.count("\n") < records.COMPACT_AFTER  # compacted, not every change kept
+    fresh = await restart(svc, kmod, live_ones)
+    assert set(fresh.allocations) == {c.id for c in live_ones}
+    assert fresh.status()["unserved"] == []

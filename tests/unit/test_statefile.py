@@ -17,13 +17,13 @@ def test_created_root_only_and_round_trips(tmp_path):
     old = os.umask(0)
     try:
         store.prepare()
-        store.save('{"x": 1}')
+        store.replace('{"x": 1}')
     finally:
         os.umask(old)
     assert mode(store.directory) == 0o700
     assert mode(store.path) == 0o600
     assert store.load() == '{"x": 1}'
-    store.save("second")
+    store.replace("second")
     assert store.load() == "second"
     assert sorted(os.listdir(store.directory)) == ["allocations.json"]  # no temporary left
 
@@ -36,7 +36,7 @@ def test_missing_file_is_no_records(tmp_path):
 @pytest.mark.parametrize("bad_mode", [0o666, 0o620, 0o602])
 def test_a_file_others_can_write_is_ignored(tmp_path, bad_mode, caplog):
     store = StateFile(tmp_path)
-    store.save("records")
+    store.replace("records")
     os.chmod(store.path, bad_mode)
     assert store.load() is None
     assert "not trusted" in caplog.text
@@ -44,7 +44,7 @@ def test_a_file_others_can_write_is_ignored(tmp_path, bad_mode, caplog):
 
 def test_a_file_of_another_user_is_ignored(tmp_path, caplog):
     store = StateFile(tmp_path)
-    store.save("records")
+    store.replace("records")
     os.chown(store.path, 12345, -1)
     assert store.load() is None
     assert "owned by uid 12345" in caplog.text
@@ -57,7 +57,7 @@ def test_a_symlink_is_never_followed(tmp_path, caplog):
     store.prepare()
     store.path.symlink_to(target)
     assert store.load() is None
-    store.save("real")  # replaces the link itself
+    store.replace("real")  # replaces the link itself
     assert target.read_text() == "forged"
     assert store.load() == "real"
 
@@ -79,14 +79,14 @@ def test_an_unsafe_directory_is_refused(tmp_path, setup):
 
 def test_a_failed_write_keeps_the_old_records(tmp_path, monkeypatch):
     store = StateFile(tmp_path)
-    store.save("old")
+    store.replace("old")
 
     def broken(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", broken)
     with pytest.raises(OSError):
-        store.save("new")
+        store.replace("new")
     monkeypatch.undo()
     assert store.load() == "old"
     assert os.listdir(tmp_path) == ["allocations.json"]
@@ -120,12 +120,11 @@ def test_a_symlinked_state_dir_is_refused(tmp_path):
 def test_swapping_the_path_after_start_redirects_nothing(tmp_path):
     store = StateFile(tmp_path / "state")
     store.prepare()
-    store.save("one")
+    store.replace("one")
     os.rename(tmp_path / "state", tmp_path / "moved")
     decoy = tmp_path / "decoy"
     decoy.mkdir()
     (tmp_path / "state").symlink_to(decoy)
-    store.save("two")
+    store.replace("two")
     assert os.listdir(decoy) == []
     assert (tmp_path / "moved" / "allocations.json").read_text() == "two"
-

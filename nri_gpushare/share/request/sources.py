@@ -35,18 +35,22 @@ def _ours(mapping: Mapping[str, str]) -> list[str]:
 
 
 def visible(c: ContainerInfo, sources: SourcePolicy) -> ContainerInfo:
-    """The container as the request parser may see it under `sources`."""
-    if sources.annotations and sources.labels and sources.env:
-        return c
+    """The container as the request parser may see it under `sources` (the
+    container itself when a hidden source says nothing about a share: the
+    usual case, and the cheap one)."""
     changes: dict[str, object] = {}
-    if not sources.annotations:
+    if not sources.annotations and (_has_ours(c.pod_annotations) or _has_ours(c.annotations)):
         changes["pod_annotations"] = {}
         changes["annotations"] = {}
-    if not sources.labels:
+    if not sources.labels and _has_ours(c.labels):
         changes["labels"] = {}
-    if not sources.env:
+    if not sources.env and any(k in c.env for k in REQUEST_ENV):
         changes["env"] = {}
-    return replace(c, **changes)  # type: ignore[arg-type]
+    return replace(c, **changes) if changes else c  # type: ignore[arg-type]
+
+
+def _has_ours(mapping: Mapping[str, str]) -> bool:
+    return any(k.startswith(PREFIX) for k in mapping)
 
 
 def ignored(c: ContainerInfo, sources: SourcePolicy) -> list[str]:
