@@ -150,9 +150,7 @@ class ShareService:
             self._creating.discard(c.id)
         if generation != self._generation or self.allocations.get(c.id) is not alloc:
             # Released, or the table was rebuilt, while the module answered.
-            self._drop(alloc, generation)
-            if registered:
-                await self.link.release(c.id)
+            await self._undo(alloc, generation, registered)
             raise ShareRefused(
                 f"gpushare: cannot create {who}: it was released while the kernel module "
                 f"registered it",
@@ -161,9 +159,7 @@ class ShareService:
         try:
             self._record(records.added(alloc))
         except OSError as e:
-            self._drop(alloc, generation)
-            if registered:
-                await self.link.release(c.id)
+            await self._undo(alloc, generation, registered)
             raise ShareRefused(
                 f"gpushare: cannot create {who}: its allocation cannot be recorded "
                 f"({e}); the node's state directory needs attention",
@@ -322,6 +318,12 @@ class ShareService:
         except OSError as e:
             # Stale records are harmless: recovery checks them against live containers.
             log.error("cannot record allocations: %s", e)
+
+    async def _undo(self, alloc: Allocation, generation: int, registered: bool) -> None:
+        """Take back a share that will not be given: reservation and registration."""
+        self._drop(alloc, generation)
+        if registered:
+            await self.link.release(alloc.container_id)
 
     def _drop(self, alloc: Allocation, generation: int) -> None:
         """Free a reservation that did not become an allocation."""

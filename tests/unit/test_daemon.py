@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from nri_gpushare.api import lite, nri
+from nri_gpushare.api.lite import ContainerView, PodSandboxView
 from nri_gpushare.config import ConfigError, parse_config
 from nri_gpushare.daemon import (
     GpuShareHandler,
@@ -24,6 +25,34 @@ from tests.unit.test_kmod_worker import Hangs, settled
 
 UUID = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 INVENTORY = [{"index": 0, "uuid": UUID, "memory": "16Gi"}]
+
+
+def pod_asking_1gi() -> PodSandboxView:
+    return lite.decode_pod_sandbox(
+        bytes(
+            nri.PodSandbox(
+                id="p",
+                name="pod",
+                namespace="ns",
+                uid="u",
+                annotations={"gpushare.io/gpu-memory": "1Gi"},
+            )
+        )
+    )
+
+
+def container_in_pod(cid: str, pid: int, state: nri.ContainerState) -> ContainerView:
+    """Container `main` of pod_asking_1gi()'s pod, as Synchronize lists it."""
+    return lite.decode_container(
+        bytes(nri.Container(id=cid, pod_sandbox_id="p", name="main", pid=pid, state=state))
+    )
+
+
+def off_config(tmp_path, **settings):
+    """kmod off, the one-GPU inventory, records in the test's directory."""
+    return parse_config(
+        {"kmod": "off", "use_nvml": False, "inventory": INVENTORY, **state(tmp_path), **settings}
+    )
 
 
 def state(tmp_path) -> dict[str, str]:
@@ -226,54 +255,16 @@ async def test_state_dir_others_can_write_is_a_config_error(tmp_path):
 
 
 async def test_synchronize_survives_odd_containers_and_denies_unserved(tmp_path, monkeypatch):
-    config = parse_config(
-        {
-            "kmod": "off",
-            "use_nvml": False,
-            "inventory": INVENTORY,
-            "unserved": "deny",
-            **state(tmp_path),
-        }
-    )
+    config = off_config(tmp_path, unserved="deny")
     handler = GpuShareHandler(await build_service(config, None))
     killed = []
     monkeypatch.setattr(
         "nri_gpushare.daemon.kill_container",
         lambda cid, pid: killed.append((cid, pid)) or f"killed (process {pid})",
     )
-    pod = lite.decode_pod_sandbox(
-        bytes(
-            nri.PodSandbox(
-                id="p",
-                name="pod",
-                namespace="ns",
-                uid="u",
-                annotations={"gpushare.io/gpu-memory": "1Gi"},
-            )
-        )
-    )
-    asked = lite.decode_container(
-        bytes(
-            nri.Container(
-                id="c1",
-                pod_sandbox_id="p",
-                name="main",
-                pid=42,
-                state=nri.ContainerState.CONTAINER_RUNNING,
-            )
-        )
-    )
-    stopped = lite.decode_container(
-        bytes(
-            nri.Container(
-                id="c2",
-                pod_sandbox_id="p",
-                name="main",
-                pid=0,
-                state=nri.ContainerState.CONTAINER_STOPPED,
-            )
-        )
-    )
+    pod = pod_asking_1gi()
+    asked = container_in_pod("c1", 42, nri.ContainerState.CONTAINER_RUNNING)
+    stopped = container_in_pod("c2", 0, nri.ContainerState.CONTAINER_STOPPED)
     orphan = lite.decode_container(bytes(nri.Container(id="c3", pod_sandbox_id="gone")))
     assert await handler.synchronize([pod], [asked, stopped, orphan]) == []
     assert killed == [("c1", 42)]
@@ -296,17 +287,7 @@ async def test_a_create_the_runtime_gave_up_on_leaves_nothing_booked(tmp_path, m
         record(line)
 
     monkeypatch.setattr(service, "_record", slow_record)
-    pod = lite.decode_pod_sandbox(
-        bytes(
-            nri.PodSandbox(
-                id="p",
-                name="pod",
-                namespace="ns",
-                uid="u",
-                annotations={"gpushare.io/gpu-memory": "1Gi"},
-            )
-        )
-    )
+    pod = pod_asking_1gi()
     ctr = lite.decode_container(bytes(nri.Container(id="c1", pod_sandbox_id="p", name="main")))
     with pytest.raises(PluginError, match="not placed within the runtime's request timeout"):
         await handler.create_container(pod, ctr)
@@ -315,15 +296,7 @@ async def test_a_create_the_runtime_gave_up_on_leaves_nothing_booked(tmp_path, m
 
 
 async def test_deny_reaches_a_container_that_starts_after_synchronize(tmp_path, monkeypatch):
-    config = parse_config(
-        {
-            "kmod": "off",
-            "use_nvml": False,
-            "inventory": INVENTORY,
-            "unserved": "deny",
-            **state(tmp_path),
-        }
-    )
+    config = off_config(tmp_path, unserved="deny")
     handler = GpuShareHandler(await build_service(config, None))
     killed = []
 
@@ -332,17 +305,7 @@ async def test_deny_reaches_a_container_that_starts_after_synchronize(tmp_path, 
         return f"killed (process {pid})" if pid else "not running: nothing to kill"
 
     monkeypatch.setattr("nri_gpushare.daemon.kill_container", kill)
-    pod = lite.decode_pod_sandbox(
-        bytes(
-            nri.PodSandbox(
-                id="p",
-                name="pod",
-                namespace="ns",
-                uid="u",
-                annotations={"gpushare.io/gpu-memory": "1Gi"},
-            )
-        )
-    )
+    pod = pod_asking_1gi()
     created = nri.Container(
         id="c1", pod_sandbox_id="p", name="main", state=nri.ContainerState.CONTAINER_CREATED
     )
