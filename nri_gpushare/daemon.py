@@ -31,7 +31,6 @@ from nri_gpushare.share.model import (
     ShareRefused,
 )
 from nri_gpushare.share.service import ShareService, Unserved
-from nri_gpushare.share.units import quote
 from nri_gpushare.statefile import StateDirError, StateFile
 from nri_gpushare.status import StatusServer
 from nri_gpushare.stub import Plugin, PluginError, Stub
@@ -149,9 +148,9 @@ class GpuShareHandler(Plugin):
 
     def _late(self, pod: PodSandboxView, container: ContainerView) -> str:
         message = (
-            f"gpushare: container '{quote(container.name)}' (pod {quote(pod.namespace)}/"
-            f"{quote(pod.name)}): not placed within the runtime's request timeout "
-            f"({self.request_timeout():g} s); nothing was reserved, retry"
+            f"gpushare: {container_info(pod, container).describe()}: not placed within the "
+            f"runtime's request timeout ({self.request_timeout():g} s); nothing was reserved, "
+            f"retry"
         )
         log.error("%s", message)
         return message
@@ -178,16 +177,7 @@ class GpuShareHandler(Plugin):
         await self.service.release(container.id)
 
     async def stop_pod_sandbox(self, pod: PodSandboxView) -> None:
-        self.service.pod_stopped(
-            ContainerInfo(
-                id="",
-                name="",
-                pod_name=pod.name,
-                pod_namespace=pod.namespace,
-                pod_uid=pod.uid,
-                pod_annotations=pod.annotations,
-            )
-        )
+        self.service.pod_stopped(pod.uid, f"{pod.namespace}/{pod.name}", pod.annotations)
 
 
 def kmod_worker(config: Config) -> OffLoopKernelModule | None:

@@ -95,8 +95,12 @@ class StateFile:
             self._dir_fd = None
 
     def _dir(self) -> int:
+        """The directory's descriptor, opened on first use (OSError if unusable)."""
         if self._dir_fd is None:
-            self.prepare()
+            try:
+                self.prepare()
+            except StateDirError as e:
+                raise OSError(f"state_dir unusable: {e}") from e
         assert self._dir_fd is not None
         return self._dir_fd
 
@@ -107,7 +111,7 @@ class StateFile:
             fd = os.open(FILE_NAME, flags, dir_fd=self._dir())
         except FileNotFoundError:
             return None
-        except (OSError, StateDirError) as e:
+        except OSError as e:
             log.error("state file %s cannot be read (%s): ignored", self.path, e)
             return None
         with os.fdopen(fd, "rb") as f:
@@ -129,10 +133,7 @@ class StateFile:
 
     def replace(self, text: str) -> None:
         """Replace the records atomically; raises OSError."""
-        try:
-            dir_fd = self._dir()
-        except StateDirError as e:
-            raise OSError(f"state_dir unusable: {e}") from e
+        dir_fd = self._dir()
         tmp = f".{FILE_NAME}.{secrets.token_hex(8)}.tmp"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
@@ -151,12 +152,8 @@ class StateFile:
     def append(self, text: str) -> None:
         """Add whole lines at the end of the records (one write); raises OSError."""
         if self._journal_fd is None:
-            try:
-                dir_fd = self._dir()
-            except StateDirError as e:
-                raise OSError(f"state_dir unusable: {e}") from e
             flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-            self._journal_fd = os.open(FILE_NAME, flags, 0o600, dir_fd=dir_fd)
+            self._journal_fd = os.open(FILE_NAME, flags, 0o600, dir_fd=self._dir())
         data = text.encode()
         if os.write(self._journal_fd, data) != len(data):
             raise OSError(f"short write to {self.path} (disk full?)")

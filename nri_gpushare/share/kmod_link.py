@@ -49,8 +49,13 @@ def quotas(alloc: Allocation) -> tuple[GpuQuota, ...]:
     )
 
 
-def _sorted(qs: Sequence[GpuQuota]) -> list[GpuQuota]:
-    return sorted(qs, key=lambda q: q.gpu_index)
+def registered_as(alloc: Allocation, registration: Registration) -> bool:
+    """Whether the module holds exactly the quotas `alloc` means (in any order)."""
+
+    def by_gpu(qs: Sequence[GpuQuota]) -> list[GpuQuota]:
+        return sorted(qs, key=lambda q: q.gpu_index)
+
+    return by_gpu(registration.quotas) == by_gpu(quotas(alloc))
 
 
 class KernelLink:
@@ -270,7 +275,7 @@ class KernelLink:
             if alloc is None or alloc.isolation == "none":
                 log.info("container %s: gone; removing its kernel-module registration", cid)
                 await self.unregister(cid)
-            elif _sorted(reg.quotas) != _sorted(quotas(alloc)):
+            elif not registered_as(alloc, reg):
                 log.warning("container %s: module registration differs; registering again", cid)
                 await self.unregister(cid)
             else:

@@ -34,15 +34,13 @@ from typing import Any, Protocol
 
 from ..kmod.client import Registration
 from .assigned import assigned_annotation, share_json
-from .kmod_link import quotas
+from .kmod_link import registered_as
 from .model import ASSIGNED, ISOLATIONS, PRIORITIES, Allocation, ContainerInfo, Gpu, GpuShare
 
 log = logging.getLogger(__name__)
 
 VERSION = 1
 MAX_MEMORY = 1 << 60  # more than any GPU: a bound, so a record is never absurd
-
-
 COMPACT_AFTER = 1000
 """Changes appended before the journal is rewritten as a snapshot."""
 
@@ -227,7 +225,7 @@ def recover(
         return record
     if record is None:
         return module
-    if sorted(quotas(record), key=_gpu) == sorted(registration.quotas, key=_gpu):
+    if registered_as(record, registration):
         return record
     log.warning(
         "%s: the daemon's record (%s) differs from the kernel module's registration (%s); "
@@ -237,7 +235,3 @@ def recover(
         module.describe_shares(),
     )
     return module
-
-
-def _gpu(q: Any) -> int:
-    return int(q.gpu_index)

@@ -2,8 +2,8 @@
 
 create_container parses the request (nothing reserved), places it
 (all-or-nothing), registers it with the kernel module (a refused registration
-leaves nothing reserved) and answers with an injection plan.  and records it
-in the daemon's store (a share that cannot be recorded is refused).  release
+leaves nothing reserved) answers with an injection plan and records it in the
+daemon's store (a share that cannot be recorded is refused).  release
 undoes it and is idempotent.  synchronize rebuilds the table after a plugin
 restart from what the plugin and the module wrote (`records`), never from
 anything a container carries, and finds the containers that asked for a share
@@ -23,7 +23,7 @@ is asked, so nothing placed meanwhile can take its room; a refusal frees it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +45,7 @@ from .placement import Ledger
 from .plan import DeviceLookup, injection_plan
 from .report import status_document
 from .request import ShareRequest, ignored, parse_request
-from .units import GiB
+from .units import GiB, quote
 
 log = logging.getLogger(__name__)
 
@@ -190,30 +190,28 @@ class ShareService:
         await self.link.release(container_id)
         return alloc is not None
 
-    def pod_stopped(self, c: ContainerInfo) -> None:
-        """The pod (`c`'s pod fields) stopped: warn about per-container keys
-        that named no container of it."""
-        seen = self._pod_containers.pop(c.pod_uid, set())
+    def pod_stopped(self, uid: str, pod: str, annotations: Mapping[str, str]) -> None:
+        """Pod `pod` ("namespace/name") stopped: warn about its per-container
+        keys that named no container of it."""
+        seen = self._pod_containers.pop(uid, set())
         prefix = PREFIX + "container."
         named = {
-            key[len(prefix) :].rpartition(".")[0]
-            for key in c.pod_annotations
-            if key.startswith(prefix)
+            key[len(prefix) :].rpartition(".")[0] for key in annotations if key.startswith(prefix)
         }
         for name in sorted(named - seen - {""}):
             log.warning(
                 "%s: pod annotations %s%s.* name no container of this pod (its containers: "
                 "%s); they were ignored",
-                f"pod {c.pod}",
+                f"pod {quote(pod)}",
                 prefix,
                 name[:64],
                 ", ".join(sorted(seen)) or "none seen",
             )
 
-    async def synchronize(self, live: Sequence[ContainerInfo]) -> list[Unserved]:
+    async def synchronize(self, live: Sequence[ContainerInfo]) -> None:
         """Rebuild everything from the live containers, the daemon's records and
-        the module's registry; returns the containers that are newly found to
-        run without the share they asked for.
+        the module's registry, and find the containers that run without the
+        share they asked for (`unserved`).
 
         Registrations without a live container are removed; live shares the
         module lost are registered again.  Live shares are recorded even when
@@ -247,15 +245,14 @@ class ShareService:
         if forgotten := sorted(set(saved) - set(self.allocations)):
             log.info("records of %d container(s) that are gone dropped", len(forgotten))
         self._or_log(self._snapshot)
-        new = self._find_unserved(live)
+        self._find_unserved(live)
         recovered = dict(self.allocations)
         await self.link.resync(module, recovered, {c.id: c.cgroups_path for c in live})
-        return new
 
-    def _find_unserved(self, live: Sequence[ContainerInfo]) -> list[Unserved]:
-        """Live containers that ask for a share and hold none (fail-open)."""
+    def _find_unserved(self, live: Sequence[ContainerInfo]) -> None:
+        """Live containers that ask for a share and hold none (fail-open); the
+        ones already known keep what was done about them."""
         before, self.unserved = self.unserved, {}
-        new = []
         for c in live:
             if not c.running or c.id in self.allocations:
                 continue
@@ -273,9 +270,7 @@ class ShareService:
                 kept.container = c  # its pid may be known by now
                 self.unserved[c.id] = kept
                 continue
-            entry = Unserved(c, asked)
-            self.unserved[c.id] = entry
-            new.append(entry)
+            self.unserved[c.id] = Unserved(c, asked)
             log.warning(
                 "%s asked for %s but runs without a share: it was created while the plugin "
                 "was not serving (containerd failed open); unserved policy: %s",
@@ -283,7 +278,6 @@ class ShareService:
                 asked,
                 self.policy.unserved,
             )
-        return new
 
     def status(self) -> dict[str, Any]:
         """A JSON-able picture of GPUs, allocations and the module."""
