@@ -16,6 +16,7 @@ const char *const gs_gpu_files[GS_GPU_NFILES] = {
 	[GS_GPU_TOTAL_MEMSIZE] = "total_memsize",
 	[GS_GPU_FREE_MEMSIZE] = "free_memsize",
 	[GS_GPU_NR_INST] = "nr_inst",
+	[GS_GPU_ORPHANED_MEMSIZE] = "orphaned_memsize",
 };
 
 static bool gs_isdigit(char c)
@@ -230,7 +231,7 @@ void gs_acct_init(struct gs_acct *a, u64 total_mem)
 
 u64 gs_acct_free_mem(const struct gs_acct *a)
 {
-	return a->total_mem - a->used_mem;
+	return a->total_mem - a->used_mem - a->orphaned_mem;
 }
 
 u32 gs_acct_free_weight(const struct gs_acct *a)
@@ -267,7 +268,8 @@ int gs_acct_set_total(struct gs_acct *a, u64 total_mem)
 {
 	if (!total_mem)
 		return -EINVAL;
-	if (total_mem < a->used_mem)
+	/* No overflow: the sum is at most the current total_mem. */
+	if (total_mem < a->used_mem + a->orphaned_mem)
 		return -ENOSPC;
 	a->total_mem = total_mem;
 	return 0;
@@ -281,6 +283,82 @@ int gs_acct_set_max_inst(struct gs_acct *a, u64 max_inst)
 		return -ENOSPC;
 	a->max_inst = max_inst;
 	return 0;
+}
+
+/*
+ * Change a container's memsize on this GPU to @mem: not below what its
+ * processes have reserved there (-EBUSY), and only if the GPU has room
+ * (-ENOSPC).  Nothing changes on a refusal.
+ */
+int gs_acct_set_memsize(struct gs_acct *a, struct gs_quota *q,
+			const struct gs_ledger *l, u64 mem)
+{
+	if (!mem)
+		return -EINVAL;
+	if (mem < l->used)
+		return -EBUSY;
+	return gs_acct_change(a, q, mem, q->weight);
+}
+
+/*
+ * The memory ledger: GPUSHARE_IOC_MEM's arithmetic.  The caller holds the
+ * lock that covers the ledger, @mine (what one open file holds on this
+ * GPU) and the GPU's orphaned_mem.  Invariants: *mine <= l->used, and
+ * l->used <= q->memsize while the container is registered.
+ */
+
+/* The quota a ledger answers with: memsize, or 0 once it is deleted. */
+u64 gs_mem_quota(const struct gs_quota *q, const struct gs_ledger *l)
+{
+	return l->orphaned ? 0 : q->memsize;
+}
+
+/*
+ * Reserve @bytes for the file that holds @mine, all or nothing: -ENOENT
+ * once the container is deleted, -EDQUOT beyond its memsize.  Written so
+ * that nothing overflows whatever the operands (bytes up to U64_MAX).
+ */
+int gs_mem_reserve(const struct gs_quota *q, struct gs_ledger *l, u64 *mine,
+		   u64 bytes)
+{
+	if (l->orphaned)
+		return -ENOENT;
+	if (l->used > q->memsize || bytes > q->memsize - l->used)
+		return -EDQUOT;
+	l->used += bytes;
+	*mine += bytes;		/* <= l->used <= memsize: no overflow */
+	return 0;
+}
+
+/*
+ * Give back @bytes of what the file holds (@mine): -EINVAL, releasing
+ * nothing, if it holds less.  A deleted container's bytes leave the GPU's
+ * orphaned_mem with them.
+ */
+int gs_mem_release(struct gs_acct *a, struct gs_ledger *l, u64 *mine,
+		   u64 bytes)
+{
+	if (bytes > *mine || bytes > l->used)
+		return -EINVAL;
+	*mine -= bytes;
+	l->used -= bytes;
+	if (l->orphaned)
+		a->orphaned_mem -= bytes;
+	return 0;
+}
+
+/*
+ * The container is deleted (its memsize already uncharged from @a): what
+ * its files still hold stays charged to the GPU as orphaned memory, so
+ * that memory in use is never promised to another container.  The sum
+ * stays within total_mem: used <= memsize, which was just uncharged.
+ */
+void gs_mem_orphan(struct gs_acct *a, struct gs_ledger *l)
+{
+	if (l->orphaned)
+		return;
+	l->orphaned = true;
+	a->orphaned_mem += l->used;
 }
 
 /* Give quotas that asked for memsize 0 the default; -EINVAL if none. */

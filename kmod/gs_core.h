@@ -19,10 +19,15 @@
 
 #include <gpushare.h>
 
-/* Accounting of one GPU. */
+/*
+ * Accounting of one GPU.  Always used_mem + orphaned_mem <= total_mem:
+ * free memory is what neither a container's memsize nor a deleted
+ * container's still-held reservations take.
+ */
 struct gs_acct {
 	u64 total_mem;		/* declared memory, bytes */
 	u64 used_mem;		/* sum of the containers' memsize */
+	u64 orphaned_mem;	/* bytes still reserved by deleted containers */
 	u32 used_weight;	/* sum of the containers' weight, percent */
 	u32 ninst;		/* containers on this GPU */
 	u32 max_inst;		/* most containers allowed */
@@ -33,6 +38,18 @@ struct gs_quota {
 	u32 gpu;
 	u32 weight;
 	u32 highprio;
+};
+
+/*
+ * The memory ledger of one container on one GPU: the bytes its open
+ * /dev/gpushare files have reserved there.  While the container is
+ * registered, used <= its memsize; once it is deleted (orphaned) nothing
+ * more is reserved, and what is still used counts in the GPU's
+ * orphaned_mem until it is released.
+ */
+struct gs_ledger {
+	u64 used;
+	bool orphaned;
 };
 
 enum gs_op {
@@ -66,6 +83,7 @@ enum gs_gpu_file {
 	GS_GPU_TOTAL_MEMSIZE,
 	GS_GPU_FREE_MEMSIZE,
 	GS_GPU_NR_INST,
+	GS_GPU_ORPHANED_MEMSIZE,
 	GS_GPU_NFILES
 };
 
@@ -88,6 +106,15 @@ int gs_acct_fits(const struct gs_acct *a, u64 mem, u32 weight);
 int gs_acct_change(struct gs_acct *a, struct gs_quota *q, u64 mem, u32 weight);
 int gs_acct_set_total(struct gs_acct *a, u64 total_mem);
 int gs_acct_set_max_inst(struct gs_acct *a, u64 max_inst);
+int gs_acct_set_memsize(struct gs_acct *a, struct gs_quota *q,
+			const struct gs_ledger *l, u64 mem);
+
+u64 gs_mem_quota(const struct gs_quota *q, const struct gs_ledger *l);
+int gs_mem_reserve(const struct gs_quota *q, struct gs_ledger *l, u64 *mine,
+		   u64 bytes);
+int gs_mem_release(struct gs_acct *a, struct gs_ledger *l, u64 *mine,
+		   u64 bytes);
+void gs_mem_orphan(struct gs_acct *a, struct gs_ledger *l);
 
 int gs_resolve_default(struct gs_quota *q, u32 n, u64 default_mem);
 int gs_admit(struct gs_acct *const accts[GPUSHARE_MAX_GPUS],

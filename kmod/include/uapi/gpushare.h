@@ -11,7 +11,11 @@
 #include <linux/types.h>
 #include <linux/ioctl.h>
 
-#define GPUSHARE_ABI_VERSION	1
+/*
+ * 1: GPUSHARE_IOC_QUERY.  2: GPUSHARE_IOC_MEM too (a version-1 module
+ * answers it with ENOTTY).
+ */
+#define GPUSHARE_ABI_VERSION	2
 
 #define GPUSHARE_DEV_NAME	"gpushare"	/* the misc device's name */
 
@@ -30,7 +34,7 @@
 #define GPUSHARE_PRIO_RATIO_DEFAULT 80
 
 /*
- * Both structures are extensible (the convention of clone3() and
+ * The structures are extensible (the convention of clone3() and
  * openat2()): fields are only ever added at the end, and user space says
  * how big its version is.  The module reads a smaller (older) structure
  * as if the missing tail were zero, and refuses a bigger one with E2BIG
@@ -77,7 +81,55 @@ struct gpushare_query {
  * no size (_IO, like VFIO's): the structure's size field says it, so a
  * request number never changes when a structure grows.
  */
+/*
+ * GPUSHARE_IOC_MEM: the memory ledger.  A process reserves bytes on one of
+ * its container's GPUs before it allocates them there, and releases them
+ * after it frees them; the bytes reserved by all processes of a container
+ * on a GPU never exceed its memsize there.
+ *
+ * A descriptor acts for the container its opener was in when it opened
+ * /dev/gpushare (found as QUERY finds it), whoever calls on it later; one
+ * opened by a process in no registered container gets ENOENT.  Its
+ * reservations belong to the open file and are returned when the file is
+ * released (the last close: exit, crash, SIGKILL), so nothing can leak.
+ * A child that inherits the descriptor shares its reservations: a client
+ * opens its own descriptor after fork (and with O_CLOEXEC).
+ *
+ * Every op fills in quota, used and mine whenever the descriptor acts for
+ * a container that has a quota on that GPU, also when it fails with
+ * EDQUOT, EINVAL (a release beyond what the file holds) or ENOENT (the
+ * container was deleted: quota then reads 0, used and mine what is still
+ * held), so INFO is the way to read them without changing anything.
+ * Reserving or releasing 0 bytes changes nothing and succeeds.
+ *
+ * Errors: ENOENT the descriptor acts for no container, or its container
+ * was deleted (see kmod/README.md: RELEASE still works then, RESERVE and
+ * INFO answer ENOENT), ENXIO the container has no quota on that GPU,
+ * EDQUOT a reservation beyond the quota (nothing is reserved), EINVAL an
+ * unknown op, nonzero flags, size below GPUSHARE_MEM_SIZE_VER0, or a
+ * release of more than this file holds on that GPU (nothing is released),
+ * E2BIG size over a page or a bigger structure whose unknown tail is not
+ * zero, EFAULT a bad pointer (nothing changed).
+ */
+#define GPUSHARE_MEM_INFO	0	/* change nothing */
+#define GPUSHARE_MEM_RESERVE	1	/* reserve bytes, all or nothing */
+#define GPUSHARE_MEM_RELEASE	2	/* give back bytes this file reserved */
+
+struct gpushare_mem {
+	__u32 size;		/* in: sizeof(struct gpushare_mem) */
+	__u32 op;		/* in: GPUSHARE_MEM_* */
+	__u32 gpu;		/* in: GPU index, as in the container's quota */
+	__u32 flags;		/* in: 0 */
+	__u64 bytes;		/* in: bytes to reserve or release */
+	__u64 quota;		/* out: the container's memsize on this GPU */
+	__u64 used;		/* out: bytes its processes hold there, after */
+	__u64 mine;		/* out: bytes this file holds there, after */
+};
+
+#define GPUSHARE_MEM_SIZE_VER0	48	/* sizeof first published */
+
 #define GPUSHARE_IOC_MAGIC	0xE7
 #define GPUSHARE_IOC_QUERY	_IO(GPUSHARE_IOC_MAGIC, 0x01)
+#define GPUSHARE_IOC_MEM	_IO(GPUSHARE_IOC_MAGIC, 0x02)
 
 #endif /* _UAPI_GPUSHARE_H */
