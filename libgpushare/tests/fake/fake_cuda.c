@@ -1,0 +1,918 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * A fake CUDA driver (libcuda.so.1) for the interposer's tests: "device"
+ * memory is host memory, so programs can allocate, copy and free without a
+ * GPU.  Configured by the environment:
+ *
+ *   FAKECUDA_DEVICES  number of devices (default 2, at most 8)
+ *   FAKECUDA_MEMORY   bytes of memory per device (default 8 GiB); the fake
+ *                     refuses allocations beyond it with OUT_OF_MEMORY, so a
+ *                     test can tell a quota from the device's own limit
+ *
+ * Device i has the UUID bytes fa ce 00 .. 00 i, which NVML and
+ * GPUSHARE_GPU_UUIDS write as "GPU-face0000-0000-0000-0000-0000000000ii"
+ * (ii: i in two lowercase hex digits), e.g. device 1 is
+ * GPU-face0000-0000-0000-0000-000000000001.
+ *
+ * Memory is mapped with MAP_NORESERVE, so a large allocation costs nothing
+ * until it is touched.  Linked with -Bsymbolic: the pointers cuGetProcAddress
+ * hands out are the fake's own functions, as the real driver's are, and never
+ * an interposer's exports of the same name.
+ *
+ * cuGetProcAddress answers every name implemented here, resolving the
+ * versioned name as the real driver does ("cuMemAlloc" asked at version
+ * >= 3020 is cuMemAlloc_v2; with the per-thread flag, the _ptsz/_ptds
+ * variant when there is one), and NULL with CUDA_ERROR_NOT_FOUND otherwise.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "../../src/cuda_abi.h"
+
+#define API __attribute__((visibility("default")))
+#define MAX_DEV 8
+#define GRANULARITY (2u << 20)
+
+struct CUctx_st { int dev; int primary; };
+struct CUstream_st { int dev; };
+struct CUmemPoolHandle_st { int dev; };
+struct CUarray_st { void *mem; size_t bytes; int dev; };
+struct CUmipmappedArray_st { void *mem; size_t bytes; int dev; };
+
+/* A physical VMM allocation: a memfd the mappings share. */
+struct vmm { int fd; size_t bytes; int dev; };
+
+static int ndev = 2;
+static uint64_t devmem = 8ull << 30;
+static _Atomic uint64_t used[MAX_DEV];
+static struct CUctx_st primary[MAX_DEV];
+static struct CUmemPoolHandle_st defpool[MAX_DEV];
+static _Thread_local CUcontext current;
+static int initialized;
+
+/* Live allocations (pointer -> bytes, device), for cuMemFree and GetInfo. */
+struct alloc { uintptr_t ptr; size_t bytes; int dev; struct alloc *next; };
+static struct alloc *allocs;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+__attribute__((constructor)) static void fake_setup(void)
+{
+	const char *s = getenv("FAKECUDA_DEVICES");
+	if (s) {
+		ndev = atoi(s);
+		if (ndev < 0)
+			ndev = 0;
+		if (ndev > MAX_DEV)
+			ndev = MAX_DEV;
+	}
+	s = getenv("FAKECUDA_MEMORY");
+	if (s)
+		devmem = strtoull(s, NULL, 10);
+	for (int i = 0; i < MAX_DEV; i++) {
+		primary[i].dev = i;
+		primary[i].primary = 1;
+		defpool[i].dev = i;
+	}
+}
+
+static int cur_dev(void)
+{
+	return current ? current->dev : -1;
+}
+
+/* Take @bytes of device @dev's memory: 0, or -1 when it has no more. */
+static int take(int dev, size_t bytes)
+{
+	uint64_t old = atomic_load(&used[dev]);
+	do {
+		if (bytes > devmem || old > devmem - bytes)
+			return -1;
+	} while (!atomic_compare_exchange_weak(&used[dev], &old, old + bytes));
+	return 0;
+}
+
+static void *host_map(size_t bytes)
+{
+	void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	return p == MAP_FAILED ? NULL : p;
+}
+
+static CUresult mem_alloc(CUdeviceptr *dptr, size_t bytes, int dev)
+{
+	if (!initialized)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (!dptr || bytes == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (dev < 0)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (take(dev, bytes))
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	void *p = host_map(bytes);
+	struct alloc *a = malloc(sizeof(*a));
+	if (!p || !a) {
+		if (p)
+			munmap(p, bytes);
+		free(a);
+		atomic_fetch_sub(&used[dev], bytes);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	a->ptr = (uintptr_t)p;
+	a->bytes = bytes;
+	a->dev = dev;
+	pthread_mutex_lock(&lock);
+	a->next = allocs;
+	allocs = a;
+	pthread_mutex_unlock(&lock);
+	*dptr = (CUdeviceptr)(uintptr_t)p;
+	return CUDA_SUCCESS;
+}
+
+static CUresult mem_free(CUdeviceptr dptr)
+{
+	if (!initialized)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (!dptr)
+		return CUDA_SUCCESS;
+	pthread_mutex_lock(&lock);
+	struct alloc **pp = &allocs, *a;
+	while ((a = *pp) && a->ptr != dptr)
+		pp = &a->next;
+	if (a)
+		*pp = a->next;
+	pthread_mutex_unlock(&lock);
+	if (!a)
+		return CUDA_ERROR_INVALID_VALUE;
+	munmap((void *)a->ptr, a->bytes);
+	atomic_fetch_sub(&used[a->dev], a->bytes);
+	free(a);
+	return CUDA_SUCCESS;
+}
+
+/* ---- init, version, devices ---- */
+
+API CUresult cuInit(unsigned int flags)
+{
+	if (flags)
+		return CUDA_ERROR_INVALID_VALUE;
+	initialized = 1;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuDriverGetVersion(int *v)
+{
+	if (!v)
+		return CUDA_ERROR_INVALID_VALUE;
+	*v = 12090;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceGetCount(int *n)
+{
+	if (!initialized)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (!n)
+		return CUDA_ERROR_INVALID_VALUE;
+	*n = ndev;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceGet(CUdevice *d, int ordinal)
+{
+	if (!initialized)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (!d)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (ordinal < 0 || ordinal >= ndev)
+		return CUDA_ERROR_INVALID_DEVICE;
+	*d = ordinal;
+	return CUDA_SUCCESS;
+}
+
+static int bad_dev(CUdevice d)
+{
+	return d < 0 || d >= ndev;
+}
+
+API CUresult cuDeviceGetName(char *name, int len, CUdevice d)
+{
+	if (!initialized)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (bad_dev(d))
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (!name || len <= 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	snprintf(name, (size_t)len, "Fake CUDA Device %d", d);
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice d)
+{
+	if (!initialized)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (bad_dev(d))
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (!uuid)
+		return CUDA_ERROR_INVALID_VALUE;
+	memset(uuid->bytes, 0, 16);
+	uuid->bytes[0] = 0xfa;
+	uuid->bytes[1] = 0xce;
+	uuid->bytes[15] = (unsigned char)d;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice d)
+{
+	return cuDeviceGetUuid_v2(uuid, d);
+}
+
+API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d)
+{
+	if (!initialized)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (bad_dev(d))
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (!bytes)
+		return CUDA_ERROR_INVALID_VALUE;
+	*bytes = devmem;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceGetAttribute(int *v, int attrib, CUdevice d)
+{
+	if (!initialized)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (bad_dev(d))
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (!v)
+		return CUDA_ERROR_INVALID_VALUE;
+	(void)attrib;
+	*v = 0;		/* every attribute reads 0 */
+	return CUDA_SUCCESS;
+}
+
+/* ---- contexts ---- */
+
+API CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice d)
+{
+	if (!initialized)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (bad_dev(d))
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (!ctx)
+		return CUDA_ERROR_INVALID_VALUE;
+	*ctx = &primary[d];
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d)
+{
+	return bad_dev(d) ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+}
+
+API CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice d)
+{
+	(void)flags;
+	if (!initialized)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (bad_dev(d))
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (!ctx)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct CUctx_st *c = calloc(1, sizeof(*c));
+	if (!c)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	c->dev = d;
+	*ctx = current = c;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+	if (!ctx || ctx->primary)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (current == ctx)
+		current = NULL;
+	free(ctx);
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+	if (!initialized)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	current = ctx;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuCtxGetCurrent(CUcontext *ctx)
+{
+	if (!initialized)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (!ctx)
+		return CUDA_ERROR_INVALID_VALUE;
+	*ctx = current;
+	return CUDA_SUCCESS;
+}
+
+/* A one-deep stack is all the fake keeps: push saves nothing. */
+API CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+	return cuCtxSetCurrent(ctx);
+}
+
+API CUresult cuCtxPopCurrent_v2(CUcontext *ctx)
+{
+	if (ctx)
+		*ctx = current;
+	current = NULL;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuCtxGetDevice(CUdevice *d)
+{
+	if (!initialized)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (!d)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!current)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	*d = current->dev;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuCtxSynchronize(void)
+{
+	return current ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+/* ---- memory ---- */
+
+API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes)
+{
+	return mem_alloc(dptr, bytes, cur_dev());
+}
+
+API CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
+				size_t height, unsigned int elemsize)
+{
+	if (!pitch || width == 0 || height == 0 ||
+	    (elemsize != 4 && elemsize != 8 && elemsize != 16))
+		return CUDA_ERROR_INVALID_VALUE;
+	size_t p = (width + 511) & ~(size_t)511;	/* rows aligned to 512 */
+	CUresult r = mem_alloc(dptr, p * height, cur_dev());
+	if (r == CUDA_SUCCESS)
+		*pitch = p;
+	return r;
+}
+
+API CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+	return mem_free(dptr);
+}
+
+API CUresult cuMemGetInfo_v2(size_t *free_, size_t *total)
+{
+	int d = cur_dev();
+	if (!initialized)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (d < 0)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (!free_ || !total)
+		return CUDA_ERROR_INVALID_VALUE;
+	*total = devmem;
+	*free_ = devmem - atomic_load(&used[d]);
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned int flags)
+{
+	(void)flags;
+	return mem_alloc(dptr, bytes, cur_dev());
+}
+
+API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
+{
+	if (!dst || !src)
+		return CUDA_ERROR_INVALID_VALUE;
+	memcpy((void *)(uintptr_t)dst, src, n);
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
+{
+	if (!dst || !src)
+		return CUDA_ERROR_INVALID_VALUE;
+	memcpy(dst, (const void *)(uintptr_t)src, n);
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n)
+{
+	if (!dst)
+		return CUDA_ERROR_INVALID_VALUE;
+	memset((void *)(uintptr_t)dst, v, n);
+	return CUDA_SUCCESS;
+}
+
+/* ---- streams ---- */
+
+API CUresult cuStreamCreate(CUstream *s, unsigned int flags)
+{
+	(void)flags;
+	if (!s)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!current)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	struct CUstream_st *st = malloc(sizeof(*st));
+	if (!st)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	st->dev = current->dev;
+	*s = st;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuStreamDestroy_v2(CUstream s)
+{
+	if (!s || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
+		return CUDA_ERROR_INVALID_HANDLE;
+	free(s);
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuStreamSynchronize(CUstream s)
+{
+	(void)s;
+	return CUDA_SUCCESS;
+}
+
+/* Device of a stream: the null and special handles mean the current one. */
+static int stream_dev(CUstream s)
+{
+	if (!s || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
+		return cur_dev();
+	return s->dev;
+}
+
+API CUresult cuStreamGetDevice(CUstream s, CUdevice *d)
+{
+	if (!d)
+		return CUDA_ERROR_INVALID_VALUE;
+	int dev = stream_dev(s);
+	if (dev < 0)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	*d = dev;
+	return CUDA_SUCCESS;
+}
+
+/* ---- stream-ordered allocation and pools (work is done at once) ---- */
+
+API CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream s)
+{
+	return mem_alloc(dptr, bytes, stream_dev(s));
+}
+
+API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream s)
+{
+	return cuMemAllocAsync(dptr, bytes, s);
+}
+
+API CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s)
+{
+	(void)s;
+	return mem_free(dptr);
+}
+
+API CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s)
+{
+	return cuMemFreeAsync(dptr, s);
+}
+
+API CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice d)
+{
+	if (!initialized)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (bad_dev(d))
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (!pool)
+		return CUDA_ERROR_INVALID_VALUE;
+	*pool = &defpool[d];
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
+{
+	if (!pool || !props || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+	    bad_dev(props->location.id))
+		return CUDA_ERROR_INVALID_VALUE;
+	struct CUmemPoolHandle_st *p = malloc(sizeof(*p));
+	if (!p)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	p->dev = props->location.id;
+	*pool = p;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+	if (!pool)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (pool >= &defpool[0] && pool < &defpool[MAX_DEV])
+		return CUDA_ERROR_INVALID_VALUE;
+	free(pool);
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytes,
+				     CUmemoryPool pool, CUstream s)
+{
+	(void)s;
+	if (!pool)
+		return CUDA_ERROR_INVALID_VALUE;
+	return mem_alloc(dptr, bytes, pool->dev);
+}
+
+API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes,
+					  CUmemoryPool pool, CUstream s)
+{
+	return cuMemAllocFromPoolAsync(dptr, bytes, pool, s);
+}
+
+/* ---- virtual memory management ---- */
+
+API CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop,
+					   int option)
+{
+	(void)option;
+	if (!g || !prop)
+		return CUDA_ERROR_INVALID_VALUE;
+	*g = GRANULARITY;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t bytes,
+			 const CUmemAllocationProp *prop, unsigned long long flags)
+{
+	if (!initialized)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (!h || !prop || flags || bytes == 0 || bytes % GRANULARITY ||
+	    prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || bad_dev(prop->location.id))
+		return CUDA_ERROR_INVALID_VALUE;
+	int dev = prop->location.id;
+	if (take(dev, bytes))
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	struct vmm *v = malloc(sizeof(*v));
+	int fd = memfd_create("fakecuda-vmm", MFD_CLOEXEC);
+	if (!v || fd < 0 || ftruncate(fd, (off_t)bytes)) {
+		free(v);
+		if (fd >= 0)
+			close(fd);
+		atomic_fetch_sub(&used[dev], bytes);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	v->fd = fd;
+	v->bytes = bytes;
+	v->dev = dev;
+	*h = (CUmemGenericAllocationHandle)(uintptr_t)v;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuMemRelease(CUmemGenericAllocationHandle h)
+{
+	struct vmm *v = (struct vmm *)(uintptr_t)h;
+	if (!v)
+		return CUDA_ERROR_INVALID_VALUE;
+	close(v->fd);
+	atomic_fetch_sub(&used[v->dev], v->bytes);
+	free(v);
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align,
+				 CUdeviceptr addr, unsigned long long flags)
+{
+	(void)align;
+	(void)addr;
+	(void)flags;
+	if (!ptr || size == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	void *p = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+		       -1, 0);
+	if (p == MAP_FAILED)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	*ptr = (CUdeviceptr)(uintptr_t)p;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+	return munmap((void *)(uintptr_t)ptr, size) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+		      CUmemGenericAllocationHandle h, unsigned long long flags)
+{
+	struct vmm *v = (struct vmm *)(uintptr_t)h;
+	if (!v || flags || offset + size > v->bytes)
+		return CUDA_ERROR_INVALID_VALUE;
+	void *p = mmap((void *)(uintptr_t)ptr, size, PROT_READ | PROT_WRITE,
+		       MAP_SHARED | MAP_FIXED, v->fd, (off_t)offset);
+	return p == MAP_FAILED ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+	void *p = mmap((void *)(uintptr_t)ptr, size, PROT_NONE,
+		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+	return p == MAP_FAILED ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
+			    size_t count)
+{
+	(void)ptr;
+	(void)size;
+	return desc && count ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ---- arrays: element size x channels x extent, like the interposer ---- */
+
+static size_t fmt_bytes(int f)
+{
+	switch (f) {
+	case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: return 1;
+	case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16:
+	case CU_AD_FORMAT_HALF: return 2;
+	case CU_AD_FORMAT_UNSIGNED_INT32: case CU_AD_FORMAT_SIGNED_INT32:
+	case CU_AD_FORMAT_FLOAT: return 4;
+	default: return 0;
+	}
+}
+
+static CUresult array_new(void **mem, size_t *out, size_t bytes, int *devp)
+{
+	int dev = cur_dev();
+	if (dev < 0)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (bytes == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (take(dev, bytes))
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	*mem = host_map(bytes);
+	if (!*mem) {
+		atomic_fetch_sub(&used[dev], bytes);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	*out = bytes;
+	*devp = dev;
+	return CUDA_SUCCESS;
+}
+
+static size_t ext(size_t v)
+{
+	return v ? v : 1;
+}
+
+static CUresult array3d(CUarray *a, size_t w, size_t h, size_t d, int fmt, unsigned ch)
+{
+	if (!a || !w || !fmt_bytes(fmt) || (ch != 1 && ch != 2 && ch != 4))
+		return CUDA_ERROR_INVALID_VALUE;
+	struct CUarray_st *x = malloc(sizeof(*x));
+	if (!x)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	CUresult r = array_new(&x->mem, &x->bytes, w * ext(h) * ext(d) * fmt_bytes(fmt) * ch,
+			       &x->dev);
+	if (r != CUDA_SUCCESS) {
+		free(x);
+		return r;
+	}
+	*a = x;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuArrayCreate_v2(CUarray *a, const CUDA_ARRAY_DESCRIPTOR *desc)
+{
+	if (!desc)
+		return CUDA_ERROR_INVALID_VALUE;
+	return array3d(a, desc->Width, desc->Height, 0, desc->Format, desc->NumChannels);
+}
+
+API CUresult cuArray3DCreate_v2(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR *desc)
+{
+	if (!desc)
+		return CUDA_ERROR_INVALID_VALUE;
+	return array3d(a, desc->Width, desc->Height, desc->Depth, desc->Format,
+		       desc->NumChannels);
+}
+
+API CUresult cuArrayDestroy(CUarray a)
+{
+	if (!a)
+		return CUDA_ERROR_INVALID_HANDLE;
+	munmap(a->mem, a->bytes);
+	atomic_fetch_sub(&used[a->dev], a->bytes);
+	free(a);
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuMipmappedArrayCreate(CUmipmappedArray *m, const CUDA_ARRAY3D_DESCRIPTOR *desc,
+				    unsigned int levels)
+{
+	if (!m || !desc || !levels || !desc->Width || !fmt_bytes(desc->Format))
+		return CUDA_ERROR_INVALID_VALUE;
+	size_t w = desc->Width, h = ext(desc->Height), d = ext(desc->Depth), bytes = 0;
+	for (unsigned int i = 0; i < levels; i++) {
+		bytes += w * h * d * fmt_bytes(desc->Format) * desc->NumChannels;
+		w = w > 1 ? w / 2 : 1;
+		h = h > 1 ? h / 2 : 1;
+		d = d > 1 ? d / 2 : 1;
+	}
+	struct CUmipmappedArray_st *x = malloc(sizeof(*x));
+	if (!x)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	CUresult r = array_new(&x->mem, &x->bytes, bytes, &x->dev);
+	if (r != CUDA_SUCCESS) {
+		free(x);
+		return r;
+	}
+	*m = x;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuMipmappedArrayDestroy(CUmipmappedArray m)
+{
+	if (!m)
+		return CUDA_ERROR_INVALID_HANDLE;
+	munmap(m->mem, m->bytes);
+	atomic_fetch_sub(&used[m->dev], m->bytes);
+	free(m);
+	return CUDA_SUCCESS;
+}
+
+/* ---- errors ---- */
+
+static const struct { CUresult r; const char *name, *text; } errors[] = {
+	{ CUDA_SUCCESS, "CUDA_SUCCESS", "no error" },
+	{ CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument" },
+	{ CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory" },
+	{ CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error" },
+	{ CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal" },
+	{ CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context" },
+	{ CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle" },
+	{ CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found" },
+	{ CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported" },
+};
+
+static int error_index(CUresult r)
+{
+	for (size_t i = 0; i < sizeof(errors) / sizeof(errors[0]); i++)
+		if (errors[i].r == r)
+			return (int)i;
+	return -1;
+}
+
+API CUresult cuGetErrorString(CUresult r, const char **s)
+{
+	int i = error_index(r);
+	if (!s)
+		return CUDA_ERROR_INVALID_VALUE;
+	*s = i < 0 ? NULL : errors[i].text;
+	return i < 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+API CUresult cuGetErrorName(CUresult r, const char **s)
+{
+	int i = error_index(r);
+	if (!s)
+		return CUDA_ERROR_INVALID_VALUE;
+	*s = i < 0 ? NULL : errors[i].name;
+	return i < 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+/* ---- cuGetProcAddress ---- */
+
+API CUresult cuGetProcAddress(const char *name, void **pfn, int version, cuuint64_t flags);
+API CUresult cuGetProcAddress_v2(const char *name, void **pfn, int version,
+				 cuuint64_t flags, CUdriverProcAddressQueryResult *status);
+
+/*
+ * The name table: a name as callers ask for it, the first driver version
+ * the entry answers for, whether it is a per-thread default stream variant,
+ * and the function.  Several rows per name: the one with the highest
+ * version not above the caller's wins (and a per-thread row wins over the
+ * default one only when the caller asks for per-thread).
+ */
+#define E(n, v, f) { n, v, 0, (void *)f }
+#define PT(n, v, f) { n, v, 1, (void *)f }
+static const struct proc {
+	const char *name;
+	int version;
+	int per_thread;
+	void *fn;
+} procs[] = {
+	E("cuInit", 2000, cuInit),
+	E("cuDriverGetVersion", 2020, cuDriverGetVersion),
+	E("cuDeviceGet", 2000, cuDeviceGet),
+	E("cuDeviceGetCount", 2000, cuDeviceGetCount),
+	E("cuDeviceGetName", 2000, cuDeviceGetName),
+	E("cuDeviceGetUuid", 9020, cuDeviceGetUuid),
+	E("cuDeviceGetUuid", 11040, cuDeviceGetUuid_v2),
+	E("cuDeviceTotalMem", 3020, cuDeviceTotalMem_v2),
+	E("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute),
+	E("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
+	E("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
+	E("cuCtxCreate", 3020, cuCtxCreate_v2),
+	E("cuCtxDestroy", 4000, cuCtxDestroy_v2),
+	E("cuCtxSetCurrent", 4000, cuCtxSetCurrent),
+	E("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
+	E("cuCtxPushCurrent", 4000, cuCtxPushCurrent_v2),
+	E("cuCtxPopCurrent", 4000, cuCtxPopCurrent_v2),
+	E("cuCtxGetDevice", 2000, cuCtxGetDevice),
+	E("cuCtxSynchronize", 2000, cuCtxSynchronize),
+	E("cuMemAlloc", 3020, cuMemAlloc_v2),
+	E("cuMemAllocPitch", 3020, cuMemAllocPitch_v2),
+	E("cuMemFree", 3020, cuMemFree_v2),
+	E("cuMemGetInfo", 3020, cuMemGetInfo_v2),
+	E("cuMemAllocManaged", 6000, cuMemAllocManaged),
+	E("cuMemcpyHtoD", 3020, cuMemcpyHtoD_v2),
+	E("cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2),
+	E("cuMemsetD8", 3020, cuMemsetD8_v2),
+	E("cuStreamCreate", 2000, cuStreamCreate),
+	E("cuStreamDestroy", 4000, cuStreamDestroy_v2),
+	E("cuStreamSynchronize", 2000, cuStreamSynchronize),
+	E("cuStreamGetDevice", 12080, cuStreamGetDevice),
+	E("cuMemAllocAsync", 11020, cuMemAllocAsync),
+	PT("cuMemAllocAsync", 11020, cuMemAllocAsync_ptsz),
+	E("cuMemFreeAsync", 11020, cuMemFreeAsync),
+	PT("cuMemFreeAsync", 11020, cuMemFreeAsync_ptsz),
+	E("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync),
+	PT("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync_ptsz),
+	E("cuDeviceGetDefaultMemPool", 11020, cuDeviceGetDefaultMemPool),
+	E("cuMemPoolCreate", 11020, cuMemPoolCreate),
+	E("cuMemPoolDestroy", 11020, cuMemPoolDestroy),
+	E("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),
+	E("cuMemCreate", 10020, cuMemCreate),
+	E("cuMemRelease", 10020, cuMemRelease),
+	E("cuMemAddressReserve", 10020, cuMemAddressReserve),
+	E("cuMemAddressFree", 10020, cuMemAddressFree),
+	E("cuMemMap", 10020, cuMemMap),
+	E("cuMemUnmap", 10020, cuMemUnmap),
+	E("cuMemSetAccess", 10020, cuMemSetAccess),
+	E("cuArrayCreate", 3020, cuArrayCreate_v2),
+	E("cuArray3DCreate", 3020, cuArray3DCreate_v2),
+	E("cuArrayDestroy", 2000, cuArrayDestroy),
+	E("cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate),
+	E("cuMipmappedArrayDestroy", 5000, cuMipmappedArrayDestroy),
+	E("cuGetErrorString", 6000, cuGetErrorString),
+	E("cuGetErrorName", 6000, cuGetErrorName),
+	E("cuGetProcAddress", 11030, cuGetProcAddress),
+	E("cuGetProcAddress", 12000, cuGetProcAddress_v2),
+};
+
+static CUresult lookup(const char *name, void **pfn, int version, cuuint64_t flags,
+		       CUdriverProcAddressQueryResult *status)
+{
+	const struct proc *best = NULL;
+	int known = 0;
+
+	if (!name || !pfn)
+		return CUDA_ERROR_INVALID_VALUE;
+	int want_pt = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+	for (size_t i = 0; i < sizeof(procs) / sizeof(procs[0]); i++) {
+		const struct proc *p = &procs[i];
+		if (strcmp(p->name, name))
+			continue;
+		known = 1;
+		if (p->version > version || (p->per_thread && !want_pt))
+			continue;
+		if (!best || p->version > best->version ||
+		    (p->version == best->version && p->per_thread))
+			best = p;
+	}
+	*pfn = best ? best->fn : NULL;
+	if (status)
+		*status = best ? CU_GET_PROC_ADDRESS_SUCCESS :
+			  known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT :
+			  CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+	return best ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+API CUresult cuGetProcAddress(const char *name, void **pfn, int version, cuuint64_t flags)
+{
+	return lookup(name, pfn, version, flags, NULL);
+}
+
+API CUresult cuGetProcAddress_v2(const char *name, void **pfn, int version,
+				 cuuint64_t flags, CUdriverProcAddressQueryResult *status)
+{
+	return lookup(name, pfn, version, flags, status);
+}
