@@ -1,0 +1,199 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * NVML interception: nvmlDeviceGetMemoryInfo and nvmlDeviceGetMemoryInfo_v2
+ * report a device's quota as its total memory, the ledger's used bytes as
+ * used, and quota - used as free, so `nvidia-smi` and pynvml inside a
+ * container show `used / quota` instead of the whole GPU.
+ *
+ * A device with no quota (isolation none, a GPU that is not the
+ * container's, a MIG instance the ledger does not know) keeps the driver's
+ * own figures.  Real NVML is reached through dlopen("libnvidia-ml.so.1")
+ * and the real dlsym; the wrappers are both exported (for programs linked
+ * against NVML) and handed out by gs_nvml_lookup() to the dlsym wrapper
+ * (for nvidia-smi and pynvml, which resolve everything with dlsym).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "ledger.h"
+#include "nvml.h"
+
+/* The few NVML types we need (nvml.h is not shipped with the driver). */
+typedef int nvmlReturn_t;
+typedef struct nvmlDevice_st *nvmlDevice_t;
+
+#define NVML_SUCCESS 0
+#define NVML_ERROR_INVALID_ARGUMENT 2
+#define NVML_ERROR_FUNCTION_NOT_FOUND 13
+#define NVML_ERROR_ARGUMENT_VERSION_MISMATCH 25
+#define NVML_ERROR_UNKNOWN 999
+
+#define NVML_DEVICE_UUID_V2_BUFFER_SIZE 96
+
+typedef struct {
+	unsigned long long total;
+	unsigned long long free;
+	unsigned long long used;
+} nvmlMemory_t;
+
+typedef struct {
+	unsigned int version;
+	unsigned long long total;
+	unsigned long long reserved;
+	unsigned long long free;
+	unsigned long long used;
+} nvmlMemory_v2_t;
+
+/* NVML's versioned-struct tag: size in the low 24 bits, version above. */
+#define nvmlMemory_v2 ((unsigned int)(sizeof(nvmlMemory_v2_t) | (2u << 24)))
+
+typedef nvmlReturn_t (*get_memory_fn)(nvmlDevice_t, nvmlMemory_t *);
+typedef nvmlReturn_t (*get_memory_v2_fn)(nvmlDevice_t, nvmlMemory_v2_t *);
+typedef nvmlReturn_t (*get_uuid_fn)(nvmlDevice_t, char *, unsigned int);
+
+/* Real NVML, resolved once. */
+static struct {
+	pthread_once_t once;
+	get_memory_fn get_memory;
+	get_memory_v2_fn get_memory_v2;
+	get_uuid_fn get_uuid;
+} real = { .once = PTHREAD_ONCE_INIT };
+
+/*
+ * The real dlsym.  A plain dlsym() call from inside this library would bind
+ * to our own dlsym wrapper, which hands out the NVML wrappers below: the
+ * lookup of a real function would return its wrapper and the wrapper would
+ * call itself.  dlvsym with RTLD_NEXT finds glibc's (2.34 moved it into
+ * libc; older glibc has only the 2.2.5 version).
+ */
+static void *real_dlsym(void *handle, const char *name)
+{
+	typedef void *(*dlsym_fn)(void *, const char *);
+	static dlsym_fn fn;
+
+	if (!fn)
+		fn = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+	if (!fn)
+		fn = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+	return fn ? fn(handle, name) : NULL;
+}
+
+static void resolve_real(void)
+{
+	/*
+	 * The caller already holds a device handle, so NVML is loaded: this
+	 * dlopen only finds it by its soname (and keeps it loaded).
+	 */
+	void *nvml = dlopen("libnvidia-ml.so.1", RTLD_LAZY | RTLD_LOCAL);
+
+	if (!nvml)
+		return;
+	real.get_memory = (get_memory_fn)real_dlsym(nvml, "nvmlDeviceGetMemoryInfo");
+	real.get_memory_v2 = (get_memory_v2_fn)real_dlsym(nvml, "nvmlDeviceGetMemoryInfo_v2");
+	real.get_uuid = (get_uuid_fn)real_dlsym(nvml, "nvmlDeviceGetUUID");
+}
+
+/*
+ * The container's figures for @device: 1 with *quota and *used set, 0 when
+ * the device has no quota (report the driver's figures), or a negative
+ * NVML error negated when the device cannot be named (fail closed: never
+ * show the whole GPU to a container that has a quota).
+ */
+static int container_view(nvmlDevice_t device, uint64_t *quota, uint64_t *used)
+{
+	char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+	nvmlReturn_t ret;
+
+	if (gs_ledger_mode() == GS_LEDGER_OFF)
+		return 0;
+	if (!real.get_uuid)
+		return -NVML_ERROR_FUNCTION_NOT_FOUND;
+	ret = real.get_uuid(device, uuid, sizeof(uuid));
+	if (ret != NVML_SUCCESS)
+		return ret > 0 ? -ret : -NVML_ERROR_UNKNOWN;
+	uuid[sizeof(uuid) - 1] = '\0';
+	return gs_ledger_view_uuid(uuid, quota, used) ? 1 : 0;
+}
+
+/* quota - used, never below zero, and never more than the GPU has free. */
+static unsigned long long container_free(uint64_t quota, uint64_t used,
+					 unsigned long long driver_free)
+{
+	uint64_t left = used < quota ? quota - used : 0;
+
+	return left < driver_free ? left : driver_free;
+}
+
+__attribute__((visibility("default")))
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
+{
+	uint64_t quota, used;
+	nvmlReturn_t ret;
+	int view;
+
+	pthread_once(&real.once, resolve_real);
+	if (!real.get_memory)
+		return NVML_ERROR_FUNCTION_NOT_FOUND;
+	ret = real.get_memory(device, memory);
+	if (ret != NVML_SUCCESS)
+		return ret;
+	view = container_view(device, &quota, &used);
+	if (view < 0)
+		return -view;
+	if (view == 0)
+		return NVML_SUCCESS;
+	memory->free = container_free(quota, used, memory->free);
+	memory->total = quota;
+	memory->used = used;
+	return NVML_SUCCESS;
+}
+
+__attribute__((visibility("default")))
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
+{
+	uint64_t quota, used;
+	nvmlReturn_t ret;
+	int view;
+
+	pthread_once(&real.once, resolve_real);
+	if (!real.get_memory_v2)
+		return NVML_ERROR_FUNCTION_NOT_FOUND;
+	if (!memory)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	/*
+	 * Only the layout we know may be rewritten: a later version's struct
+	 * could hold the whole GPU's figures where we do not look.  Real NVML
+	 * refuses unknown versions the same way.
+	 */
+	if (memory->version != nvmlMemory_v2)
+		return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+	ret = real.get_memory_v2(device, memory);
+	if (ret != NVML_SUCCESS)
+		return ret;
+	view = container_view(device, &quota, &used);
+	if (view < 0)
+		return -view;
+	if (view == 0)
+		return NVML_SUCCESS;
+	/* reserved stays the driver's (its own firmware and context memory). */
+	memory->free = container_free(quota, used, memory->free);
+	memory->total = quota;
+	memory->used = used;
+	return NVML_SUCCESS;
+}
+
+void *gs_nvml_lookup(const char *name)
+{
+	if (!name)
+		return NULL;
+	if (strcmp(name, "nvmlDeviceGetMemoryInfo") == 0)
+		return (void *)nvmlDeviceGetMemoryInfo;
+	if (strcmp(name, "nvmlDeviceGetMemoryInfo_v2") == 0)
+		return (void *)nvmlDeviceGetMemoryInfo_v2;
+	return NULL;
+}
