@@ -1,0 +1,291 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * The memory ledger (see ledger.h): the backend is chosen once, lazily, on
+ * the first call that needs it.
+ *
+ *  - module: /dev/gpushare opens, GPUSHARE_IOC_QUERY answers with the
+ *    container's quotas and GPUSHARE_IOC_MEM works.  The registration's
+ *    quotas are in the container's GPU order, which is GPUSHARE_GPU_UUIDS's
+ *    order, so CUDA device -> UUID -> position -> the module's GPU index.
+ *    The quota is the module's (the environment's numbers are not used).
+ *  - standalone: GPUSHARE_MEMORY_LIMIT, counted in this process.
+ *  - off: GPUSHARE_ISOLATION=none, nothing configured, or a malformed
+ *    environment (said once on stderr).
+ *
+ * A device is found by position: its UUID's place in GPUSHARE_GPU_UUIDS
+ * (learnt by gs_ledger_attach), or, with no UUIDs given, its CUDA ordinal.
+ *
+ * fork: a child inherits the parent's descriptor, and with it the parent's
+ * reservations (they belong to the open file).  The child's handler drops
+ * the inherited descriptor and makes the next call choose the backend
+ * again, so the child opens a file of its own.  It starts owning nothing:
+ * the parent's device memory stays the parent's (a CUDA context does not
+ * survive fork; the child cannot use or free it), and the container-wide
+ * "used" the module reports still counts it, as long as the parent holds
+ * it.  Standalone, the child counts from zero, as any new process does.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <uapi/gpushare.h>
+
+#include "env.h"
+#include "ledger.h"
+
+#define MAX_ORDINALS 64
+#define SLOT_UNKNOWN (-1)	/* not attached yet */
+#define SLOT_NONE (-2)		/* attached: not one of the container's GPUs */
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static bool ready;			/* backend chosen */
+static enum gs_ledger_mode mode;
+static int fd = -1;			/* /dev/gpushare, module mode */
+static struct gs_config cfg;		/* the environment */
+static int nslots;			/* GPUs with a quota, by position */
+static uint64_t quota[GS_MAX_GPUS];
+static uint32_t module_gpu[GS_MAX_GPUS];	/* the module's GPU index */
+static uint64_t used[GS_MAX_GPUS];	/* standalone: this process's use */
+static int slot_of[MAX_ORDINALS];	/* ordinal -> position, or SLOT_* */
+static char uuid_of[MAX_ORDINALS][GS_UUID_MAX];	/* attached ordinals */
+static bool debug;
+
+static void child_after_fork(void)
+{
+	pthread_mutex_init(&lock, NULL);
+	if (fd >= 0)
+		close(fd);	/* the parent's file: its reservations */
+	fd = -1;
+	ready = false;
+	memset(used, 0, sizeof(used));
+}
+
+__attribute__((constructor)) static void ledger_setup(void)
+{
+	for (int i = 0; i < MAX_ORDINALS; i++)
+		slot_of[i] = SLOT_UNKNOWN;
+	pthread_atfork(NULL, NULL, child_after_fork);
+}
+
+static int mem_op(uint32_t op, int slot, uint64_t bytes, struct gpushare_mem *m)
+{
+	memset(m, 0, sizeof(*m));
+	m->size = sizeof(*m);
+	m->op = op;
+	m->gpu = module_gpu[slot];
+	m->bytes = bytes;
+	return ioctl(fd, GPUSHARE_IOC_MEM, m);
+}
+
+/* Module mode when the device answers with the container's quotas. */
+static bool try_module(void)
+{
+	struct gpushare_quota q[GS_MAX_GPUS];
+	struct gpushare_query query;
+	struct gpushare_mem m;
+
+	fd = open("/dev/" GPUSHARE_DEV_NAME, O_RDWR | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	memset(q, 0, sizeof(q));
+	memset(&query, 0, sizeof(query));
+	query.size = sizeof(query);
+	query.abi_version = GPUSHARE_ABI_VERSION;
+	query.quota_size = sizeof(q[0]);
+	query.quotas = (uint64_t)(uintptr_t)q;
+	query.quota_cap = GS_MAX_GPUS;
+	if (ioctl(fd, GPUSHARE_IOC_QUERY, &query) || query.count == 0)
+		goto fail;
+	nslots = (int)query.count;
+	for (int i = 0; i < nslots; i++) {
+		quota[i] = q[i].memsize;
+		module_gpu[i] = q[i].gpu;
+	}
+	if (mem_op(GPUSHARE_MEM_INFO, 0, 0, &m))	/* a module without the ledger */
+		goto fail;
+	if (cfg.nuuids && cfg.nuuids != nslots && debug)
+		fprintf(stderr, "gpushare: %d UUIDs in GPUSHARE_GPU_UUIDS, %d GPUs registered\n",
+			cfg.nuuids, nslots);
+	return true;
+fail:
+	close(fd);
+	fd = -1;
+	nslots = 0;
+	return false;
+}
+
+/* Choose the backend; called with the lock held. */
+static void choose(void)
+{
+	if (ready)
+		return;
+	ready = true;
+	debug = getenv("GPUSHARE_DEBUG") != NULL;
+	if (gs_config_parse(&cfg, getenv("GPUSHARE_GPU_UUIDS"), getenv("GPUSHARE_MEMORY_LIMIT"),
+			    getenv("GPUSHARE_ISOLATION"))) {
+		fprintf(stderr, "gpushare: %s: GPU memory is not limited\n", cfg.error);
+		mode = GS_LEDGER_OFF;
+		return;
+	}
+	nslots = 0;
+	if (cfg.off) {
+		mode = GS_LEDGER_OFF;
+	} else if (try_module()) {
+		mode = GS_LEDGER_MODULE;
+	} else if (cfg.nlimits) {
+		mode = GS_LEDGER_STANDALONE;
+		nslots = cfg.nlimits;
+		memcpy(quota, cfg.limits, sizeof(quota));
+	} else {
+		mode = GS_LEDGER_OFF;
+	}
+	if (debug) {
+		static const char *const names[] = { "off", "module", "standalone" };
+		char buf[GS_MAX_GPUS * 21 + 1] = "";
+		for (int i = 0; i < nslots; i++)
+			snprintf(buf + strlen(buf), sizeof(buf) - strlen(buf), "%s%" PRIu64,
+				 i ? "," : "", quota[i]);
+		fprintf(stderr, "gpushare: pid %d: ledger %s, quotas [%s] bytes, %s\n",
+			(int)getpid(), names[mode], buf,
+			cfg.nuuids ? "GPUs by UUID" : "GPUs by CUDA ordinal");
+	}
+}
+
+/* The position of @ordinal's quota, or -1 when it has none. */
+static int slot_locked(int ordinal)
+{
+	choose();
+	if (mode == GS_LEDGER_OFF || ordinal < 0 || ordinal >= MAX_ORDINALS)
+		return -1;
+	int slot = cfg.nuuids ? slot_of[ordinal] : ordinal;
+	return slot >= 0 && slot < nslots ? slot : -1;
+}
+
+static int slot(int ordinal)
+{
+	pthread_mutex_lock(&lock);
+	int s = slot_locked(ordinal);
+	pthread_mutex_unlock(&lock);
+	return s;
+}
+
+enum gs_ledger_mode gs_ledger_mode(void)
+{
+	pthread_mutex_lock(&lock);
+	choose();
+	enum gs_ledger_mode m = mode;
+	pthread_mutex_unlock(&lock);
+	return m;
+}
+
+void gs_ledger_attach(int ordinal, const unsigned char uuid[16])
+{
+	if (ordinal < 0 || ordinal >= MAX_ORDINALS)
+		return;
+	pthread_mutex_lock(&lock);
+	choose();
+	gs_format_uuid(uuid, uuid_of[ordinal]);
+	slot_of[ordinal] = SLOT_NONE;
+	for (int i = 0; i < cfg.nuuids; i++)
+		if (gs_uuid_equal(cfg.uuids[i], uuid_of[ordinal]))
+			slot_of[ordinal] = i;
+	pthread_mutex_unlock(&lock);
+}
+
+/* Quota and use at position @s (>= 0); false when the module cannot say. */
+static bool view_slot(int s, uint64_t *q, uint64_t *u)
+{
+	if (s < 0)
+		return false;
+	pthread_mutex_lock(&lock);
+	enum gs_ledger_mode m = mode;
+	*q = quota[s];
+	*u = used[s];
+	pthread_mutex_unlock(&lock);
+	if (m == GS_LEDGER_MODULE) {
+		struct gpushare_mem mem;
+		if (mem_op(GPUSHARE_MEM_INFO, s, 0, &mem))
+			return false;
+		*q = mem.quota;
+		*u = mem.used;
+	}
+	return true;
+}
+
+bool gs_ledger_quota(int ordinal, uint64_t *q)
+{
+	uint64_t u;
+	return view_slot(slot(ordinal), q, &u);
+}
+
+bool gs_ledger_view(int ordinal, uint64_t *q, uint64_t *u)
+{
+	return view_slot(slot(ordinal), q, u);
+}
+
+bool gs_ledger_view_uuid(const char *uuid, uint64_t *q, uint64_t *u)
+{
+	int s = -1;
+
+	pthread_mutex_lock(&lock);
+	choose();
+	if (mode != GS_LEDGER_OFF) {
+		for (int i = 0; i < cfg.nuuids && s < 0; i++)
+			if (gs_uuid_equal(cfg.uuids[i], uuid))
+				s = i;
+		/* No UUIDs given: a device is known by the one it was attached with. */
+		for (int i = 0; !cfg.nuuids && i < MAX_ORDINALS && s < 0; i++)
+			if (gs_uuid_equal(uuid_of[i], uuid))
+				s = i;
+		if (s >= nslots)
+			s = -1;
+	}
+	pthread_mutex_unlock(&lock);
+	return view_slot(s, q, u);
+}
+
+int gs_ledger_reserve(int ordinal, uint64_t bytes)
+{
+	struct gpushare_mem m;
+	int ret = 0;
+
+	pthread_mutex_lock(&lock);
+	int s = slot_locked(ordinal);
+	if (s >= 0 && bytes && mode == GS_LEDGER_STANDALONE) {
+		if (bytes > quota[s] - used[s])
+			ret = -1;
+		else
+			used[s] += bytes;
+	}
+	pthread_mutex_unlock(&lock);
+	if (s < 0 || !bytes || mode != GS_LEDGER_MODULE)
+		return ret;
+	if (mem_op(GPUSHARE_MEM_RESERVE, s, bytes, &m) == 0)
+		return 0;
+	if (errno == ENXIO)	/* the container has no quota there */
+		return 0;
+	/* EDQUOT; or the ledger cannot be asked (container gone): refuse. */
+	if (debug && errno != EDQUOT)
+		fprintf(stderr, "gpushare: reserve on GPU %u: %s\n", module_gpu[s],
+			strerror(errno));
+	return -1;
+}
+
+void gs_ledger_release(int ordinal, uint64_t bytes)
+{
+	struct gpushare_mem m;
+
+	pthread_mutex_lock(&lock);
+	int s = slot_locked(ordinal);
+	if (s >= 0 && mode == GS_LEDGER_STANDALONE)
+		used[s] -= bytes < used[s] ? bytes : used[s];
+	pthread_mutex_unlock(&lock);
+	if (s >= 0 && bytes && mode == GS_LEDGER_MODULE)
+		mem_op(GPUSHARE_MEM_RELEASE, s, bytes, &m);
+}
