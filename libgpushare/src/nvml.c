@@ -8,9 +8,12 @@
  * A device with no quota (isolation none, a GPU that is not the
  * container's, a MIG instance the ledger does not know) keeps the driver's
  * own figures.  Real NVML is reached through dlopen("libnvidia-ml.so.1")
- * and the real dlsym; the wrappers are both exported (for programs linked
- * against NVML) and handed out by gs_nvml_lookup() to the dlsym wrapper
- * (for nvidia-smi and pynvml, which resolve everything with dlsym).
+ * and the real dlsym (gs_real_dlsym: a plain dlsym call from here would
+ * bind to our own wrapper, which hands out these wrappers, and a wrapper
+ * would call itself).  The wrappers are both exported (for programs linked
+ * against NVML) and handed to the dlsym wrapper by gs_nvml_dlsym (for
+ * nvidia-smi and pynvml, which resolve everything with dlsym on NVML's
+ * handle, a lookup that never searches LD_PRELOAD libraries).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -20,6 +23,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "interpose.h"
 #include "ledger.h"
 #include "nvml.h"
 
@@ -64,25 +68,6 @@ static struct {
 	get_uuid_fn get_uuid;
 } real = { .once = PTHREAD_ONCE_INIT };
 
-/*
- * The real dlsym.  A plain dlsym() call from inside this library would bind
- * to our own dlsym wrapper, which hands out the NVML wrappers below: the
- * lookup of a real function would return its wrapper and the wrapper would
- * call itself.  dlvsym with RTLD_NEXT finds glibc's (2.34 moved it into
- * libc; older glibc has only the 2.2.5 version).
- */
-static void *real_dlsym(void *handle, const char *name)
-{
-	typedef void *(*dlsym_fn)(void *, const char *);
-	static dlsym_fn fn;
-
-	if (!fn)
-		fn = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-	if (!fn)
-		fn = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
-	return fn ? fn(handle, name) : NULL;
-}
-
 static void resolve_real(void)
 {
 	/*
@@ -93,9 +78,9 @@ static void resolve_real(void)
 
 	if (!nvml)
 		return;
-	real.get_memory = (get_memory_fn)real_dlsym(nvml, "nvmlDeviceGetMemoryInfo");
-	real.get_memory_v2 = (get_memory_v2_fn)real_dlsym(nvml, "nvmlDeviceGetMemoryInfo_v2");
-	real.get_uuid = (get_uuid_fn)real_dlsym(nvml, "nvmlDeviceGetUUID");
+	real.get_memory = (get_memory_fn)gs_real_dlsym(nvml, "nvmlDeviceGetMemoryInfo");
+	real.get_memory_v2 = (get_memory_v2_fn)gs_real_dlsym(nvml, "nvmlDeviceGetMemoryInfo_v2");
+	real.get_uuid = (get_uuid_fn)gs_real_dlsym(nvml, "nvmlDeviceGetUUID");
 }
 
 /*
@@ -196,4 +181,11 @@ void *gs_nvml_lookup(const char *name)
 	if (strcmp(name, "nvmlDeviceGetMemoryInfo_v2") == 0)
 		return (void *)nvmlDeviceGetMemoryInfo_v2;
 	return NULL;
+}
+
+/* The dlsym wrapper's question (interpose.h): only names NVML really has. */
+void *gs_nvml_dlsym(void *handle, const char *name, void *found)
+{
+	(void)handle;
+	return found ? gs_nvml_lookup(name) : NULL;
 }
