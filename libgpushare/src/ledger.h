@@ -1,0 +1,56 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The interposer's memory ledger: how much of each of the container's GPUs
+ * this process may still allocate.  Two backends, chosen once at start:
+ *
+ *  - module: /dev/gpushare (GPUSHARE_IOC_MEM), shared by every process of
+ *    the container, returned by the kernel when a process dies;
+ *  - standalone: the quota from GPUSHARE_MEMORY_LIMIT, counted in this
+ *    process only (the weaker mode: each process gets the whole quota).
+ *
+ * A GPU is named by its CUDA device ordinal in this process.  A device
+ * with no quota (isolation none, or not one of the container's GPUs) is
+ * unlimited: reserve always succeeds and the views report the driver's own
+ * figures.  Every function is thread-safe and async-signal-unsafe.
+ */
+#ifndef GPUSHARE_LEDGER_H
+#define GPUSHARE_LEDGER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Which backend holds the ledger (for logs and tests). */
+enum gs_ledger_mode {
+	GS_LEDGER_OFF,		/* no quota anywhere: pass everything through */
+	GS_LEDGER_MODULE,
+	GS_LEDGER_STANDALONE,
+};
+
+enum gs_ledger_mode gs_ledger_mode(void);
+
+/*
+ * Map the driver's device to its quota: @uuid is the 16 raw bytes of
+ * cuDeviceGetUuid for CUDA ordinal @ordinal.  Called by the CUDA wrappers
+ * the first time they see a device, before any reserve on it.
+ */
+void gs_ledger_attach(int ordinal, const unsigned char uuid[16]);
+
+/* The quota of @ordinal in bytes, or false when it is unlimited. */
+bool gs_ledger_quota(int ordinal, uint64_t *quota);
+
+/*
+ * Quota and bytes in use on @ordinal (by the container with the module,
+ * by this process standalone).  false when unlimited.
+ */
+bool gs_ledger_view(int ordinal, uint64_t *quota, uint64_t *used);
+
+/* Same, for a device named by its NVML UUID string ("GPU-xxxxxxxx-..."). */
+bool gs_ledger_view_uuid(const char *uuid, uint64_t *quota, uint64_t *used);
+
+/* Reserve @bytes on @ordinal: 0, or -1 over the quota (nothing reserved). */
+int gs_ledger_reserve(int ordinal, uint64_t bytes);
+
+/* Give back @bytes reserved earlier on @ordinal. */
+void gs_ledger_release(int ordinal, uint64_t bytes);
+
+#endif /* GPUSHARE_LEDGER_H */

@@ -1,0 +1,54 @@
+#!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
+#
+# Runs tests/test_cuda.c's scenarios in every lookup mode under the
+# interposer, then proves the suite notices a build whose dlsym and
+# cuGetProcAddress are not wrapped.  BUILD: the build directory.
+set -u
+B=$(cd "${BUILD:-build}" && pwd) || exit 1
+T=$B/tests/test_cuda
+LIB=$B/libgpushare.so
+NOLOOKUP=$B/libgpushare-nolookup.so
+MiB=1048576
+# The fake's device i has UUID GPU-face0000-0000-0000-0000-0000000000ii.
+UUID0=GPU-face0000-0000-0000-0000-000000000000
+UUID1=GPU-FACE0000-0000-0000-0000-000000000001	# any case matches
+export LD_LIBRARY_PATH=$B/fake FAKECUDA_DEVICES=2 FAKECUDA_MEMORY=$((8192 * MiB))
+unset GPUSHARE_GPU_UUIDS GPUSHARE_MEMORY_LIMIT GPUSHARE_ISOLATION GPUSHARE_ALLOW_MANAGED
+
+fail=0
+run() {	# run LIB MODE SCENARIO [VAR=value ...]
+	lib=$1 mode=$2 scenario=$3
+	shift 3
+	env "$@" LD_PRELOAD="$lib" "$T" "$mode" "$scenario"
+}
+# Device 1 is listed first: the quota follows the UUID, not the ordinal.
+QUOTA="GPUSHARE_GPU_UUIDS=$UUID1,$UUID0 GPUSHARE_MEMORY_LIMIT=$((1024 * MiB)),$((512 * MiB)) GPUSHARE_ISOLATION=full"
+
+for mode in direct dlsym proc proc_ptds proc_v1; do
+	# shellcheck disable=SC2086
+	run "$LIB" $mode quota $QUOTA || fail=1
+	run "$LIB" $mode managed $QUOTA GPUSHARE_ALLOW_MANAGED=1 || fail=1
+	run "$LIB" $mode ordinal GPUSHARE_MEMORY_LIMIT=$((512 * MiB)),$((1024 * MiB)) || fail=1
+	run "$LIB" $mode off $QUOTA GPUSHARE_ISOLATION=none || fail=1
+	run "$LIB" $mode off || fail=1		# nothing set
+done
+run "$LIB" direct fork $QUOTA || fail=1
+run "$LIB" proc fork $QUOTA || fail=1
+
+# The bypass: without the lookup wrappers, dlopen users escape the quota,
+# and the suite must say so (direct calls are still caught).
+echo "== libgpushare-nolookup.so: the lookup modes must fail"
+run "$NOLOOKUP" direct quota $QUOTA || fail=1
+for mode in dlsym proc proc_ptds proc_v1; do
+	# It must run, and its quota checks must be what fails.
+	# shellcheck disable=SC2086
+	if run "$NOLOOKUP" $mode quota $QUOTA 2>&1 | grep -q "^$mode quota: FAILED"; then
+		echo "$mode quota: bypass caught"
+	else
+		echo "FAIL: $mode did not catch the missing lookup wrappers"
+		fail=1
+	fi
+done
+[ $fail = 0 ] && echo "run_cuda.sh: all passed" || echo "run_cuda.sh: FAILED"
+exit $fail

@@ -1,0 +1,559 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * The interposer against the fake driver, reached the ways programs reach
+ * the real one.  Run as
+ *
+ *   test_cuda MODE SCENARIO
+ *
+ * MODE, how the entry points are found:
+ *   direct     linked against libcuda (this program's own references)
+ *   dlsym      dlopen("libcuda.so.1") + dlsym of the versioned names
+ *   proc       cuGetProcAddress_v2 (from dlsym), base names at 12090; the
+ *              lookup function itself is looked up through itself first
+ *   proc_ptds  the same with the per-thread default stream flag
+ *   proc_v1    the 4-argument cuGetProcAddress, asked for at 11030
+ *
+ * SCENARIO, what the environment set up (tests/run_cuda.sh):
+ *   quota      device 0: 512 MiB, device 1: 1 GiB (UUIDs in reverse order)
+ *   managed    the same with GPUSHARE_ALLOW_MANAGED=1
+ *   ordinal    the limits without UUIDs: device 0: 512 MiB, device 1: 1 GiB
+ *   off        GPUSHARE_ISOLATION=none
+ *   fork       the quota environment; a forked child's accounting
+ *
+ * Exit 0 when every check held.
+ */
+#include <dlfcn.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cuda_abi.h"
+
+#define MiB (1ull << 20)
+#define Q0 (512 * MiB)		/* device 0's quota */
+#define Q1 (1024 * MiB)		/* device 1's quota */
+#define DEVMEM (8192 * MiB)	/* the fake's memory per device (run_cuda.sh) */
+
+/* The entry points the test uses, however they were found. */
+static struct api {
+	CUresult (*init)(unsigned int);
+	CUresult (*device_get)(CUdevice *, int);
+	CUresult (*total_mem)(size_t *, CUdevice);
+	CUresult (*get_uuid)(CUuuid *, CUdevice);
+	CUresult (*primary_retain)(CUcontext *, CUdevice);
+	CUresult (*ctx_set)(CUcontext);
+	CUresult (*mem_alloc)(CUdeviceptr *, size_t);
+	CUresult (*mem_alloc_pitch)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
+	CUresult (*mem_free)(CUdeviceptr);
+	CUresult (*mem_info)(size_t *, size_t *);
+	CUresult (*managed)(CUdeviceptr *, size_t, unsigned int);
+	CUresult (*htod)(CUdeviceptr, const void *, size_t);
+	CUresult (*dtoh)(void *, CUdeviceptr, size_t);
+	CUresult (*stream_create)(CUstream *, unsigned int);
+	CUresult (*alloc_async)(CUdeviceptr *, size_t, CUstream);
+	CUresult (*free_async)(CUdeviceptr, CUstream);
+	CUresult (*default_pool)(CUmemoryPool *, CUdevice);
+	CUresult (*pool_create)(CUmemoryPool *, const CUmemPoolProps *);
+	CUresult (*pool_destroy)(CUmemoryPool);
+	CUresult (*alloc_from_pool)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+	CUresult (*granularity)(size_t *, const CUmemAllocationProp *, int);
+	CUresult (*mem_create)(CUmemGenericAllocationHandle *, size_t,
+			       const CUmemAllocationProp *, unsigned long long);
+	CUresult (*mem_release)(CUmemGenericAllocationHandle);
+	CUresult (*addr_reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+	CUresult (*addr_free)(CUdeviceptr, size_t);
+	CUresult (*mem_map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+			    unsigned long long);
+	CUresult (*mem_unmap)(CUdeviceptr, size_t);
+	CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+	CUresult (*array_create)(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
+	CUresult (*array3d_create)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
+	CUresult (*array_destroy)(CUarray);
+	CUresult (*mipmap_create)(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *,
+				  unsigned int);
+	CUresult (*mipmap_destroy)(CUmipmappedArray);
+} api;
+
+/* The driver's functions as this program links them (the direct mode). */
+#define D(f, s) extern __typeof__(*api.f) s
+D(init, cuInit); D(device_get, cuDeviceGet); D(total_mem, cuDeviceTotalMem_v2);
+D(get_uuid, cuDeviceGetUuid_v2); D(primary_retain, cuDevicePrimaryCtxRetain);
+D(ctx_set, cuCtxSetCurrent); D(mem_alloc, cuMemAlloc_v2);
+D(mem_alloc_pitch, cuMemAllocPitch_v2); D(mem_free, cuMemFree_v2);
+D(mem_info, cuMemGetInfo_v2); D(managed, cuMemAllocManaged); D(htod, cuMemcpyHtoD_v2);
+D(dtoh, cuMemcpyDtoH_v2); D(stream_create, cuStreamCreate);
+D(alloc_async, cuMemAllocAsync); D(free_async, cuMemFreeAsync);
+D(default_pool, cuDeviceGetDefaultMemPool); D(pool_create, cuMemPoolCreate);
+D(pool_destroy, cuMemPoolDestroy); D(alloc_from_pool, cuMemAllocFromPoolAsync);
+D(granularity, cuMemGetAllocationGranularity); D(mem_create, cuMemCreate);
+D(mem_release, cuMemRelease); D(addr_reserve, cuMemAddressReserve);
+D(addr_free, cuMemAddressFree); D(mem_map, cuMemMap); D(mem_unmap, cuMemUnmap);
+D(set_access, cuMemSetAccess); D(array_create, cuArrayCreate_v2);
+D(array3d_create, cuArray3DCreate_v2); D(array_destroy, cuArrayDestroy);
+D(mipmap_create, cuMipmappedArrayCreate); D(mipmap_destroy, cuMipmappedArrayDestroy);
+#undef D
+
+/* Each field: its base name and its versioned (exported) name. */
+static const struct {
+	const char *base, *symbol;
+	size_t offset;
+} names[] = {
+#define N(f, b, s) { b, s, offsetof(struct api, f) }
+	N(init, "cuInit", "cuInit"),
+	N(device_get, "cuDeviceGet", "cuDeviceGet"),
+	N(total_mem, "cuDeviceTotalMem", "cuDeviceTotalMem_v2"),
+	N(get_uuid, "cuDeviceGetUuid", "cuDeviceGetUuid_v2"),
+	N(primary_retain, "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain"),
+	N(ctx_set, "cuCtxSetCurrent", "cuCtxSetCurrent"),
+	N(mem_alloc, "cuMemAlloc", "cuMemAlloc_v2"),
+	N(mem_alloc_pitch, "cuMemAllocPitch", "cuMemAllocPitch_v2"),
+	N(mem_free, "cuMemFree", "cuMemFree_v2"),
+	N(mem_info, "cuMemGetInfo", "cuMemGetInfo_v2"),
+	N(managed, "cuMemAllocManaged", "cuMemAllocManaged"),
+	N(htod, "cuMemcpyHtoD", "cuMemcpyHtoD_v2"),
+	N(dtoh, "cuMemcpyDtoH", "cuMemcpyDtoH_v2"),
+	N(stream_create, "cuStreamCreate", "cuStreamCreate"),
+	N(alloc_async, "cuMemAllocAsync", "cuMemAllocAsync"),
+	N(free_async, "cuMemFreeAsync", "cuMemFreeAsync"),
+	N(default_pool, "cuDeviceGetDefaultMemPool", "cuDeviceGetDefaultMemPool"),
+	N(pool_create, "cuMemPoolCreate", "cuMemPoolCreate"),
+	N(pool_destroy, "cuMemPoolDestroy", "cuMemPoolDestroy"),
+	N(alloc_from_pool, "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync"),
+	N(granularity, "cuMemGetAllocationGranularity", "cuMemGetAllocationGranularity"),
+	N(mem_create, "cuMemCreate", "cuMemCreate"),
+	N(mem_release, "cuMemRelease", "cuMemRelease"),
+	N(addr_reserve, "cuMemAddressReserve", "cuMemAddressReserve"),
+	N(addr_free, "cuMemAddressFree", "cuMemAddressFree"),
+	N(mem_map, "cuMemMap", "cuMemMap"),
+	N(mem_unmap, "cuMemUnmap", "cuMemUnmap"),
+	N(set_access, "cuMemSetAccess", "cuMemSetAccess"),
+	N(array_create, "cuArrayCreate", "cuArrayCreate_v2"),
+	N(array3d_create, "cuArray3DCreate", "cuArray3DCreate_v2"),
+	N(array_destroy, "cuArrayDestroy", "cuArrayDestroy"),
+	N(mipmap_create, "cuMipmappedArrayCreate", "cuMipmappedArrayCreate"),
+	N(mipmap_destroy, "cuMipmappedArrayDestroy", "cuMipmappedArrayDestroy"),
+#undef N
+};
+#define NNAMES (sizeof(names) / sizeof(names[0]))
+
+static int failures;
+
+#define CHECK(cond, ...)                                                        \
+	do {                                                                    \
+		if (!(cond)) {                                                  \
+			failures++;                                             \
+			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+			fprintf(stderr, __VA_ARGS__);                           \
+			fputc('\n', stderr);                                    \
+		}                                                               \
+	} while (0)
+#define OK(call) CHECK((call) == CUDA_SUCCESS, "%s", "")
+#define OOM(call) CHECK((call) == CUDA_ERROR_OUT_OF_MEMORY, "%s", "expected out of memory")
+
+static void **field(size_t i)
+{
+	return (void **)((char *)&api + names[i].offset);
+}
+
+/* The direct mode: this program's own references, bound at load. */
+static void resolve_direct(void)
+{
+	void *direct[] = {
+		cuInit, cuDeviceGet, cuDeviceTotalMem_v2, cuDeviceGetUuid_v2,
+		cuDevicePrimaryCtxRetain, cuCtxSetCurrent, cuMemAlloc_v2, cuMemAllocPitch_v2,
+		cuMemFree_v2, cuMemGetInfo_v2, cuMemAllocManaged, cuMemcpyHtoD_v2,
+		cuMemcpyDtoH_v2, cuStreamCreate, cuMemAllocAsync, cuMemFreeAsync,
+		cuDeviceGetDefaultMemPool, cuMemPoolCreate, cuMemPoolDestroy,
+		cuMemAllocFromPoolAsync, cuMemGetAllocationGranularity, cuMemCreate,
+		cuMemRelease, cuMemAddressReserve, cuMemAddressFree, cuMemMap, cuMemUnmap,
+		cuMemSetAccess, cuArrayCreate_v2, cuArray3DCreate_v2, cuArrayDestroy,
+		cuMipmappedArrayCreate, cuMipmappedArrayDestroy,
+	};
+	_Static_assert(sizeof(direct) / sizeof(direct[0]) == NNAMES, "one per name");
+	for (size_t i = 0; i < NNAMES; i++)
+		*field(i) = direct[i];
+}
+
+/* Where @p is defined: its symbol must be @want, in libgpushare or libcuda. */
+static void expect_symbol(const void *p, const char *want, int ours)
+{
+	Dl_info info;
+	const char *lib = ours ? "libgpushare" : "libcuda";
+
+	if (!dladdr(p, &info) || !info.dli_sname || !info.dli_fname) {
+		CHECK(0, "%s: no symbol", want);
+		return;
+	}
+	CHECK(!strcmp(info.dli_sname, want) && strstr(info.dli_fname, lib),
+	      "want %s in %s, got %s in %s", want, lib, info.dli_sname, info.dli_fname);
+}
+
+/* Wrapped entry points resolve to our wrapper of the right version. */
+static void check_wrapped(const char *mode)
+{
+	static const char *const wrapped[] = {
+		"cuDeviceTotalMem_v2", "cuDeviceGetUuid_v2", "cuMemAlloc_v2",
+		"cuMemAllocPitch_v2", "cuMemFree_v2", "cuMemGetInfo_v2", "cuMemAllocManaged",
+		"cuMemAllocAsync", "cuMemFreeAsync", "cuMemPoolCreate", "cuMemPoolDestroy",
+		"cuMemAllocFromPoolAsync", "cuMemCreate", "cuMemRelease", "cuArrayCreate_v2",
+		"cuArray3DCreate_v2", "cuArrayDestroy", "cuMipmappedArrayCreate",
+		"cuMipmappedArrayDestroy",
+	};
+	int ptds = !strcmp(mode, "proc_ptds");
+
+	for (size_t i = 0; i < NNAMES; i++) {
+		int ours = 0;
+		char want[64];
+		for (size_t j = 0; j < sizeof(wrapped) / sizeof(wrapped[0]); j++)
+			ours |= !strcmp(wrapped[j], names[i].symbol);
+		snprintf(want, sizeof(want), "%s%s", names[i].symbol,
+			 ptds && strstr(names[i].symbol, "Async") ? "_ptsz" : "");
+		/* At 11030, before cuDeviceGetUuid_v2 (11040), the first one. */
+		if (!strcmp(mode, "proc_v1") && !strcmp(want, "cuDeviceGetUuid_v2"))
+			strcpy(want, "cuDeviceGetUuid");
+		expect_symbol(*field(i), want, ours);
+	}
+}
+
+typedef CUresult (*getproc_v2_fn)(const char *, void **, int, cuuint64_t,
+				  CUdriverProcAddressQueryResult *);
+typedef CUresult (*getproc_fn)(const char *, void **, int, cuuint64_t);
+
+static int resolve(const char *mode)
+{
+	void *h;
+
+	if (!strcmp(mode, "direct")) {
+		resolve_direct();
+		return 0;
+	}
+	h = dlopen("libcuda.so.1", RTLD_NOW);
+	if (!h) {
+		fprintf(stderr, "dlopen: %s\n", dlerror());
+		return -1;
+	}
+	if (!strcmp(mode, "dlsym")) {
+		for (size_t i = 0; i < NNAMES; i++)
+			if (!(*field(i) = dlsym(h, names[i].symbol)))
+				return fprintf(stderr, "no %s\n", names[i].symbol), -1;
+		return 0;
+	}
+	getproc_v2_fn gp2 = (getproc_v2_fn)dlsym(h, "cuGetProcAddress_v2");
+	if (!gp2)
+		return fprintf(stderr, "no cuGetProcAddress_v2\n"), -1;
+	/* What the runtime does: the lookup function, through itself. */
+	void *p = NULL;
+	CUdriverProcAddressQueryResult st;
+	if (gp2("cuGetProcAddress", &p, 12000, 0, &st) || !p)
+		return fprintf(stderr, "cuGetProcAddress at 12000\n"), -1;
+	expect_symbol(p, "cuGetProcAddress_v2", 1);
+	gp2 = (getproc_v2_fn)p;
+	CUresult r = gp2("cuNoSuchFunction", &p, 12090, 0, &st);
+	CHECK(r == CUDA_ERROR_NOT_FOUND && !p && st == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND,
+	      "unknown name: %d", r);
+	if (!strcmp(mode, "proc_v1")) {
+		if (gp2("cuGetProcAddress", &p, 11030, 0, &st) || !p)
+			return fprintf(stderr, "cuGetProcAddress at 11030\n"), -1;
+		expect_symbol(p, "cuGetProcAddress", 1);
+		getproc_fn gp1 = (getproc_fn)p;
+		/* ... and the 4-argument one answers for itself, too. */
+		if (gp1("cuGetProcAddress", &p, 11030, 0) || p != (void *)gp1)
+			return fprintf(stderr, "cuGetProcAddress through itself\n"), -1;
+		for (size_t i = 0; i < NNAMES; i++)
+			if (gp1(names[i].base, field(i), 11030, 0) || !*field(i))
+				return fprintf(stderr, "no %s at 11030\n", names[i].base), -1;
+		return 0;
+	}
+	cuuint64_t flags = !strcmp(mode, "proc_ptds") ?
+			   CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0;
+	for (size_t i = 0; i < NNAMES; i++)
+		if (gp2(names[i].base, field(i), 12090, flags, &st) || !*field(i))
+			return fprintf(stderr, "no %s\n", names[i].base), -1;
+	/* An old version of cuMemAlloc (32-bit size) is not ours to wrap. */
+	void *old = NULL;
+	r = gp2("cuMemAlloc", &old, 3000, 0, &st);
+	CHECK(r == CUDA_ERROR_NOT_FOUND && !old, "cuMemAlloc at 3000: %d", r);
+	return 0;
+}
+
+static CUcontext ctx[2];
+
+static void use(int dev)
+{
+	OK(api.ctx_set(ctx[dev]));
+}
+
+/* The free and total bytes the current device shows. */
+static void info(size_t *free_, size_t *total)
+{
+	OK(api.mem_info(free_, total));
+}
+
+static void expect_free(size_t want, int line)
+{
+	size_t f = 0, t = 0;
+	info(&f, &t);
+	if (f != want) {
+		failures++;
+		fprintf(stderr, "FAIL line %d: free %zu MiB + %zu, want %zu MiB + %zu\n", line,
+			f >> 20, f & (size_t)(MiB - 1), want >> 20, want & (size_t)(MiB - 1));
+	}
+}
+#define EXPECT_FREE(n) expect_free(n, __LINE__)
+
+static void views(void)
+{
+	size_t t0 = 0, t1 = 0, f, t;
+	OK(api.total_mem(&t0, 0));
+	OK(api.total_mem(&t1, 1));
+	CHECK(t0 == Q0 && t1 == Q1, "totals %zu %zu", t0, t1);
+	use(0);
+	info(&f, &t);
+	CHECK(f == Q0 && t == Q0, "device 0: free %zu total %zu", f, t);
+	use(1);
+	info(&f, &t);
+	CHECK(f == Q1 && t == Q1, "device 1: free %zu total %zu", f, t);
+}
+
+static void linear(void)
+{
+	CUdeviceptr a = 0, b = 0, c = 0;
+	size_t pitch = 0;
+	char out[6] = "";
+
+	use(0);
+	OK(api.mem_alloc(&a, 400 * MiB));
+	EXPECT_FREE(Q0 - 400 * MiB);
+	OOM(api.mem_alloc(&b, 200 * MiB));
+	EXPECT_FREE(Q0 - 400 * MiB);		/* nothing reserved by the refusal */
+	OK(api.mem_alloc(&b, 112 * MiB));	/* exactly the rest */
+	EXPECT_FREE(0);
+	OOM(api.mem_alloc(&c, 1));
+	OK(api.htod(b, "hello", 6));
+	OK(api.dtoh(out, b, 6));
+	CHECK(!strcmp(out, "hello"), "copy: %s", out);
+	OK(api.mem_free(a));
+	OK(api.mem_free(b));
+	EXPECT_FREE(Q0);
+	OK(api.mem_alloc(&a, Q0));		/* the whole quota, after frees */
+	OK(api.mem_free(a));
+	EXPECT_FREE(Q0);
+	/* The other device's quota is its own. */
+	use(1);
+	OK(api.mem_alloc(&a, 900 * MiB));
+	EXPECT_FREE(Q1 - 900 * MiB);
+	use(0);
+	EXPECT_FREE(Q0);
+	OK(api.mem_free(a));			/* freed with device 0 current */
+	use(1);
+	EXPECT_FREE(Q1);
+	/* Pitch: the driver's pitch x height is what counts. */
+	use(0);
+	OK(api.mem_alloc_pitch(&a, &pitch, 1000, 1000, 4));
+	CHECK(pitch == 1024, "pitch %zu", pitch);
+	EXPECT_FREE(Q0 - 1024 * 1000);
+	OOM(api.mem_alloc_pitch(&b, &pitch, 1 << 20, 512, 4));
+	OK(api.mem_free(a));
+	EXPECT_FREE(Q0);
+	/* A free the driver refuses gives nothing back. */
+	CHECK(api.mem_free(12345) != CUDA_SUCCESS, "bogus free");
+	EXPECT_FREE(Q0);
+}
+
+static void async_and_pools(void)
+{
+	CUstream s;
+	CUdeviceptr a = 0, b = 0;
+	CUmemoryPool def1, pool;
+	CUmemPoolProps props;
+
+	use(0);
+	OK(api.stream_create(&s, 0));
+	OK(api.alloc_async(&a, 300 * MiB, s));
+	EXPECT_FREE(Q0 - 300 * MiB);
+	OOM(api.alloc_async(&b, 300 * MiB, s));
+	OOM(api.alloc_async(&b, 300 * MiB, NULL));
+	EXPECT_FREE(Q0 - 300 * MiB);
+	OK(api.free_async(a, s));		/* released when called */
+	EXPECT_FREE(Q0);
+	/* Device 1's default pool, asked with device 0 current: device 1's. */
+	OK(api.default_pool(&def1, 1));
+	OK(api.alloc_from_pool(&a, 900 * MiB, def1, s));
+	EXPECT_FREE(Q0);
+	use(1);
+	EXPECT_FREE(Q1 - 900 * MiB);
+	/* A pool created on device 1 shares device 1's quota. */
+	memset(&props, 0, sizeof(props));
+	props.allocType = 1;
+	props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	props.location.id = 1;
+	OK(api.pool_create(&pool, &props));
+	use(0);
+	OOM(api.alloc_from_pool(&b, 200 * MiB, pool, s));
+	OK(api.alloc_from_pool(&b, 100 * MiB, pool, s));
+	use(1);
+	EXPECT_FREE(Q1 - 1000 * MiB);
+	OK(api.free_async(a, s));
+	OK(api.free_async(b, NULL));
+	EXPECT_FREE(Q1);
+	OK(api.pool_destroy(pool));
+}
+
+static void vmm(void)
+{
+	CUmemAllocationProp prop;
+	CUmemGenericAllocationHandle h1, h2;
+	CUdeviceptr va;
+	CUmemAccessDesc access;
+	size_t g = 0;
+	char out[4] = "";
+
+	memset(&prop, 0, sizeof(prop));
+	prop.type = 1;
+	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	prop.location.id = 0;
+	OK(api.granularity(&g, &prop, 0));
+	CHECK(g == 2 * MiB, "granularity %zu", g);
+	use(1);					/* the property names the device */
+	OK(api.mem_create(&h1, 400 * MiB, &prop, 0));
+	use(0);
+	EXPECT_FREE(Q0 - 400 * MiB);
+	OOM(api.mem_create(&h2, 200 * MiB, &prop, 0));
+	EXPECT_FREE(Q0 - 400 * MiB);
+	OK(api.addr_reserve(&va, 400 * MiB, 0, 0, 0));
+	OK(api.mem_map(va, 400 * MiB, 0, h1, 0));
+	access.location = prop.location;
+	access.flags = 3;
+	OK(api.set_access(va, 400 * MiB, &access, 1));
+	OK(api.htod(va, "vmm", 4));
+	OK(api.dtoh(out, va, 4));
+	CHECK(!strcmp(out, "vmm"), "vmm copy");
+	OK(api.mem_unmap(va, 400 * MiB));
+	OK(api.addr_free(va, 400 * MiB));
+	OK(api.mem_release(h1));
+	EXPECT_FREE(Q0);
+}
+
+static void arrays(void)
+{
+	CUarray a, b;
+	CUmipmappedArray m;
+	CUDA_ARRAY_DESCRIPTOR d2 = { 4096, 4096, CU_AD_FORMAT_FLOAT, 1 };
+	CUDA_ARRAY_DESCRIPTOR big = { 8192, 8192, CU_AD_FORMAT_FLOAT, 4 };
+	CUDA_ARRAY3D_DESCRIPTOR d3 = { 256, 256, 256, CU_AD_FORMAT_UNSIGNED_INT16, 2, 0 };
+	CUDA_ARRAY3D_DESCRIPTOR mip = { 4096, 4096, 0, CU_AD_FORMAT_UNSIGNED_INT8, 4, 0 };
+
+	use(0);
+	OK(api.array_create(&a, &d2));		/* 64 MiB */
+	EXPECT_FREE(Q0 - 64 * MiB);
+	OOM(api.array_create(&b, &big));	/* 1 GiB */
+	OK(api.array3d_create(&b, &d3));	/* 64 MiB */
+	EXPECT_FREE(Q0 - 128 * MiB);
+	OK(api.array_destroy(a));
+	OK(api.array_destroy(b));
+	EXPECT_FREE(Q0);
+	/* 64 MiB, then 16, 4, 1: every level counts. */
+	OK(api.mipmap_create(&m, &mip, 4));
+	EXPECT_FREE(Q0 - 85 * MiB);
+	OK(api.mipmap_destroy(m));
+	EXPECT_FREE(Q0);
+}
+
+static void managed(int allowed)
+{
+	CUdeviceptr a = 0, b = 0;
+
+	use(0);
+	if (!allowed) {
+		CHECK(api.managed(&a, MiB, 1) == CUDA_ERROR_NOT_SUPPORTED, "managed refused");
+		EXPECT_FREE(Q0);
+		return;
+	}
+	OK(api.managed(&a, 400 * MiB, 1));
+	EXPECT_FREE(Q0 - 400 * MiB);
+	OOM(api.managed(&b, 200 * MiB, 1));
+	OK(api.mem_free(a));
+	EXPECT_FREE(Q0);
+}
+
+static void off(void)
+{
+	CUdeviceptr a = 0, b = 0;
+	size_t t = 0;
+
+	OK(api.total_mem(&t, 0));
+	CHECK(t == DEVMEM, "total %zu", t);
+	use(0);
+	OK(api.mem_alloc(&a, 2048 * MiB));
+	OK(api.managed(&b, MiB, 1));
+	EXPECT_FREE(DEVMEM - 2049 * MiB);	/* the driver's own figure */
+	OK(api.mem_free(a));
+	OK(api.mem_free(b));
+}
+
+/* A child starts owning nothing: the parent's memory is not its to free. */
+static void forked(void)
+{
+	CUdeviceptr a = 0, b = 0;
+
+	use(0);
+	OK(api.mem_alloc(&a, 400 * MiB));
+	pid_t pid = fork();
+	if (pid == 0) {
+		use(0);
+		EXPECT_FREE(Q0);		/* standalone: the child's own count */
+		OK(api.mem_free(a));		/* the parent's: nothing to release */
+		EXPECT_FREE(Q0);
+		OK(api.mem_alloc(&b, Q0));
+		OOM(api.mem_alloc(&a, 1));
+		OK(api.mem_free(b));
+		_exit(failures ? 1 : 0);
+	}
+	int status = 0;
+	CHECK(pid > 0 && waitpid(pid, &status, 0) == pid, "fork");
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child failed");
+	EXPECT_FREE(Q0 - 400 * MiB);		/* the parent's count is untouched */
+	OK(api.mem_free(a));
+	EXPECT_FREE(Q0);
+}
+
+int main(int argc, char **argv)
+{
+	CUdevice d;
+
+	if (argc != 3) {
+		fprintf(stderr, "usage: %s MODE SCENARIO\n", argv[0]);
+		return 2;
+	}
+	const char *mode = argv[1], *scenario = argv[2];
+	if (resolve(mode))
+		return 1;
+	check_wrapped(mode);
+	OK(api.init(0));
+	for (int i = 0; i < 2; i++) {
+		OK(api.device_get(&d, i));
+		OK(api.primary_retain(&ctx[i], d));
+	}
+	if (!strcmp(scenario, "quota") || !strcmp(scenario, "ordinal")) {
+		views();
+		linear();
+		async_and_pools();
+		vmm();
+		arrays();
+		managed(0);
+	} else if (!strcmp(scenario, "managed")) {
+		managed(1);
+	} else if (!strcmp(scenario, "off")) {
+		off();
+	} else if (!strcmp(scenario, "fork")) {
+		forked();
+	} else {
+		fprintf(stderr, "unknown scenario %s\n", scenario);
+		return 2;
+	}
+	printf("%s %s: %s\n", mode, scenario, failures ? "FAILED" : "ok");
+	return failures ? 1 : 0;
+}
