@@ -19,6 +19,11 @@ PRIORITIES = ("normal", "high")
 ISOLATIONS = ("full", "memory", "none")
 KMOD_MODES = ("required", "optional", "off")
 UNSERVED_ACTIONS = ("warn", "deny")
+PRELOAD_MODES = ("ld.so.preload", "env")
+LIBRARY_MISSING_ACTIONS = ("refuse", "warn")
+DEFAULT_LIBRARY = "/usr/lib/nri-gpushare/libgpushare.so"
+DEFAULT_CONTAINER_LIBRARY = "/usr/lib/gpushare/libgpushare.so"
+ETC_LD_SO_PRELOAD = "/etc/ld.so.preload"
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,45 @@ class Mount:
     destination: str
     type: str = "bind"
     options: tuple[str, ...] = ("rbind", "ro")
+
+
+@dataclass(frozen=True)
+class InterposerPolicy:
+    """How the CUDA interposer (libgpushare.so) reaches containers with
+    isolation full or memory (see `nri_gpushare.share.interposer`).
+
+    library: the node's copy (host path), bind-mounted read-only at
+    container_path.
+    preload: ld.so.preload (a one-line file, `preload_file` on the host,
+        bind-mounted read-only over the container's /etc/ld.so.preload) or env
+        (LD_PRELOAD only).
+    missing: what a share with isolation full|memory gets when the library is
+        not on the node: refuse (the container is refused) or warn (created
+        without the interposer, with a warning).
+    allow_managed: GPUSHARE_ALLOW_MANAGED=1 for the interposer (managed memory
+        is not held to the quota by the driver).
+    preload_file: the host file holding one line, container_path; the daemon
+        writes it in its state directory and fills this in.
+    """
+
+    library: str = DEFAULT_LIBRARY
+    container_path: str = DEFAULT_CONTAINER_LIBRARY
+    preload: str = "ld.so.preload"
+    missing: str = "refuse"
+    allow_managed: bool = False
+    preload_file: str = ""
+
+    def __post_init__(self) -> None:
+        if self.preload not in PRELOAD_MODES:
+            raise ValueError(
+                f"interposer preload must be one of {', '.join(PRELOAD_MODES)}, "
+                f"got {self.preload!r}"
+            )
+        if self.missing not in LIBRARY_MISSING_ACTIONS:
+            raise ValueError(
+                f"interposer missing must be one of {', '.join(LIBRARY_MISSING_ACTIONS)}, "
+                f"got {self.missing!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -88,6 +132,8 @@ class NodePolicy:
     pod_sources / standalone_sources: who may ask for a share, per path.
     unserved: what to do with a container found running without the share it
         asked for (created while the plugin was down): warn | deny.
+    interposer: how libgpushare.so is given to shares with isolation full or
+        memory; None: no interposer on this node (nothing is injected).
     """
 
     memory_reserve_bytes: int = 0
@@ -98,6 +144,7 @@ class NodePolicy:
     pod_sources: SourcePolicy = POD_SOURCES
     standalone_sources: SourcePolicy = STANDALONE_SOURCES
     unserved: str = "warn"
+    interposer: InterposerPolicy | None = None
 
     def sources_for(self, c: ContainerInfo) -> SourcePolicy:
         """The source policy of the path the container came by."""
@@ -186,6 +233,7 @@ class Allocation:
     shares: tuple[GpuShare, ...]
     priority: str = "normal"
     isolation: str = "full"
+    interposer: bool = False  # libgpushare.so was injected (recorded; not in the annotation)
 
     @property
     def high_priority(self) -> bool:
@@ -206,7 +254,8 @@ class ShareRefused(Exception):
     reason: "invalid" (bad value), "conflict" (sources disagree), "capacity"
     (does not fit), "kmod" (the kernel module refused or is missing),
     "forbidden" (the node does not let this container ask), "state" (the
-    allocation could not be recorded).
+    allocation could not be recorded), "interposer" (isolation full|memory
+    needs libgpushare.so, which the node lacks).
     key: the key or variable to change, when one is to blame.
     """
 

@@ -7,6 +7,10 @@ no GPU has one or isolation is memory), GPUSHARE_PRIORITY (normal|high),
 GPUSHARE_ISOLATION (full|memory|none).  The quota variables are also given with
 isolation none, for applications that isolate themselves.
 
+The interposer: a share that was given it (`Allocation.interposer`, decided at
+create from its isolation and whether the node has the library) gets the
+mounts and variables of `interposer.interposer_injection`.
+
 Device nodes: the common NVIDIA nodes, one per GPU, and the kernel module's
 control device when the container is registered with the module.  Which nodes
 the host has is asked through `DeviceLookup` (the daemon wires in the host's,
@@ -19,7 +23,16 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from .assigned import assigned_annotation
-from .model import ASSIGNED, Allocation, DeviceNode, Gpu, InjectionPlan
+from .interposer import interposer_injection
+from .model import (
+    ASSIGNED,
+    Allocation,
+    DeviceNode,
+    Gpu,
+    InjectionPlan,
+    InterposerPolicy,
+    Mount,
+)
 
 
 class DeviceLookup(Protocol):
@@ -34,9 +47,16 @@ class DeviceLookup(Protocol):
 
 
 def injection_plan(
-    alloc: Allocation, gpus: Mapping[int, Gpu], devices: DeviceLookup, registered: bool
+    alloc: Allocation,
+    gpus: Mapping[int, Gpu],
+    devices: DeviceLookup,
+    registered: bool,
+    interposer: InterposerPolicy | None = None,
+    container_env: Mapping[str, str] | None = None,
 ) -> InjectionPlan:
-    """The plan for `alloc`; `gpus` by index; `registered`: with the module."""
+    """The plan for `alloc`; `gpus` by index; `registered`: with the module;
+    `interposer`: the node's, used when `alloc.interposer`; `container_env`: the
+    container's own environment."""
     nodes = list(devices.common())
     nodes += [devices.gpu(gpus[s.index].minor) for s in alloc.shares]
     if registered and (ctl := devices.control()):
@@ -51,4 +71,8 @@ def injection_plan(
     }
     if alloc.isolation != "memory" and any(s.core_percent for s in alloc.shares):
         env["GPUSHARE_CORE_LIMIT"] = ",".join(str(s.core_percent) for s in alloc.shares)
-    return InjectionPlan(tuple(nodes), env, {ASSIGNED: assigned_annotation(alloc)})
+    mounts: tuple[Mount, ...] = ()
+    if alloc.interposer and interposer is not None:
+        mounts, more = interposer_injection(interposer, container_env or {})
+        env.update(more)
+    return InjectionPlan(tuple(nodes), env, {ASSIGNED: assigned_annotation(alloc)}, mounts)

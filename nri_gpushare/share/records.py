@@ -19,8 +19,12 @@ write cut short) is logged and skipped::
 
     {"version":1}
     {"add":{"container_id":"...","gpus":[{"core":30,"index":0,"memory":2147483648,
-     "uuid":"GPU-..."}],"isolation":"full","name":"main","pod":"ns/name","priority":"normal"}}
+     "uuid":"GPU-..."}],"interposer":true,"isolation":"full","name":"main","pod":"ns/name",
+     "priority":"normal"}}
     {"del":"..."}
+
+``interposer`` (whether libgpushare.so was injected) is left out when false,
+and read as false when absent (records of earlier versions).
 
 This module is pure: text in, text out; the store does the I/O.
 """
@@ -83,18 +87,17 @@ _HEADER = _line({"version": VERSION})
 
 def added(a: Allocation) -> str:
     """The journal line recording a new allocation."""
-    return _line(
-        {
-            "add": {
-                "container_id": a.container_id,
-                "name": a.name,
-                "pod": a.pod,
-                "priority": a.priority,
-                "isolation": a.isolation,
-                "gpus": [share_json(s) for s in a.shares],
-            }
-        }
-    )
+    entry: dict[str, Any] = {
+        "container_id": a.container_id,
+        "name": a.name,
+        "pod": a.pod,
+        "priority": a.priority,
+        "isolation": a.isolation,
+        "gpus": [share_json(s) for s in a.shares],
+    }
+    if a.interposer:
+        entry["interposer"] = True
+    return _line({"add": entry})
 
 
 def removed(container_id: str) -> str:
@@ -160,7 +163,12 @@ def _allocation(entry: Any, by_uuid: Mapping[str, Gpu]) -> Allocation:
     cid = text("container_id")
     if not cid:
         raise ValueError("no container ID")
-    return Allocation(cid, text("name"), text("pod"), tuple(shares), priority, isolation)
+    interposer = entry.get("interposer", False)
+    if type(interposer) is not bool:
+        raise TypeError("interposer is not true or false")
+    return Allocation(
+        cid, text("name"), text("pod"), tuple(shares), priority, isolation, interposer
+    )
 
 
 def from_registration(

@@ -12,7 +12,9 @@ but run without one (created while the plugin was down: `unserved`).
 The parts live next door: `request` (what a container asks for), `placement`
 (the per-GPU ledger), `kmod_link` (the kernel module), `records` (the daemon's
 record and recovery), `assigned` (the annotation people read), `plan` (what is
-injected), `report` (the status document).
+injected), `interposer` (libgpushare.so: who gets it), `limits` (the driver's
+per-cgroup memory limits), `usage` (memory in use), `report` (the status
+document).
 
 The methods that may ask the kernel module are coroutines: the module is
 reached through the awaited `KernelModule` interface, so other containers are
@@ -30,7 +32,9 @@ from typing import Any
 from ..kmod.client import KernelModule
 from . import records
 from .assigned import assigned_annotation
+from .interposer import LibraryCheck, missing_message, wants_interposer
 from .kmod_link import KernelLink
+from .limits import LimitLink, MemoryLimits
 from .model import (
     ASSIGNED,
     PREFIX,
@@ -46,6 +50,7 @@ from .plan import DeviceLookup, injection_plan
 from .report import status_document
 from .request import ShareRequest, ignored, parse_request
 from .units import GiB, quote
+from .usage import MemoryUsage, MemoryUse
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +87,23 @@ class ShareService:
         kmod: KernelModule | None,
         devices: DeviceLookup,
         store: records.AllocationStore | None = None,
+        *,
+        library_check: LibraryCheck | None = None,
+        limits: MemoryLimits | None = None,
+        usage: MemoryUsage | None = None,
     ) -> None:
+        """`library_check`: whether the interposer's file is on the node (None:
+        taken as present); `limits`: the driver's memory limits (None: off);
+        `usage`: memory in use from the kernel module (None: unknown)."""
         self.gpus = sorted(gpus, key=lambda g: g.index)
         self.by_index = {g.index: g for g in self.gpus}
         self.policy = policy
         self.link = KernelLink(self.gpus, policy.kmod_mode, kmod)
         self.devices = devices
         self.ledger = Ledger(self.gpus, policy)
+        self.library_check = library_check
+        self.limits = LimitLink(limits)
+        self.usage = usage
         self.allocations: dict[str, Allocation] = {}
         self.store: records.AllocationStore = store or records.MemoryStore()
         self.unserved: dict[str, Unserved] = {}
@@ -117,7 +132,7 @@ class ShareService:
         if c.id in self._creating:
             raise ShareRefused(f"gpushare: {who} is already being created", "conflict")
         if c.id in self.allocations:  # asked again: same answer
-            return self._plan(self.allocations[c.id])
+            return self._plan(self.allocations[c.id], c)
         if c.pod_uid:
             self._pod_containers.setdefault(c.pod_uid, set()).add(c.name)
         if not_allowed := ignored(c, self.policy.sources_for(c)):
@@ -133,8 +148,9 @@ class ShareService:
         req = parse_request(c, self.gpus, self.policy)
         if req is None:
             return _STRIP_ASSIGNED if forged else None
-        shares = self.ledger.place(req, who)
-        alloc = Allocation(c.id, c.name, c.pod, shares, req.priority, req.isolation)
+        shares = self.ledger.place(req, who)  # reserves nothing yet
+        interposer = self._interposer_for(req, who)
+        alloc = Allocation(c.id, c.name, c.pod, shares, req.priority, req.isolation, interposer)
         # Reserved before the module is asked: what is placed meanwhile sees it.
         self.ledger.add(alloc)
         self.allocations[c.id] = alloc
@@ -167,14 +183,40 @@ class ShareService:
             ) from None
         self._check_memory_dev(req, alloc, c)
         log.info("%s: placed %s", who, alloc.describe_shares())
-        return self._plan(alloc)
+        return self._plan(alloc, c)
+
+    def _interposer_for(self, req: ShareRequest, who: str) -> bool:
+        """Whether the share gets the interposer; ShareRefused when it needs the
+        library, the node lacks it and interposer.missing is refuse."""
+        policy = self.policy.interposer
+        if policy is None or not wants_interposer(req.isolation):
+            return False
+        problem = self.library_check(policy.library) if self.library_check else ""
+        if not problem:
+            return True
+        if policy.missing == "refuse":
+            raise ShareRefused(missing_message(policy, who, problem), "interposer")
+        log.warning(
+            "%s: %s %s: created without the CUDA interposer (interposer.missing: warn); "
+            "only the kernel module and the driver's limits guard its memory",
+            who,
+            policy.library,
+            problem,
+        )
+        return False
 
     async def start_container(self, c: ContainerInfo) -> None:
-        """Bind the registration to the container's cgroup, which now exists.
+        """Bind the registration to the container's cgroup, which now exists,
+        and set the driver's memory limits on it.
 
-        A failure is logged; with kmod: required it raises ShareRefused.
+        A failure is logged; with kmod: required a failed bind raises ShareRefused.
         """
         await self.link.bind(c)
+        alloc = self.allocations.get(c.id)
+        if alloc is not None:
+            await self.limits.apply(alloc, c.cgroups_path, c.describe())
+            if self.allocations.get(c.id) is not alloc:  # released meanwhile
+                await self.limits.clear(c.id)
 
     async def release(self, container_id: str) -> bool:
         """Unregister and free the container's shares (Stop and Remove); idempotent.
@@ -188,6 +230,7 @@ class ShareService:
             log.info("container %s: released %s", container_id, alloc.describe_shares())
             self._or_log(lambda: self._record(records.removed(container_id)))
         await self.link.release(container_id)
+        await self.limits.clear(container_id)
         return alloc is not None
 
     def pod_stopped(self, uid: str, pod: str, annotations: Mapping[str, str]) -> None:
@@ -228,6 +271,7 @@ class ShareService:
         self.ledger = Ledger(self.gpus, self.policy)
         self.allocations = {}
         self.link.forget()
+        self.limits.forget()
         self._pod_containers = {}
         for c in live:
             if c.pod_uid:
@@ -248,6 +292,8 @@ class ShareService:
         self._find_unserved(live)
         recovered = dict(self.allocations)
         await self.link.resync(module, recovered, {c.id: c.cgroups_path for c in live})
+        dropped = {cid: saved[cid] for cid in forgotten}
+        await self.limits.resync(recovered, {c.id: c for c in live}, dropped)
 
     def _find_unserved(self, live: Sequence[ContainerInfo]) -> None:
         """Live containers that ask for a share and hold none (fail-open); the
@@ -279,8 +325,9 @@ class ShareService:
                 self.policy.unserved,
             )
 
-    def status(self) -> dict[str, Any]:
-        """A JSON-able picture of GPUs, allocations and the module."""
+    def status(self, usage: Mapping[tuple[int, str], MemoryUse] | None = None) -> dict[str, Any]:
+        """A JSON-able picture of GPUs, allocations, the module and what guards
+        each share's memory; `usage` from `read_usage` (None: not read)."""
         document = status_document(
             self.gpus,
             self.policy,
@@ -288,9 +335,43 @@ class ShareService:
             self.allocations,
             self.link.registered,
             self.link.state(),
+            self.limits,
+            usage or {},
         )
+        if (interposer := self.policy.interposer) is not None:
+            check = self.library_check
+            document["interposer"]["problem"] = check(interposer.library) if check else ""
         document["unserved"] = [u.json() for u in self.unserved.values()]
         return document
+
+    async def read_usage(self) -> dict[tuple[int, str], MemoryUse]:
+        """Memory in use per (GPU index, container ID), from the kernel module;
+        unknown (with why) where it cannot say."""
+        out: dict[tuple[int, str], MemoryUse] = {}
+        wanted = []
+        for cid, alloc in self.allocations.items():
+            for s in alloc.shares:
+                if self.link.mode == "off":
+                    why = "unknown: kmod: off"
+                elif alloc.isolation == "none":
+                    why = "unknown: isolation none is not registered with the module"
+                elif cid not in self.link.registered:
+                    problem = self.link.problem or "did not register it"
+                    why = f"unknown: not registered (the kernel module {problem})"
+                elif self.usage is None:
+                    why = "unknown: no meminfo reader"
+                else:
+                    wanted.append((s.index, cid, s.memory_bytes))
+                    continue
+                out[s.index, cid] = MemoryUse(None, why=why)
+        if wanted and self.usage is not None:
+            try:
+                out.update(await self.usage.usage(wanted))
+            except Exception as e:  # status must always answer
+                log.exception("reading memory in use")
+                for gpu, cid, _ in wanted:
+                    out[gpu, cid] = MemoryUse(None, why=f"unknown: {type(e).__name__}")
+        return out
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -325,9 +406,11 @@ class ShareService:
             del self.allocations[alloc.container_id]
             self.ledger.remove(alloc)
 
-    def _plan(self, alloc: Allocation) -> InjectionPlan:
+    def _plan(self, alloc: Allocation, c: ContainerInfo) -> InjectionPlan:
         registered = alloc.container_id in self.link.registered
-        return injection_plan(alloc, self.by_index, self.devices, registered)
+        return injection_plan(
+            alloc, self.by_index, self.devices, registered, self.policy.interposer, c.env
+        )
 
     def _check_memory_dev(self, req: ShareRequest, alloc: Allocation, c: ContainerInfo) -> None:
         if req.memory_dev_bytes is None:
