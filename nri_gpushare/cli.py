@@ -36,10 +36,37 @@ def _run(args: argparse.Namespace) -> int:
         return 130
 
 
+def _used(share: dict[str, Any]) -> str:
+    used = share.get("memory_used")
+    return "?" if used is None else format_bytes(used)
+
+
+def _print_guards(status: dict[str, Any]) -> None:
+    interposer = status.get("interposer")
+    if interposer:
+        state = interposer.get("problem") or "present"
+        if interposer.get("problem"):
+            state = f"{state} (interposer.missing: {interposer['missing']})"
+        print(
+            f"interposer: {interposer['library']} -> {interposer['container_path']} "
+            f"({interposer['preload']}): {state}"
+        )
+    limits = status.get("nvml_memory_limits")
+    if limits:
+        if limits["mode"] == "off":
+            print("driver memory limits (NVML): off")
+        else:
+            on = [i for i, p in limits["gpus"].items() if not p]
+            off = {p for p in limits["gpus"].values() if p}
+            where = f"on GPU {', '.join(on)}" if on else "on no GPU"
+            print(f"driver memory limits (NVML): {where}" + "".join(f"; {p}" for p in off))
+
+
 def _print_status(status: dict[str, Any]) -> None:
     kmod = status["kmod"]
     enforced = "loaded" if kmod["loaded"] else f"{kmod['problem']}: isolation not enforced"
     print(f"kernel module: {kmod['mode']}, {enforced}")
+    _print_guards(status)
     for gpu in status["gpus"]:
         print(
             f"GPU {gpu['index']} {gpu['uuid']} {gpu['name']}: "
@@ -55,15 +82,25 @@ def _print_status(status: dict[str, Any]) -> None:
     if not allocations:
         print("no allocations")
     else:
-        print(f"{'CONTAINER':14} {'POD':30} {'GPU':>3} {'MEMORY':>9} {'CORE':>5} PRIORITY")
+        print(
+            f"{'CONTAINER':14} {'POD':30} {'GPU':>3} {'USED':>9} {'MEMORY':>9} {'CORE':>5} "
+            f"{'PRIORITY':8} GUARDS"
+        )
     for alloc in allocations:
+        guards = ",".join(alloc.get("guards", []))
         for share in alloc["gpus"]:
             core = f"{share['core']}%" if share["core"] else "-"
             print(
                 f"{alloc['container_id'][:13]:14} {(alloc['pod'] or '-')[:30]:30} "
-                f"{share['index']:>3} {format_bytes(share['memory']):>9} {core:>5} "
-                f"{alloc['priority']}"
+                f"{share['index']:>3} {_used(share):>9} {format_bytes(share['memory']):>9} "
+                f"{core:>5} {alloc['priority']:8} {guards}"
             )
+        for mechanism, why in alloc.get("unguarded", {}).items():
+            what = "unguarded" if mechanism == "none" else f"no {mechanism}"
+            print(f"  {alloc['container_id'][:13]}: {what}: {why}")
+        unknown = {s["memory_used_why"] for s in alloc["gpus"] if s.get("memory_used") is None}
+        for why in sorted(unknown - {""}):
+            print(f"  {alloc['container_id'][:13]}: used {why}")
     for entry in status.get("unserved", []):
         print(
             f"UNSERVED {entry['container_id'][:13]} {entry['pod'] or entry['name']}: asked for "

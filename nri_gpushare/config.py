@@ -16,10 +16,14 @@ import yaml
 
 from nri_gpushare.kmod.abi import MAX_GPUS
 from nri_gpushare.share.model import (
+    ETC_LD_SO_PRELOAD,
+    LIBRARY_MISSING_ACTIONS,
     POD_SOURCES,
+    PRELOAD_MODES,
     STANDALONE_SOURCES,
     UNSERVED_ACTIONS,
     Gpu,
+    InterposerPolicy,
     SourcePolicy,
 )
 from nri_gpushare.share.units import parse_size
@@ -56,6 +60,12 @@ class Config:
     unserved: str = "warn"
     pod_sources: SourcePolicy = POD_SOURCES
     standalone_sources: SourcePolicy = STANDALONE_SOURCES
+    #: The CUDA interposer (`interposer:`); preload_file is filled in by the daemon.
+    interposer: InterposerPolicy = field(default_factory=InterposerPolicy)
+    nvml_memory_limits: str = "auto"
+
+
+NVML_MEMORY_LIMITS = ("auto", "off")
 
 
 def parse_quantity(value: object) -> int:
@@ -182,6 +192,46 @@ def _parse_sources(source: str, data: object) -> tuple[SourcePolicy, SourcePolic
     return pod_sources, standalone
 
 
+_PATH_UNSAFE = re.compile(r"[\s:\x00]")
+
+
+def _path(reader: _Reader, name: str, default: str, what: str) -> str:
+    """An absolute, normalised path without whitespace or ':' (which separate
+    entries in ld.so.preload and LD_PRELOAD)."""
+    value: str = reader.get(name, default, str)
+    key = reader.key(name)
+    if not value.startswith("/"):
+        reader.fail(key, f"{value!r} must be an absolute path ({what})")
+    if _PATH_UNSAFE.search(value):
+        reader.fail(key, f"{value!r} must not contain whitespace or ':' ({what})")
+    parts = value.split("/")[1:]
+    if value.endswith("/") or any(p in ("", ".", "..") for p in parts):
+        reader.fail(key, f"{value!r} must be a plain path to a file, without //, . or ..")
+    return value
+
+
+def _parse_interposer(source: str, data: object) -> InterposerPolicy:
+    reader = _Reader(source, "interposer", data)
+    defaults = InterposerPolicy()
+    library = _path(reader, "library", defaults.library, "the node's libgpushare.so")
+    container_path = _path(
+        reader, "container_path", defaults.container_path, "where containers see it"
+    )
+    if container_path == ETC_LD_SO_PRELOAD or container_path.startswith(
+        ("/proc/", "/sys/", "/dev/")
+    ):
+        reader.fail(reader.key("container_path"), f"{container_path!r} cannot hold the library")
+    policy = InterposerPolicy(
+        library=library,
+        container_path=container_path,
+        preload=reader.choice("preload", defaults.preload, PRELOAD_MODES),
+        missing=reader.choice("missing", defaults.missing, LIBRARY_MISSING_ACTIONS),
+        allow_managed=reader.get("allow_managed", defaults.allow_managed, bool),
+    )
+    reader.finish()
+    return policy
+
+
 def parse_config(data: object, source: str = "<config>") -> Config:
     top = _Reader(source, "", data)
     nri = _Reader(source, "nri", top.get("nri", {}, dict))
@@ -231,6 +281,10 @@ def parse_config(data: object, source: str = "<config>") -> Config:
         unserved=top.choice("unserved", defaults.unserved, UNSERVED_ACTIONS),
         pod_sources=pod_sources,
         standalone_sources=standalone_sources,
+        interposer=_parse_interposer(source, top.get("interposer", {}, dict)),
+        nvml_memory_limits=top.choice(
+            "nvml_memory_limits", defaults.nvml_memory_limits, NVML_MEMORY_LIMITS
+        ),
     )
     top.finish()
     return config

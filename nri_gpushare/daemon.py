@@ -3,8 +3,9 @@
 `GpuShareHandler` is an NRI plugin (stub API) that turns NRI pods and
 containers into `ContainerInfo` values, asks the `ShareService`, and turns its
 `InjectionPlan` into a ContainerAdjustment.  `run_daemon` wires config,
-inventory, kernel module, status socket and the NRI stub, and shuts down
-cleanly on SIGTERM/SIGINT.
+inventory, kernel module, the interposer's files, the driver's memory limits
+(NVML), status socket and the NRI stub, and shuts down cleanly on
+SIGTERM/SIGINT.
 
 The event loop never blocks on the kernel module: the service awaits it, and
 the blocking procfs client runs on one worker thread under a timeout
@@ -14,16 +15,28 @@ the blocking procfs client runs on one worker thread under a timeout
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from nri_gpushare.api import nri
 from nri_gpushare.api.lite import Adjustment, ContainerView, Device, MountSpec, PodSandboxView
 from nri_gpushare.config import Config, ConfigError
-from nri_gpushare.host import HostDevices, kill_container, load_inventory
+from nri_gpushare.host import (
+    BlockingWorker,
+    HostDevices,
+    ModuleMemInfo,
+    kill_container,
+    library_problem,
+    load_inventory,
+    write_preload_file,
+)
 from nri_gpushare.kmod.client import KernelModule
 from nri_gpushare.kmod.worker import OffLoopKernelModule
+from nri_gpushare.nvml_limits import NvmlMemoryLimits
+from nri_gpushare.share.interposer import preload_file_text
 from nri_gpushare.share.model import (
     ContainerInfo,
     InjectionPlan,
@@ -31,6 +44,7 @@ from nri_gpushare.share.model import (
     ShareRefused,
 )
 from nri_gpushare.share.service import ShareService, Unserved
+from nri_gpushare.share.usage import MemoryUsage
 from nri_gpushare.statefile import StateDirError, StateFile
 from nri_gpushare.status import StatusServer
 from nri_gpushare.stub import Plugin, PluginError, Stub
@@ -189,9 +203,33 @@ def kmod_worker(config: Config) -> OffLoopKernelModule | None:
     return OffLoopKernelModule(ProcfsKernelModule(config.kmod_root))
 
 
-async def build_service(config: Config, kmod: KernelModule | None) -> ShareService:
+def meminfo_reader(config: Config) -> ModuleMemInfo | None:
+    """Memory in use from the module's meminfo, on its own worker; None with kmod: off."""
+    if config.kmod == "off":
+        return None
+    from nri_gpushare.kmod.procfs import ProcfsKernelModule
+
+    return ModuleMemInfo(
+        ProcfsKernelModule(config.kmod_root), BlockingWorker("gpushare-meminfo", 0.5)
+    )
+
+
+def nvml_limits(config: Config) -> NvmlMemoryLimits | None:
+    """The driver's memory limits (probed in build_service); None when off."""
+    return NvmlMemoryLimits() if config.nvml_memory_limits == "auto" else None
+
+
+async def build_service(
+    config: Config,
+    kmod: KernelModule | None,
+    *,
+    limits: NvmlMemoryLimits | None = None,
+    usage: MemoryUsage | None = None,
+) -> ShareService:
     """The service for `config`, its kernel module looked for (`kmod`: None
-    with kmod: off or no client).  ConfigError when it cannot serve."""
+    with kmod: off or no client), the driver's memory limits probed (`limits`:
+    None when off), memory in use read through `usage`.  ConfigError when it
+    cannot serve."""
     # The config has already refused duplicate indexes, UUIDs and minors.
     if config.use_nvml:  # NVML can take seconds: not on the loop
         gpus = await asyncio.to_thread(load_inventory, config.inventory)
@@ -199,6 +237,37 @@ async def build_service(config: Config, kmod: KernelModule | None) -> ShareServi
         gpus = list(config.inventory)
     if not gpus:
         raise ConfigError("no GPUs: NVML found none and the config has no `inventory:`")
+    store = StateFile(config.state_dir)
+    try:
+        store.prepare()
+    except StateDirError as e:
+        raise ConfigError(str(e)) from None
+    interposer = config.interposer
+    if interposer.preload == "ld.so.preload":
+        try:
+            preload_file = write_preload_file(config.state_dir, preload_file_text(interposer))
+        except OSError as e:
+            raise ConfigError(
+                f"state_dir {config.state_dir}: cannot write the ld.so.preload file "
+                f"containers get: {e.strerror}"
+            ) from None
+        interposer = dataclasses.replace(interposer, preload_file=preload_file)
+    if problem := library_problem(interposer.library):
+        log.warning(
+            "interposer %s %s: shares with isolation full|memory will be %s (interposer.missing)",
+            interposer.library,
+            problem,
+            "refused" if interposer.missing == "refuse" else "created without it",
+        )
+    else:
+        log.info(
+            "interposer %s: given to shares with isolation full|memory at %s (%s)",
+            interposer.library,
+            interposer.container_path,
+            interposer.preload,
+        )
+    if limits is not None:
+        await asyncio.to_thread(limits.start, gpus)
     policy = NodePolicy(
         memory_reserve_bytes=config.memory_reserve_bytes,
         max_inst=config.max_inst,
@@ -208,13 +277,18 @@ async def build_service(config: Config, kmod: KernelModule | None) -> ShareServi
         pod_sources=config.pod_sources,
         standalone_sources=config.standalone_sources,
         unserved=config.unserved,
+        interposer=interposer,
     )
-    store = StateFile(config.state_dir)
-    try:
-        store.prepare()
-    except StateDirError as e:
-        raise ConfigError(str(e)) from None
-    service = ShareService(gpus, policy, kmod, HostDevices(), store)
+    service = ShareService(
+        gpus,
+        policy,
+        kmod,
+        HostDevices(),
+        store,
+        library_check=library_problem,
+        limits=limits,
+        usage=usage,
+    )
     await service.start()
     kmod_state = service.status()["kmod"]
     if config.kmod == "required" and not kmod_state["loaded"]:
@@ -241,11 +315,18 @@ async def run_daemon(
     config: Config, *, socket_path: str | None = None, prelaunched: bool = False
 ) -> int:
     kmod = kmod_worker(config)
+    limits = nvml_limits(config)
+    usage = meminfo_reader(config)
+
+    def close() -> None:
+        for part in (kmod, limits, usage):
+            if part is not None:
+                part.close()
+
     try:
-        service = await build_service(config, kmod)
+        service = await build_service(config, kmod, limits=limits, usage=usage)
     except BaseException:
-        if kmod is not None:
-            kmod.close()
+        close()
         raise
     handler = GpuShareHandler(service)
     if prelaunched:
@@ -264,7 +345,8 @@ async def run_daemon(
             registration_timeout=config.registration_timeout,
         )
 
-    def snapshot() -> dict[str, object]:
+    async def snapshot() -> dict[str, Any]:
+        memory = await service.read_usage()
         nri_state = {
             "connected": stub.synchronized.is_set(),
             "sessions": stub.sessions,
@@ -273,7 +355,7 @@ async def run_daemon(
                 method: _summary(samples) for method, samples in stub.handler_seconds.items()
             },
         }
-        return {**service.status(), "nri": nri_state}
+        return {**service.status(memory), "nri": nri_state}
 
     handler.request_timeout = lambda: stub.request_timeout
     status = StatusServer(config.status_socket, snapshot)
@@ -297,8 +379,7 @@ async def run_daemon(
         return 1
     finally:
         await status.close()
-        if kmod is not None:
-            kmod.close()
+        close()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
     log.info("nri-gpushare: stopped")

@@ -8,6 +8,10 @@ looked up here so that the domain works on plain values.
   line saying so.
 - `HostDevices`: the device nodes to give a container (a `DeviceLookup`).
 - `kill_container`: the node's `unserved: deny` action.
+- `library_problem`, `write_preload_file`: the interposer's file on the node,
+  and the one-line file mounted over a container's /etc/ld.so.preload.
+- `BlockingWorker`: blocking calls (NVML, procfs) awaited off the event loop.
+- `ModuleMemInfo`: memory in use per container and GPU, from gpushare.ko.
 
 NVIDIA's nodes: /dev/nvidiactl and /dev/nvidia<minor> have the fixed major 195
 (nvidiactl is minor 255); where the host lacks them (no driver, test machines)
@@ -18,17 +22,22 @@ kernel module's control device (/dev/gpushare).
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import os
+import queue
 import signal
 import stat as statmod
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 from nri_gpushare.share.model import DeviceNode, Gpu
+from nri_gpushare.share.usage import MemoryUse
 
 log = logging.getLogger(__name__)
 
@@ -208,3 +217,176 @@ def kill_container(container_id: str, pid: int, proc: Path = Path("/proc")) -> s
     finally:
         os.close(fd)
     return f"killed (process {pid})"
+
+
+# -- the interposer -------------------------------------------------------------------
+
+PRELOAD_FILE_NAME = "ld.so.preload"
+
+
+def library_problem(path: str) -> str:
+    """Why the file at `path` cannot be the interposer every container user
+    loads ("" when it can): a `LibraryCheck`."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "does not exist"
+    except OSError as e:
+        return f"cannot be looked at ({e.strerror})"
+    if not statmod.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    if st.st_size == 0:
+        return "is empty"
+    if not st.st_mode & 0o004:
+        return (
+            f"is not readable by every user (mode {statmod.S_IMODE(st.st_mode):04o}; a "
+            f"container's non-root processes could not load it: chmod 0644 it)"
+        )
+    return ""
+
+
+def write_preload_file(directory: str, text: str) -> str:
+    """Write `text` to <directory>/ld.so.preload, mode 0644 (read inside
+    containers by every user), unless it already holds exactly that; returns
+    its path.  Atomic: a fresh file renamed over the old one, so a container
+    being created meanwhile mounts the old file or the new one.  Raises
+    OSError.  `directory` is the daemon's state directory (root's, 0700)."""
+    path = os.path.join(directory, PRELOAD_FILE_NAME)
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        try:
+            fd = os.open(PRELOAD_FILE_NAME, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
+            try:
+                st = os.fstat(fd)
+                same = (
+                    statmod.S_ISREG(st.st_mode)
+                    and statmod.S_IMODE(st.st_mode) == 0o644
+                    and st.st_uid == os.geteuid()
+                    and os.read(fd, len(text) + 1) == text.encode()
+                )
+            finally:
+                os.close(fd)
+            if same:
+                return path
+        except OSError:
+            pass  # absent, or not a plain file (a link): replaced below
+        temporary = f".{PRELOAD_FILE_NAME}.{os.getpid()}.tmp"
+        try:
+            os.unlink(temporary, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+        fd = os.open(
+            temporary,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+            0o644,
+            dir_fd=dir_fd,
+        )
+        try:
+            os.fchmod(fd, 0o644)  # exactly, whatever the umask
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+        os.rename(temporary, PRELOAD_FILE_NAME, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+    return path
+
+
+# -- blocking calls off the event loop ------------------------------------------------
+
+T = TypeVar("T")
+
+
+class BlockingWorker:
+    """Blocking calls (NVML, procfs reads) on one daemon thread, awaited under
+    a timeout.  Calls run one at a time in order; while one has run past the
+    timeout (a hung driver or kernel), new calls fail at once with
+    TimeoutError instead of each waiting out the timeout."""
+
+    def __init__(self, name: str, timeout: float = 0.5) -> None:
+        self.name = name
+        self.timeout = timeout
+        self._jobs: queue.SimpleQueue[
+            tuple[concurrent.futures.Future[Any], Callable[[], Any]] | None
+        ] = queue.SimpleQueue()
+        self._started: float | None = None
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self._thread.start()
+
+    async def call(self, fn: Callable[[], T], what: str) -> T:
+        started = self._started
+        if started is not None and time.monotonic() - started > self.timeout:
+            raise TimeoutError(
+                f"{self.name} has not answered for {time.monotonic() - started:.1f} s; "
+                f"{what} was not attempted"
+            )
+        job: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._jobs.put((job, fn))
+        waiter = asyncio.wrap_future(job)
+        done, _ = await asyncio.wait({waiter}, timeout=self.timeout)
+        if waiter in done:
+            return waiter.result()
+        waiter.add_done_callback(lambda f: f.cancelled() or f.exception())
+        job.cancel()  # dropped if it has not started
+        raise TimeoutError(f"{self.name} did not answer within {self.timeout:g} s ({what})")
+
+    def close(self) -> None:
+        self._jobs.put(None)
+
+    def _work(self) -> None:
+        while (item := self._jobs.get()) is not None:
+            job, fn = item
+            if not job.set_running_or_notify_cancel():
+                continue
+            self._started = time.monotonic()
+            try:
+                job.set_result(fn())
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                job.set_exception(e)
+            finally:
+                self._started = None
+
+
+# -- memory in use, from the kernel module ----------------------------------------------
+
+
+class ModuleMemInfo:
+    """`MemoryUsage` from gpushare.ko's meminfo (/proc/gpushare/<gpu>/<id>/meminfo),
+    read on a worker thread.  `client` is the module's procfs client: its
+    `meminfo(gpu, container_id)` gives `free` and `processes` (pid -> bytes),
+    and `used` (memsize - free) when it read memsize; else used is the quota
+    minus free."""
+
+    def __init__(self, client: object, worker: BlockingWorker) -> None:
+        self.client = client
+        self.worker = worker
+
+    async def usage(
+        self, wanted: Sequence[tuple[int, str, int]]
+    ) -> dict[tuple[int, str], MemoryUse]:
+        read = getattr(self.client, "meminfo", None)
+        if read is None:
+            why = "unknown: this plugin's kernel-module client cannot read meminfo"
+            return {(gpu, cid): MemoryUse(None, {}, why) for gpu, cid, _ in wanted}
+
+        def batch() -> dict[tuple[int, str], MemoryUse]:
+            out = {}
+            for gpu, cid, quota in wanted:
+                try:
+                    info = read(gpu, cid)
+                    processes = {int(p): int(b) for p, b in dict(info.processes).items()}
+                    used = getattr(info, "used", None)  # memsize - free, of one moment
+                    if not isinstance(used, int) or not getattr(info, "memsize", 0):
+                        used = quota - int(info.free)
+                    out[gpu, cid] = MemoryUse(max(0, used), processes, "")
+                except Exception as e:  # noqa: BLE001 - one unreadable entry is shown as such
+                    out[gpu, cid] = MemoryUse(None, {}, f"unknown: meminfo unreadable ({e})")
+            return out
+
+        try:
+            return await self.worker.call(batch, "reading meminfo")
+        except TimeoutError as e:
+            return {(gpu, cid): MemoryUse(None, {}, f"unknown: {e}") for gpu, cid, _ in wanted}
+
+    def close(self) -> None:
+        self.worker.close()

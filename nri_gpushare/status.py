@@ -10,11 +10,12 @@ daemon's own and nobody else can write it (or they could swap the socket).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
 import socket
 import stat
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +24,14 @@ from nri_gpushare.config import ConfigError
 SOCKET_MODE = 0o660
 DIRECTORY_MODE = 0o750
 
+Snapshot = Callable[[], dict[str, Any] | Awaitable[dict[str, Any]]]
+
 
 class StatusServer:
-    def __init__(self, path: str, snapshot: Callable[[], dict[str, Any]]) -> None:
+    """`snapshot` gives the document, or an awaitable of it (e.g. when part of
+    it is read from the kernel module off the event loop)."""
+
+    def __init__(self, path: str, snapshot: Snapshot) -> None:
         self.path = path
         self._snapshot = snapshot
         self._server: asyncio.AbstractServer | None = None
@@ -50,7 +56,10 @@ class StatusServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            writer.write(json.dumps(self._snapshot()).encode() + b"\n")
+            document = self._snapshot()
+            if inspect.isawaitable(document):
+                document = await document
+            writer.write(json.dumps(document).encode() + b"\n")
             await writer.drain()
         finally:
             writer.close()

@@ -93,6 +93,28 @@ def test_quantity(value, expected):
         ({"sources": {"standalone": {"namespaces": []}}}, "sources.standalone.namespaces: unknown"),
         ({"sources": {"kubernetes": {}}}, "sources.kubernetes: unknown key"),
         ([1, 2], "expected a mapping"),
+        ({"interposer": {"libary": "/x.so"}}, "interposer.libary: unknown key"),
+        (
+            {"interposer": {"library": "lib.so"}},
+            "interposer.library: 'lib.so' must be an absolute path",
+        ),
+        ({"interposer": {"library": "/a b/l.so"}}, "must not contain whitespace or ':'"),
+        ({"interposer": {"container_path": "/x:y.so"}}, "interposer.container_path: '/x:y.so'"),
+        ({"interposer": {"container_path": "/usr/../l.so"}}, "without //, . or .."),
+        ({"interposer": {"container_path": "/usr/lib/"}}, "must be a plain path to a file"),
+        ({"interposer": {"container_path": "/etc/ld.so.preload"}}, "cannot hold the library"),
+        ({"interposer": {"container_path": "/proc/self/l.so"}}, "cannot hold the library"),
+        (
+            {"interposer": {"preload": "LD_PRELOAD"}},
+            "'LD_PRELOAD' is not one of ld.so.preload, env",
+        ),
+        (
+            {"interposer": {"missing": "ignore"}},
+            "interposer.missing: 'ignore' is not one of refuse",
+        ),
+        ({"interposer": {"allow_managed": "yes"}}, "interposer.allow_managed: expected bool"),
+        ({"interposer": None}, "interposer: expected dict"),
+        ({"nvml_memory_limits": "on"}, "nvml_memory_limits: 'on' is not one of auto, off"),
     ],
 )
 def test_bad_values_name_the_key(data, fragment):
@@ -140,3 +162,30 @@ def test_shipped_example_config_loads():
     example = Path(__file__).parents[2] / "config" / "gpushare.yaml"
     config = load_config(example)
     assert config.inventory[0].memory_bytes == 80 << 30
+
+
+def test_interposer_and_nvml_defaults_and_overrides(tmp_path):
+    config = parse_config({})
+    assert config.interposer.library == "/usr/lib/nri-gpushare/libgpushare.so"
+    assert config.interposer.container_path == "/usr/lib/gpushare/libgpushare.so"
+    assert (config.interposer.preload, config.interposer.missing) == ("ld.so.preload", "refuse")
+    assert config.interposer.allow_managed is False and config.nvml_memory_limits == "auto"
+    config = parse_config(
+        {
+            "interposer": {
+                "library": "/opt/gs/libgpushare.so",
+                "container_path": "/opt/gpushare/lib.so",
+                "preload": "env",
+                "missing": "warn",
+                "allow_managed": True,
+            },
+            "nvml_memory_limits": "off",
+        }
+    )
+    assert config.interposer.library == "/opt/gs/libgpushare.so"
+    assert config.interposer.container_path == "/opt/gpushare/lib.so"
+    assert (config.interposer.preload, config.interposer.missing) == ("env", "warn")
+    assert config.interposer.allow_managed and config.nvml_memory_limits == "off"
+    path = tmp_path / "node.yaml"
+    path.write_text("nvml_memory_limits: off\n")  # YAML 1.1 reads a bare off as false
+    assert load_config(path).nvml_memory_limits == "off"

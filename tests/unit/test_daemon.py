@@ -55,9 +55,14 @@ def off_config(tmp_path, **settings):
     )
 
 
-def state(tmp_path) -> dict[str, str]:
-    """Config keys that keep the daemon's records in the test's directory."""
-    return {"state_dir": str(tmp_path / "state")}
+def state(tmp_path) -> dict[str, object]:
+    """Config keys that keep the daemon's records in the test's directory, with
+    an interposer library there (a stand-in file)."""
+    library = tmp_path / "libgpushare.so"
+    if not library.exists():
+        library.write_bytes(b"\x7fELF stand-in")
+        library.chmod(0o644)
+    return {"state_dir": str(tmp_path / "state"), "interposer": {"library": str(library)}}
 
 
 def views(pod: nri.PodSandbox, container: nri.Container):
@@ -317,3 +322,63 @@ async def test_deny_reaches_a_container_that_starts_after_synchronize(tmp_path, 
     assert handler.service.status()["unserved"][0]["action"] == "denied: killed (process 42)"
     await handler.synchronize([pod], [lite.decode_container(bytes(created))])
     assert killed == [0, 42]  # settled: not killed again
+
+
+# -- the interposer, driver limits and memory in use, wired ------------------------------------
+
+
+async def test_the_interposer_reaches_the_adjustment_through_the_state_dirs_preload_file(tmp_path):
+    config = off_config(tmp_path)
+    handler = GpuShareHandler(await build_service(config, None))
+    preload = tmp_path / "state" / "ld.so.preload"
+    assert preload.read_text() == "/usr/lib/gpushare/libgpushare.so\n"
+    assert preload.stat().st_mode & 0o777 == 0o644
+    encoded = lite.encode_create_container_response(
+        await handler.create_container(pod_asking_1gi(), container_in_pod("c1", 0, 0))
+    )
+    mounts = nri.CreateContainerResponse().parse(encoded).adjust.mounts
+    assert [(m.source, m.destination, m.options) for m in mounts] == [
+        (
+            str(tmp_path / "libgpushare.so"),
+            "/usr/lib/gpushare/libgpushare.so",
+            ["rbind", "ro", "nosuid", "nodev"],
+        ),
+        (str(preload), "/etc/ld.so.preload", ["rbind", "ro", "nosuid", "nodev"]),
+    ]
+
+
+async def test_a_missing_library_is_refused_through_nri_and_books_nothing(tmp_path, caplog):
+    config = off_config(tmp_path, interposer={"library": str(tmp_path / "none.so")})
+    handler = GpuShareHandler(await build_service(config, None))
+    assert "none.so does not exist: shares with isolation full|memory will be refused" in (
+        caplog.text
+    )
+    with pytest.raises(PluginError, match=r"none\.so does not exist on this node"):
+        await handler.create_container(pod_asking_1gi(), container_in_pod("c1", 0, 0))
+    assert handler.service.allocations == {}
+    assert handler.service.status()["gpus"][0]["memory_allocated"] == 0
+
+
+async def test_driver_limits_probed_at_start_and_status_is_served_async(tmp_path):
+    from nri_gpushare.nvml_limits import NvmlMemoryLimits
+    from tests.unit.test_nvml_limits import FakeNvml
+
+    config = off_config(tmp_path)
+    limits = NvmlMemoryLimits(
+        FakeNvml({UUID: 3}, uuids={UUID}), cgroup_root=str(tmp_path), self_cgroup="/x"
+    )
+    service = await build_service(config, None, limits=limits)
+    path = str(tmp_path / "status.sock")
+
+    async def snapshot():
+        return service.status(await service.read_usage())
+
+    server = StatusServer(path, snapshot)
+    await server.start()
+    try:
+        doc = await asyncio.to_thread(query_status, path)
+    finally:
+        await server.close()
+        limits.close()
+    assert "MIG mode" in doc["nvml_memory_limits"]["gpus"]["0"]
+    assert doc["interposer"]["problem"] == ""

@@ -1,0 +1,146 @@
+"""Status: memory in use next to each quota (from the kernel module's
+meminfo, through a fake), and the guards of each share."""
+
+import threading
+from dataclasses import dataclass, field
+
+from nri_gpushare.host import BlockingWorker, ModuleMemInfo
+from nri_gpushare.kmod.client import NotRegistered
+from nri_gpushare.share import ContainerInfo, NodePolicy, ShareService
+from nri_gpushare.share.model import STANDALONE_SOURCES, InterposerPolicy
+from nri_gpushare.share.usage import MemoryUse
+from tests.fakes import FakeDevices, FakeKernelModule, GiB, Inline, MiB, done, make_gpus
+
+P = "gpushare.io/"
+
+
+@dataclass
+class MemInfo:
+    """The shape nri_gpushare.kmod.procfs.meminfo returns."""
+
+    free: int
+    processes: dict[int, int] = field(default_factory=dict)
+
+
+class FakeProcfs:
+    """A kernel-module client with meminfo(gpu, container_id)."""
+
+    def __init__(self, infos):
+        self.infos = infos  # (gpu, cid) -> MemInfo
+        self.block: threading.Event | None = None
+
+    def meminfo(self, gpu, container_id):
+        if self.block is not None:
+            self.block.wait(10)
+        try:
+            return self.infos[gpu, container_id]
+        except KeyError:
+            raise NotRegistered(f"{container_id}: not registered") from None
+
+
+def ctr(cid, **keys):
+    annotations = {P + k.replace("_", "-"): v for k, v in keys.items()}
+    return ContainerInfo(
+        id=cid, name=cid, pod_name=cid, pod_namespace="ns", pod_uid=cid, pod_annotations=annotations
+    )
+
+
+def service(usage=None, kmod=None, kmod_mode="optional", interposer=True):
+    policy = NodePolicy(
+        pod_sources=STANDALONE_SOURCES,
+        kmod_mode=kmod_mode,
+        interposer=InterposerPolicy(preload_file="/state/ld.so.preload") if interposer else None,
+    )
+    kmod = kmod if kmod is not None else FakeKernelModule()
+    svc = ShareService(
+        make_gpus(2, 16 * GiB),
+        policy,
+        Inline(kmod) if kmod_mode != "off" else None,
+        FakeDevices(),
+        usage=usage,
+        library_check=lambda path: "",
+    )
+    done(svc.start())
+    return svc
+
+
+async def test_used_comes_from_the_modules_meminfo():
+    procfs = FakeProcfs(
+        {
+            (0, "a"): MemInfo(free=GiB + 512 * MiB, processes={10: 300 * MiB, 11: 212 * MiB}),
+            (1, "a"): MemInfo(free=GiB),
+        }
+    )
+    usage = ModuleMemInfo(procfs, BlockingWorker("test-meminfo"))
+    svc = service(usage)
+    await svc.create_container(ctr("a", gpu_memory="2Gi,1Gi", gpu_count="2"))
+    await svc.create_container(ctr("b", gpu_memory="1Gi", isolation="none"))
+    doc = svc.status(await svc.read_usage())
+    entries = {a["container_id"]: a for a in doc["allocations"]}
+    a0, a1 = entries["a"]["gpus"]
+    assert (a0["memory"], a0["memory_used"], a0["processes"]) == (2 * GiB, 512 * MiB, 2)
+    assert (a1["memory_used"], a1["memory_used_why"]) == (0, "")
+    assert entries["a"]["guards"] == ["interposer", "kernel-ledger"]
+    [b] = entries["b"]["gpus"]
+    assert b["memory_used"] is None and "isolation none" in b["memory_used_why"]
+    usage.close()
+
+
+async def test_used_is_unknown_without_the_module_and_says_why():
+    svc = service(kmod=FakeKernelModule(loaded=False))
+    await svc.create_container(ctr("a", gpu_memory="1Gi"))
+    [share] = svc.status(await svc.read_usage())["allocations"][0]["gpus"]
+    assert share["memory_used"] is None
+    assert share["memory_used_why"] == "unknown: not registered (the kernel module is not loaded)"
+    entry = svc.status()["allocations"][0]
+    assert entry["guards"] == ["interposer"]
+    assert "not loaded" in entry["unguarded"]["kernel-ledger"]
+    assert "counts per process" in entry["unguarded"]["kernel-ledger"]
+
+    off = service(kmod_mode="off")
+    await off.create_container(ctr("a", gpu_memory="1Gi"))
+    [share] = off.status(await off.read_usage())["allocations"][0]["gpus"]
+    assert share["memory_used_why"] == "unknown: kmod: off"
+    assert service().status()["allocations"] == []
+
+
+async def test_a_client_without_meminfo_or_a_stuck_module_is_unknown():
+    svc = service(ModuleMemInfo(object(), BlockingWorker("test-meminfo")))
+    await svc.create_container(ctr("a", gpu_memory="1Gi"))
+    [share] = svc.status(await svc.read_usage())["allocations"][0]["gpus"]
+    assert "cannot read meminfo" in share["memory_used_why"]
+
+    procfs = FakeProcfs({})
+    usage = ModuleMemInfo(procfs, BlockingWorker("test-meminfo", timeout=0.05))
+    svc = service(usage)
+    await svc.create_container(ctr("a", gpu_memory="1Gi"))
+    [share] = svc.status(await svc.read_usage())["allocations"][0]["gpus"]
+    assert "meminfo unreadable (a: not registered)" in share["memory_used_why"]
+    procfs.block = threading.Event()
+    try:
+        [share] = svc.status(await svc.read_usage())["allocations"][0]["gpus"]
+        assert "did not answer" in share["memory_used_why"]
+    finally:
+        procfs.block.set()
+        usage.close()
+
+
+async def test_usage_read_failure_still_answers():
+    class Broken:
+        async def usage(self, wanted):
+            raise RuntimeError("bug")
+
+    svc = service(Broken())
+    await svc.create_container(ctr("a", gpu_memory="1Gi"))
+    [share] = svc.status(await svc.read_usage())["allocations"][0]["gpus"]
+    assert share["memory_used_why"] == "unknown: RuntimeError"
+
+
+def test_status_without_usage_says_not_read():
+    svc = service()
+    done(svc.create_container(ctr("a", gpu_memory="1Gi")))
+    [share] = svc.status()["allocations"][0]["gpus"]
+    assert (share["memory_used"], share["memory_used_why"]) == (None, "unknown: not read")
+    assert MemoryUse(None).processes == {}
+    assert svc.status()["interposer"]["problem"] == ""
+    assert service(interposer=False).status()["interposer"] is None
