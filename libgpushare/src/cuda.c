@@ -783,7 +783,13 @@ static void *next_after(const void *caller, const char *name)
 	if (!dladdr1(caller, &info, (void **)&lm, RTLD_DL_LINKMAP) || !lm)
 		return gs_real_dlsym(RTLD_NEXT, name);
 	for (struct link_map *l = lm->l_next; l; l = l->l_next) {
-		void *p = gs_real_dlsym(l, name);
+		/* A handle proper (a link map is one only once opened); the
+		 * vDSO has no file to open, and defines nothing one asks for. */
+		void *h = l->l_name && *l->l_name ? dlopen(l->l_name, RTLD_LAZY | RTLD_NOLOAD) : NULL;
+		if (!h)
+			continue;
+		void *p = gs_real_dlsym(h, name);
+		dlclose(h);
 		if (p && dladdr1(p, &info, (void **)&def, RTLD_DL_LINKMAP) && def == l)
 			return p;
 	}

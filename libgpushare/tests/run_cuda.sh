@@ -36,6 +36,30 @@ done
 run "$LIB" direct fork $QUOTA || fail=1
 run "$LIB" proc fork $QUOTA || fail=1
 
+# Module mode through /dev/gpushare's stand-in: the registration's quotas
+# (module GPU 5 for device 1, 3 for device 0, in UUID order) win over the
+# environment's, and the ledger is shared by the processes.
+TMP=$(mktemp -d) || exit 1
+trap 'rm -rf "$TMP"' EXIT
+GSDEV="$B/fake/fake_gsdev.so $LIB"
+MODULE="FAKEGS_QUOTAS=5:$((1024 * MiB)),3:$((512 * MiB)) GPUSHARE_GPU_UUIDS=$UUID1,$UUID0 GPUSHARE_MEMORY_LIMIT=99999999999,99999999999"
+n=0
+for mode in direct proc_ptds; do
+	for scenario in quota modfork; do
+		n=$((n + 1))
+		# shellcheck disable=SC2086
+		run "$GSDEV" $mode $scenario $MODULE FAKEGS_STATE="$TMP/state$n" || fail=1
+	done
+done
+# shellcheck disable=SC2086
+if run "$GSDEV" direct off $MODULE FAKEGS_STATE="$TMP/off" GPUSHARE_DEBUG=1 2>&1 |
+	grep -q "ledger module, quotas \[1073741824,536870912\]"; then
+	echo "module mode: chosen, with the module's quotas"
+else
+	echo "FAIL: module mode not chosen"
+	fail=1
+fi
+
 # The bypass: without the lookup wrappers, dlopen users escape the quota,
 # and the suite must say so (direct calls are still caught).
 echo "== libgpushare-nolookup.so: the lookup modes must fail"

@@ -19,6 +19,8 @@
  *   ordinal    the limits without UUIDs: device 0: 512 MiB, device 1: 1 GiB
  *   off        GPUSHARE_ISOLATION=none
  *   fork       the quota environment; a forked child's accounting
+ *   modfork    module mode (tests/fake/fake_gsdev.c), the same quotas; a
+ *              forked child shares the container's ledger
  *
  * Exit 0 when every check held.
  */
@@ -520,6 +522,33 @@ static void forked(void)
 	EXPECT_FREE(Q0);
 }
 
+/* Module mode: the child has its own file, the container's count is shared. */
+static void module_forked(void)
+{
+	CUdeviceptr a = 0, b = 0, c = 0;
+
+	use(0);
+	OK(api.mem_alloc(&a, 400 * MiB));
+	pid_t pid = fork();
+	if (pid == 0) {
+		use(0);
+		EXPECT_FREE(Q0 - 400 * MiB);	/* the parent's bytes count */
+		OK(api.mem_alloc(&b, 112 * MiB));
+		OOM(api.mem_alloc(&c, 1));
+		OK(api.mem_free(a));		/* the parent's: nothing released */
+		EXPECT_FREE(0);
+		OK(api.mem_free(b));		/* its own, from its own file */
+		EXPECT_FREE(Q0 - 400 * MiB);
+		_exit(failures ? 1 : 0);
+	}
+	int status = 0;
+	CHECK(pid > 0 && waitpid(pid, &status, 0) == pid, "fork");
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child failed");
+	EXPECT_FREE(Q0 - 400 * MiB);
+	OK(api.mem_free(a));
+	EXPECT_FREE(Q0);
+}
+
 int main(int argc, char **argv)
 {
 	CUdevice d;
@@ -550,6 +579,8 @@ int main(int argc, char **argv)
 		off();
 	} else if (!strcmp(scenario, "fork")) {
 		forked();
+	} else if (!strcmp(scenario, "modfork")) {
+		module_forked();
 	} else {
 		fprintf(stderr, "unknown scenario %s\n", scenario);
 		return 2;
