@@ -50,8 +50,17 @@ GiB = 1 << 30
 P = "gpushare.io/"
 BASE = Path("/tmp/gs-e2e")  # short: unix socket paths
 QUERY_EXE = os.environ.get("GPUSHARE_E2E_QUERY", "")
+CUDA_PROBE = os.environ.get("GPUSHARE_E2E_CUDA_PROBE", "")
+FAKE_DRIVER_DIR = os.environ.get("GPUSHARE_E2E_FAKE_DRIVER", "")
+INTERPOSER = os.environ.get("GPUSHARE_E2E_INTERPOSER", "")
 SLOW = 120.0  # generous waits: everything is 5-20x slower under TCG
 SHARE = {P + "gpu-memory": "2Gi", P + "gpu-core": "30"}
+# Two 16 GiB GPUs with the UUIDs of the tests' fake CUDA driver's devices, so
+# that the interposer finds a device's quota by its UUID.
+GPUS = [
+    {**gpu, "uuid": f"GPU-face0000-0000-0000-0000-0000000000{i:02x}"}
+    for i, gpu in enumerate(gpu_inventory(2, "16Gi"))
+]
 
 
 def sh(*argv: str) -> None:
@@ -75,7 +84,8 @@ class Plugins:
             BASE / f"p{len(self.started)}",
             kmod="required",
             use_nvml=False,
-            inventory=gpu_inventory(2, "16Gi"),
+            inventory=GPUS,
+            interposer={"library": INTERPOSER},
         )
         self.started.append(plugin)
         plugin.start(wait=False)
@@ -259,9 +269,7 @@ async def test_share_registered_bound_queried_and_released(bed, plugin, client):
 
     [alloc] = plugin.status()["allocations"]
     assert alloc["container_id"] == cid and alloc["registered"] is True
-    assert alloc["gpus"] == [
-        {"index": 0, "uuid": gpu_inventory(1, "16Gi")[0]["uuid"], "memory": 2 * GiB, "core": 30}
-    ]
+    assert alloc["gpus"] == [{"index": 0, "uuid": GPUS[0]["uuid"], "memory": 2 * GiB, "core": 30}]
 
     await client.stop_pod(pod)
     assert registered() == [] and not d.exists()
@@ -362,6 +370,86 @@ async def test_synchronize_removes_a_stale_registration(bed, plugins, plugin, cl
     assert registered() == [] and refcount() == 0
     assert restarted.status()["allocations"] == []
     assert "gone; removing its kernel-module registration" in restarted.log()
+
+
+async def test_a_pod_is_held_to_its_memory_quota_by_the_interposer_and_the_ledger(
+    bed, plugin, client
+):
+    """A pod with gpu-memory 1Gi runs a CUDA client (cuda_probe.c) on the tests'
+    fake driver; libgpushare.so, preloaded through the /etc/ld.so.preload the
+    plugin mounted, reserves through /dev/gpushare: the client sees 1Gi as the
+    card's size, 1Gi + 1 byte fails with CUDA's out-of-memory error, meminfo
+    shows its PID while it holds memory and nothing once it has freed it."""
+    if not (CUDA_PROBE and FAKE_DRIVER_DIR):
+        pytest.fail("GPUSHARE_E2E_CUDA_PROBE / GPUSHARE_E2E_FAKE_DRIVER are not set")
+    ctl_dir = BASE / "probe-ctl"
+    ctl_dir.mkdir(exist_ok=True)
+    release = ctl_dir / "release"
+    release.unlink(missing_ok=True)
+    held = 256 << 20
+
+    pod = await client.run_pod("quota", annotations={P + "gpu-memory": "1Gi"})
+    config = cri.ContainerConfig(
+        metadata=cri.ContainerMetadata(name="main"),
+        image=cri.ImageSpec(image=BUSYBOX_IMAGE),
+        command=["sh", "-c", f"/gs/cuda_probe {held} /gs-ctl/release; exec sleep 3600"],
+        envs=[
+            cri.KeyValue(key="LD_LIBRARY_PATH", value="/gs-fake"),
+            cri.KeyValue(key="FAKECUDA_MEMORY", value=str(16 * GiB)),
+        ],
+        mounts=[
+            cri.Mount(container_path="/gs/cuda_probe", host_path=CUDA_PROBE, readonly=True),
+            cri.Mount(container_path="/gs-fake", host_path=FAKE_DRIVER_DIR, readonly=True),
+            cri.Mount(container_path="/gs-ctl", host_path=str(ctl_dir)),
+            # glibc for the dynamically linked probe (the image is static busybox)
+            cri.Mount(container_path="/lib64", host_path="/lib64", readonly=True),
+            cri.Mount(
+                container_path="/lib/x86_64-linux-gnu",
+                host_path="/lib/x86_64-linux-gnu",
+                readonly=True,
+            ),
+        ],
+        log_path="main.log",
+    )
+    resp = await client.runtime.create_container(
+        cri.CreateContainerRequest(
+            pod_sandbox_id=pod, config=config, sandbox_config=client.pod_config(pod)
+        )
+    )
+    cid = resp.container_id
+    await client.start(cid)
+
+    async def lines(upto: str) -> list[str]:
+        deadline = time.monotonic() + SLOW
+        while upto not in (got := await client.read_logs(cid)):
+            assert time.monotonic() < deadline, f"probe printed only {got}"
+            await asyncio.sleep(0.2)
+        return got
+
+    got = await lines("held")
+    assert got[:5] == [
+        f"info {GiB} {GiB} 0",
+        f"devtotal {GiB} 0",
+        f"over {GiB + 1} 2",  # CUDA_ERROR_OUT_OF_MEMORY
+        f"hold {held} 0",
+        "held",
+    ], got
+    meminfo = ROOT / "0" / cid / "meminfo"
+    procs = (await cgroup_of(client, cid)) / "cgroup.procs"
+    pids = {int(p) for p in procs.read_text().split()}
+    shown = read(meminfo).splitlines()
+    assert shown[0] == f"Free: {GiB - held}", shown
+    [(pid, mem)] = [line.split()[1::2] for line in shown[1:]]
+    assert int(pid) in pids and int(mem) == held, (shown, pids)
+    status = plugin.status()["allocations"][0]
+    assert status["container_id"] == cid
+
+    release.touch()
+    got = await lines("freed 0")
+    assert read(meminfo) == f"Free: {GiB}\n"
+    await client.stop_pod(pod)
+    assert registered() == [] and refcount() == 0
+    await client.remove_pod(pod)
 
 
 async def test_uninstall_refuses_then_unloads(bed, plugin, client):
