@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /*
  * /dev/gpushare: a process in a registered container may ask for its
- * quota (GPUSHARE_IOC_QUERY).  The container is the registration bound to
- * the caller's cgroup v2 or to its nearest ancestor that has one.
+ * quota (GPUSHARE_IOC_QUERY) and reserve and release memory against it
+ * (GPUSHARE_IOC_MEM).  The container is the registration bound to the
+ * caller's cgroup v2 or to its nearest ancestor that has one: for QUERY
+ * the caller's now, for MEM the opener's when it opened the file, whose
+ * reservations the file holds until it is released.
  *
  * An open file pins the module (a character device's operations live in
  * it), so only a caller that could get an answer may open the device:
@@ -18,28 +21,98 @@
 #include <linux/kernel.h>
 #include <linux/miscdevice.h>
 #include <linux/module.h>
+#include <linux/pid.h>
 #include <linux/rcupdate.h>
+#include <linux/sched.h>
+#include <linux/slab.h>
 #include <linux/uaccess.h>
 
 #include "gs_kmod.h"
 
-static bool gs_caller_registered(void)
+/* Deleted: del orphans every ledger of a container at once. */
+static bool gs_ctr_orphaned(const struct gs_ctr *ctr)
 {
+	lockdep_assert_held(&gs_mem_lock);
+	return ctr->share[0].ledger.orphaned;
+}
+
+/*
+ * Tie @fh to the caller's registration, if it has one, and list it among
+ * the container's files next to those of the same opener.  A container
+ * deleted meanwhile is none: either del finds the file listed (and its
+ * bytes, none yet, orphaned) or the file finds the container orphaned.
+ */
+static void gs_fh_attach(struct gs_fh *fh)
+{
+	struct gs_ctr *ctr;
+	struct gs_fh *pos, *after = NULL;
 	struct cgroup *cgrp;
-	bool found;
 
 	rcu_read_lock();
-	found = gs_find_task(&cgrp);
+	ctr = gs_find_task(&cgrp);
+	if (ctr && !kref_get_unless_zero(&ctr->ref))
+		ctr = NULL;
 	rcu_read_unlock();
-	return found;
+	if (!ctr)
+		return;
+
+	spin_lock(&gs_mem_lock);
+	if (!gs_ctr_orphaned(ctr)) {
+		list_for_each_entry(pos, &ctr->files, node)
+			if (pos->pid == fh->pid)
+				after = pos;
+		list_add(&fh->node, after ? &after->node : ctr->files.prev);
+		fh->ctr = ctr;
+	}
+	spin_unlock(&gs_mem_lock);
+	if (!fh->ctr)
+		gs_ctr_put(ctr);
 }
 
 static int gs_dev_open(struct inode *inode, struct file *file)
 {
-	if (!file_ns_capable(file, &init_user_ns, CAP_SYS_ADMIN) &&
-	    !gs_caller_registered())
+	struct gs_fh *fh;
+
+	/* Charged to the opener's memory cgroup, like its other files. */
+	fh = kzalloc(sizeof(*fh), GFP_KERNEL_ACCOUNT);
+	if (!fh)
+		return -ENOMEM;
+	fh->pid = get_task_pid(current, PIDTYPE_TGID);
+	gs_fh_attach(fh);
+	if (!fh->ctr && !file_ns_capable(file, &init_user_ns, CAP_SYS_ADMIN)) {
+		put_pid(fh->pid);
+		kfree(fh);
 		return -ENOENT;
+	}
+	file->private_data = fh;	/* was the miscdevice */
 	return nonseekable_open(inode, file);
+}
+
+/*
+ * The last close of the file (exit, SIGKILL and crashes too): everything
+ * it holds goes back to its container's ledger, or to the GPU if the
+ * container was deleted.  Runs in process context, never concurrently
+ * with an ioctl on the same file.
+ */
+static int gs_dev_release(struct inode *inode, struct file *file)
+{
+	struct gs_fh *fh = file->private_data;
+	struct gs_ctr *ctr = fh->ctr;
+	u32 i;
+
+	if (ctr) {
+		spin_lock(&gs_mem_lock);
+		for (i = 0; i < ctr->nquota; i++)
+			WARN_ON_ONCE(gs_mem_release(gs_accts[ctr->quota[i].gpu],
+						    &ctr->share[i].ledger,
+						    &fh->mine[i], fh->mine[i]));
+		list_del(&fh->node);
+		spin_unlock(&gs_mem_lock);
+		gs_ctr_put(ctr);
+	}
+	put_pid(fh->pid);
+	kfree(fh);
+	return 0;
 }
 
 /*
@@ -129,16 +202,98 @@ static long gs_query(struct gpushare_query __user *uq)
 	return q.count > q.quota_cap ? -EOVERFLOW : 0;
 }
 
+/*
+ * One ledger operation of @fh on m->gpu, answered in @m (quota, used,
+ * mine) when the file acts for a container with a quota there: *@filled.
+ */
+static int gs_mem_op(struct gs_fh *fh, struct gpushare_mem *m, bool *filled)
+{
+	struct gs_ctr *ctr = fh->ctr;	/* and its quotas' GPUs: fixed */
+	struct gs_share *share;
+	u32 i;
+	int ret;
+
+	if (!ctr)
+		return -ENOENT;
+	for (i = 0; i < ctr->nquota && ctr->quota[i].gpu != m->gpu; i++)
+		;
+	if (i == ctr->nquota)
+		return -ENXIO;
+	share = &ctr->share[i];
+
+	spin_lock(&gs_mem_lock);
+	switch (m->op) {
+	case GPUSHARE_MEM_RESERVE:
+		ret = gs_mem_reserve(share->quota, &share->ledger, &fh->mine[i],
+				     m->bytes);
+		break;
+	case GPUSHARE_MEM_RELEASE:
+		ret = gs_mem_release(gs_accts[m->gpu], &share->ledger,
+				     &fh->mine[i], m->bytes);
+		break;
+	default:
+		ret = gs_ctr_orphaned(ctr) ? -ENOENT : 0;
+		break;
+	}
+	m->quota = gs_mem_quota(share->quota, &share->ledger);
+	m->used = share->ledger.used;
+	m->mine = fh->mine[i];
+	spin_unlock(&gs_mem_lock);
+	*filled = true;
+	return ret;
+}
+
+/*
+ * GPUSHARE_IOC_MEM with an extensible structure, as QUERY's (see the uapi
+ * header).  The structure is known writable before anything changes, so
+ * EFAULT changes nothing (short of user space unmapping it meanwhile).
+ */
+static long gs_mem(struct gs_fh *fh, struct gpushare_mem __user *um)
+{
+	struct gpushare_mem m;
+	bool filled = false;
+	size_t out;
+	u32 usize;
+	int ret;
+
+	if (get_user(usize, &um->size))
+		return -EFAULT;
+	if (usize < GPUSHARE_MEM_SIZE_VER0)
+		return -EINVAL;
+	if (usize > PAGE_SIZE)
+		return -E2BIG;
+	ret = copy_struct_from_user(&m, sizeof(m), um, usize);
+	if (ret)
+		return ret;
+	if (m.flags || m.op > GPUSHARE_MEM_RELEASE)
+		return -EINVAL;
+	/* A bigger struct's tail is zero already (copy_struct_from_user). */
+	out = min_t(size_t, usize, sizeof(m));
+	if (copy_to_user(um, &m, out))
+		return -EFAULT;
+
+	ret = gs_mem_op(fh, &m, &filled);
+	if (filled && copy_to_user(um, &m, out))
+		return -EFAULT;
+	return ret;
+}
+
 static long gs_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 {
-	if (cmd != GPUSHARE_IOC_QUERY)
-		return -ENOTTY;
-	return gs_query((struct gpushare_query __user *)arg);
+	switch (cmd) {
+	case GPUSHARE_IOC_QUERY:
+		return gs_query((struct gpushare_query __user *)arg);
+	case GPUSHARE_IOC_MEM:
+		return gs_mem(file->private_data,
+			      (struct gpushare_mem __user *)arg);
+	}
+	return -ENOTTY;
 }
 
 static const struct file_operations gs_fops = {
 	.owner = THIS_MODULE,
 	.open = gs_dev_open,
+	.release = gs_dev_release,
 	.unlocked_ioctl = gs_ioctl,
 	.compat_ioctl = compat_ptr_ioctl,
 };

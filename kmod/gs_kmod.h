@@ -13,22 +13,44 @@
  *   Order: gs_cfg_lock, then gs_lock.  procfs entries are never removed
  *   under gs_lock, because removal waits for handlers that may be waiting
  *   for it.
- * - /dev/gpushare takes no lock: it walks gs_ctrs under RCU (entries are
- *   freed after a grace period) and reads a container's quotas and binding
- *   inside a gs_seq read section; every store to those is made under
- *   gs_lock inside a gs_seq write section.  So a query never waits for
- *   (or delays) a command, and always sees one consistent state.
+ * - gs_mem_lock, a spinlock, covers the memory ledger: every container's
+ *   gs_ledger, its list of open files (ctr->files) and what each file
+ *   holds (gs_fh->mine), and each GPU's acct.orphaned_mem; and, with
+ *   gs_lock, every store to a container's memsize, so a reservation never
+ *   sees a memsize below what is used.  It is taken alone by
+ *   GPUSHARE_IOC_MEM and by the release of a /dev/gpushare file (so a
+ *   reservation never waits for a command or a procfs reader), and inside
+ *   gs_lock by whoever reads or writes those values there (admission,
+ *   memsize writes, del, meminfo, free_memsize).  Order: gs_cfg_lock,
+ *   gs_lock, gs_mem_lock.  Nothing sleeps under it.
+ * - GPUSHARE_IOC_QUERY takes no lock: it walks gs_ctrs under RCU (entries
+ *   are freed after a grace period) and reads a container's quotas and
+ *   binding inside a gs_seq read section; every store to those is made
+ *   under gs_lock inside a gs_seq write section.  So a query never waits
+ *   for (or delays) a command, and always sees one consistent state.
+ * - A container's memory (struct gs_ctr) is counted (ctr->ref): one
+ *   reference for the registration, dropped by del, and one for each open
+ *   /dev/gpushare file that acts for it, dropped when the file is
+ *   released; the last one frees it after a grace period.  So the ledger
+ *   of a deleted container outlives it for as long as a file may still
+ *   release bytes to it.  open() takes its reference under RCU with
+ *   kref_get_unless_zero() and attaches the file under gs_mem_lock only if
+ *   the ledger is not orphaned yet; del orphans the ledgers under
+ *   gs_mem_lock, so every file either is attached before (and its bytes
+ *   move to orphaned_mem) or sees the container as gone.
  */
 #ifndef _GS_KMOD_H
 #define _GS_KMOD_H
 
 #include <linux/cgroup.h>
+#include <linux/kref.h>
 #include <linux/list.h>
 #include <linux/mutex.h>
 #include <linux/proc_fs.h>
 #include <linux/rcupdate.h>
 #include <linux/seq_file.h>
 #include <linux/seqlock.h>
+#include <linux/spinlock.h>
 
 #include "gs_core.h"
 
@@ -43,7 +65,7 @@ struct gs_file {
 	void *obj;
 };
 
-#define GS_CTR_NATTR	6
+#define GS_CTR_NATTR	7
 
 struct gs_gpu {
 	u32 index;
@@ -60,6 +82,7 @@ struct gs_ctr;
 struct gs_share {
 	struct gs_ctr *ctr;
 	struct gs_quota *quota;
+	struct gs_ledger ledger;	/* under gs_mem_lock */
 	struct proc_dir_entry *dir;
 	struct gs_file files[GS_CTR_NATTR];
 };
@@ -67,6 +90,8 @@ struct gs_share {
 struct gs_ctr {
 	struct list_head node;		/* in gs_ctrs, under RCU */
 	struct rcu_head rcu;
+	struct kref ref;		/* the registration and each file */
+	struct list_head files;		/* struct gs_fh, under gs_mem_lock */
 	char id[GPUSHARE_ID_MAX + 1];
 	bool live;			/* registered, counted, pinning the module */
 	/*
@@ -80,7 +105,20 @@ struct gs_ctr {
 	struct gs_share share[GPUSHARE_MAX_GPUS];
 };
 
+/*
+ * An open /dev/gpushare file (its private_data): the container it acts for
+ * and what it holds there.  Files of the same opener are adjacent in
+ * ctr->files, so meminfo adds them up in one pass.
+ */
+struct gs_fh {
+	struct list_head node;		/* in ctr->files, under gs_mem_lock */
+	struct gs_ctr *ctr;		/* referenced, or NULL: acts for none */
+	struct pid *pid;		/* the opener's thread group, referenced */
+	u64 mine[GPUSHARE_MAX_GPUS];	/* by quota index, under gs_mem_lock */
+};
+
 extern struct mutex gs_lock;
+extern spinlock_t gs_mem_lock;
 extern struct mutex gs_cfg_lock;
 extern seqcount_mutex_t gs_seq;
 extern bool gs_dying;
@@ -92,6 +130,7 @@ extern u64 gs_default_mem;
 struct gs_ctr *gs_find(const char *id);
 struct gs_ctr *gs_find_task(struct cgroup **cgrpp);
 struct cgroup *gs_bound(const struct gs_ctr *ctr);
+void gs_ctr_put(struct gs_ctr *ctr);
 int gs_exec(struct gs_cmd *cmd);
 void gs_dump(struct seq_file *m);
 

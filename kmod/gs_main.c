@@ -23,6 +23,8 @@
 
 /* Protects every value; see gs_kmod.h for the locking rules. */
 DEFINE_MUTEX(gs_lock);
+/* The memory ledger: see gs_kmod.h. */
+DEFINE_SPINLOCK(gs_mem_lock);
 /* Serialises changes of structure: inst_ctl commands. */
 DEFINE_MUTEX(gs_cfg_lock);
 /* Lets /dev/gpushare read a container's quotas and binding without a lock. */
@@ -43,6 +45,23 @@ struct gs_ctr *gs_find(const char *id)
 		if (!strcmp(ctr->id, id))
 			return ctr;
 	return NULL;
+}
+
+static void gs_ctr_free(struct kref *ref)
+{
+	struct gs_ctr *ctr = container_of(ref, struct gs_ctr, ref);
+
+	kfree_rcu(ctr, rcu);	/* a query may still be looking at it */
+}
+
+/*
+ * Drop a reference on a container: the registration's (del) or an open
+ * file's (its release).  The last frees it after a grace period.  Any
+ * context; the ledger's bytes must be back by then (the files are gone).
+ */
+void gs_ctr_put(struct gs_ctr *ctr)
+{
+	kref_put(&ctr->ref, gs_ctr_free);
 }
 
 /*
@@ -136,8 +155,11 @@ static int gs_declare_gpu(const struct gs_cmd *cmd)
 
 	mutex_lock(&gs_lock);
 	gpu = gs_gpus[cmd->gpu];
-	if (gpu)
+	if (gpu) {
+		spin_lock(&gs_mem_lock);	/* orphaned_mem counts */
 		ret = gs_acct_set_total(&gpu->acct, cmd->total_mem);
+		spin_unlock(&gs_mem_lock);
+	}
 	mutex_unlock(&gs_lock);
 	if (gpu)
 		return ret;
@@ -166,11 +188,15 @@ static int gs_check_add(struct gs_ctr *ctr)
 {
 	int ret;
 
+	lockdep_assert_held(&gs_lock);
 	if (gs_find(ctr->id))
 		return -EEXIST;
 	ret = gs_resolve_default(ctr->quota, ctr->nquota, gs_default_mem);
-	if (!ret)
+	if (!ret) {
+		spin_lock(&gs_mem_lock);	/* orphaned_mem counts */
 		ret = gs_admit(gs_accts, ctr->quota, ctr->nquota);
+		spin_unlock(&gs_mem_lock);
+	}
 	return ret;
 }
 
@@ -198,6 +224,8 @@ static int gs_add(const struct gs_cmd *cmd)
 	if (!ctr)
 		return -ENOMEM;
 	strscpy(ctr->id, cmd->id, sizeof(ctr->id));
+	kref_init(&ctr->ref);		/* the registration's */
+	INIT_LIST_HEAD(&ctr->files);	/* a fresh ledger, also for a re-added ID */
 	ctr->nquota = cmd->nquota;
 	memcpy(ctr->quota, cmd->quota, sizeof(ctr->quota));
 
@@ -233,15 +261,27 @@ out_free:
 	return ret;
 }
 
+/*
+ * Remove a registration.  It succeeds whatever its processes still hold:
+ * their files keep the container's memory (their references) and their
+ * reservations, which stay charged to each GPU as orphaned memory until
+ * released; from now on they reserve nothing (ENOENT).
+ */
 static int gs_del(const char *id)
 {
 	struct cgroup *cgrp = NULL;
 	struct gs_ctr *ctr;
+	u32 i;
 
 	mutex_lock(&gs_lock);
 	ctr = gs_find(id);
 	if (ctr) {
 		gs_uncharge(gs_accts, ctr->quota, ctr->nquota);
+		spin_lock(&gs_mem_lock);
+		for (i = 0; i < ctr->nquota; i++)
+			gs_mem_orphan(gs_accts[ctr->quota[i].gpu],
+				      &ctr->share[i].ledger);
+		spin_unlock(&gs_mem_lock);
 		list_del_rcu(&ctr->node);
 		ctr->live = false;
 		cgrp = gs_set_binding(ctr, NULL);
@@ -253,7 +293,7 @@ static int gs_del(const char *id)
 	gs_remove_shares(ctr);
 	if (cgrp)
 		cgroup_put(cgrp);
-	kfree_rcu(ctr, rcu);	/* a query may still be looking at it */
+	gs_ctr_put(ctr);	/* open files may hold it longer */
 	module_put(THIS_MODULE);
 	return 0;
 }
@@ -411,7 +451,9 @@ void gs_dump(struct seq_file *m)
 /*
  * Free the registry once the procfs tree and the device are gone and no
  * query can still see it.  Only a forced unload, or inst_ctl commands
- * written while a failing init ran, leave anything.
+ * written while a failing init ran, leave anything.  No file is open
+ * (each pins the module), so each container's only reference is its
+ * registration's; after a forced unload with files open nothing is safe.
  */
 static void gs_free_all(void)
 {

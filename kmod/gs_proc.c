@@ -4,8 +4,9 @@
  *
  *   version, default_memsize, inst_ctl
  *   <gpu>/free_weight, major, max_inst, policy, prio_ratio,
- *         total_memsize, free_memsize, nr_inst
- *   <gpu>/<container-id>/id, memsize, weight, highprio, meminfo, cgroup
+ *         total_memsize, free_memsize, nr_inst, orphaned_memsize
+ *   <gpu>/<container-id>/id, memsize, weight, highprio, meminfo, cgroup,
+ *         memused
  *
  * Every attribute file holds one decimal number or string.  inst_ctl is
  * 0600 and container directories 0500, so only root sees the containers.
@@ -21,6 +22,9 @@
 #include <linux/cred.h>
 #include <linux/miscdevice.h>
 #include <linux/module.h>
+#include <linux/pid.h>
+#include <linux/pid_namespace.h>
+#include <linux/sched.h>
 #include <linux/slab.h>
 #include <linux/uaccess.h>
 
@@ -28,7 +32,9 @@
 
 /*
  * One kind of attribute file; show and store run under gs_lock, store in
- * a gs_seq write section too (it may change what a query reads).
+ * a gs_seq write section (it may change what a query reads) and under
+ * gs_mem_lock (it may change a memsize, which a reservation reads), so a
+ * store never sleeps.  A show that reads the ledger takes gs_mem_lock.
  */
 struct gs_attr {
 	int (*show)(struct seq_file *m, void *obj);
@@ -129,7 +135,24 @@ static int total_memsize_show(struct seq_file *m, void *obj)
 
 static int free_memsize_show(struct seq_file *m, void *obj)
 {
-	seq_printf(m, "%llu\n", gs_acct_free_mem(&((struct gs_gpu *)obj)->acct));
+	u64 free;
+
+	spin_lock(&gs_mem_lock);
+	free = gs_acct_free_mem(&((struct gs_gpu *)obj)->acct);
+	spin_unlock(&gs_mem_lock);
+	seq_printf(m, "%llu\n", free);
+	return 0;
+}
+
+/* Bytes still reserved by the files of deleted containers. */
+static int orphaned_memsize_show(struct seq_file *m, void *obj)
+{
+	u64 orphaned;
+
+	spin_lock(&gs_mem_lock);
+	orphaned = ((struct gs_gpu *)obj)->acct.orphaned_mem;
+	spin_unlock(&gs_mem_lock);
+	seq_printf(m, "%llu\n", orphaned);
 	return 0;
 }
 
@@ -149,6 +172,7 @@ static const struct gs_attr gs_gpu_attrs[GS_GPU_NFILES] = {
 	[GS_GPU_TOTAL_MEMSIZE] = { total_memsize_show, NULL },
 	[GS_GPU_FREE_MEMSIZE] = { free_memsize_show, NULL },
 	[GS_GPU_NR_INST] = { nr_inst_show, NULL },
+	[GS_GPU_ORPHANED_MEMSIZE] = { orphaned_memsize_show, NULL },
 };
 
 /* ---- per container and GPU ---- */
@@ -170,14 +194,13 @@ static int memsize_show(struct seq_file *m, void *obj)
 	return 0;
 }
 
+/* Not below what the container's processes hold here: EBUSY. */
 static int memsize_store(void *obj, u64 val)
 {
 	struct gs_share *share = obj;
 
-	if (!val)
-		return -EINVAL;
-	return gs_acct_change(gs_share_acct(share), share->quota, val,
-			      share->quota->weight);
+	return gs_acct_set_memsize(gs_share_acct(share), share->quota,
+				   &share->ledger, val);
 }
 
 static int weight_show(struct seq_file *m, void *obj)
@@ -212,10 +235,61 @@ static int highprio_store(void *obj, u64 val)
 	return ret;
 }
 
-/* cGPU format: free bytes, then one "PID: <pid> Mem: <bytes>" per process. */
+/*
+ * One meminfo line: a process that holds @bytes, if it still runs (its
+ * number could otherwise name another) and the reader's pid namespace
+ * sees it.
+ */
+static void gs_show_pid(struct seq_file *m, struct pid *pid, u64 bytes,
+			struct pid_namespace *ns)
+{
+	pid_t nr;
+
+	if (!bytes || !pid_has_task(pid, PIDTYPE_TGID))
+		return;
+	nr = pid_nr_ns(pid, ns);
+	if (nr)
+		seq_printf(m, "PID: %d Mem: %llu\n", nr, bytes);
+}
+
+/*
+ * cGPU format: free bytes (memsize minus what is reserved), then one
+ * "PID: <pid> Mem: <bytes>" per process that holds bytes on this GPU: the
+ * files it opened, added up (they are adjacent in ctr->files).
+ */
 static int meminfo_show(struct seq_file *m, void *obj)
 {
-	seq_printf(m, "Free: %llu\n", ((struct gs_share *)obj)->quota->memsize);
+	struct pid_namespace *ns = task_active_pid_ns(current);
+	struct gs_share *share = obj;
+	struct gs_ctr *ctr = share->ctr;
+	u32 i = share - ctr->share;
+	struct gs_fh *fh, *next;
+	u64 sum = 0;
+
+	spin_lock(&gs_mem_lock);
+	seq_printf(m, "Free: %llu\n", share->quota->memsize - share->ledger.used);
+	list_for_each_entry(fh, &ctr->files, node) {
+		sum += fh->mine[i];
+		next = list_next_entry(fh, node);
+		if (list_entry_is_head(next, &ctr->files, node) ||
+		    next->pid != fh->pid) {
+			gs_show_pid(m, fh->pid, sum, ns);
+			sum = 0;
+		}
+	}
+	spin_unlock(&gs_mem_lock);
+	return 0;
+}
+
+/* Bytes the container's processes hold on this GPU. */
+static int memused_show(struct seq_file *m, void *obj)
+{
+	u64 used;
+
+	spin_lock(&gs_mem_lock);
+	used = ((struct gs_share *)obj)->ledger.used;
+	spin_unlock(&gs_mem_lock);
+	seq_printf(m, "%llu\n", used);
 	return 0;
 }
 
@@ -229,7 +303,7 @@ static int cgroup_show(struct seq_file *m, void *obj)
 }
 
 static const char *const gs_ctr_names[GS_CTR_NATTR] = {
-	"id", "memsize", "weight", "highprio", "meminfo", "cgroup"
+	"id", "memsize", "weight", "highprio", "meminfo", "cgroup", "memused"
 };
 
 static const struct gs_attr gs_ctr_attrs[GS_CTR_NATTR] = {
@@ -239,6 +313,7 @@ static const struct gs_attr gs_ctr_attrs[GS_CTR_NATTR] = {
 	{ highprio_show, highprio_store },
 	{ meminfo_show, NULL },
 	{ cgroup_show, NULL },
+	{ memused_show, NULL },
 };
 
 /* ---- one set of file operations for every attribute file ---- */
@@ -309,7 +384,9 @@ static ssize_t gs_attr_write(struct file *file, const char __user *ubuf,
 
 	mutex_lock(&gs_lock);
 	write_seqcount_begin(&gs_seq);
+	spin_lock(&gs_mem_lock);
 	ret = gs_file_gone(f) ? -ENOENT : f->attr->store(f->obj, val);
+	spin_unlock(&gs_mem_lock);
 	write_seqcount_end(&gs_seq);
 	mutex_unlock(&gs_lock);
 	return ret ? ret : count;
