@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from nri_gpushare.kmod.client import GpuQuota
 
 VERSION = "0.1.0"
-ABI_VERSION = 1
+ABI_VERSION = 2  # 2: GPUSHARE_IOC_MEM (a version-1 module answers it ENOTTY)
 
 PROC_ROOT = "/proc/gpushare"
 DEV_NAME = "gpushare"
@@ -52,8 +52,11 @@ GPU_FILES = (
     "total_memsize",
     "free_memsize",
     "nr_inst",
+    "orphaned_memsize",
 )
-CONTAINER_FILES = ("id", "memsize", "weight", "highprio", "meminfo", "cgroup")
+# Bytes still reserved by processes of deleted containers (in GPU_FILES).
+ORPHANED = "orphaned_memsize"
+CONTAINER_FILES = ("id", "memsize", "weight", "highprio", "meminfo", "cgroup", "memused")
 
 # struct gpushare_quota: __u64 memsize; __u32 gpu, weight, highprio, __reserved
 QUOTA = struct.Struct("=QIIII")
@@ -64,6 +67,14 @@ QUERY = struct.Struct(f"=IIIIQIIQ{ID_MAX + 8}s")
 QUERY_SIZE = QUERY.size
 QUERY_SIZE_VER0 = 112
 
+# struct gpushare_mem: __u32 size, op, gpu, flags; __u64 bytes, quota, used, mine
+MEM = struct.Struct("=IIIIQQQQ")
+MEM_SIZE_VER0 = 48
+MEM_INFO = 0
+MEM_RESERVE = 1
+MEM_RELEASE = 2
+_UNSET = (1 << 64) - 1  # mem() presets the out fields to this
+
 IOC_MAGIC = 0xE7
 
 
@@ -73,6 +84,7 @@ def _io(magic: int, nr: int) -> int:
 
 
 IOC_QUERY = _io(IOC_MAGIC, 0x01)
+IOC_MEM = _io(IOC_MAGIC, 0x02)
 
 
 def valid_id(container_id: str) -> bool:
@@ -144,3 +156,61 @@ def query(device: str = DEV_PATH) -> QueryResult | None:
         return unpack_query(bytes(buf), quotas.raw)
     finally:
         os.close(fd)
+
+
+@dataclass(frozen=True)
+class MemState:
+    """What GPUSHARE_IOC_MEM answers about one GPU: the container's quota
+    (0 once it is deleted), the bytes all its processes hold there (used)
+    and the bytes this descriptor holds (mine)."""
+
+    quota: int
+    used: int
+    mine: int
+
+
+class MemError(OSError):
+    """GPUSHARE_IOC_MEM refused; `state` is what the module answered with
+    it (EDQUOT, a release beyond what the descriptor holds, a deleted
+    container), or None when it had nothing to say (no container, no
+    quota on that GPU, a bad request)."""
+
+    state: MemState | None = None
+
+
+def pack_mem(
+    op: int, gpu: int, nbytes: int = 0, *, size: int = MEM.size, flags: int = 0
+) -> bytearray:
+    """A struct gpushare_mem as user space passes it, `size` bytes long
+    (longer than MEM.size: zero-filled)."""
+    buf = bytearray(max(size, MEM.size))
+    MEM.pack_into(buf, 0, size, op, gpu, flags, nbytes, 0, 0, 0)
+    return buf[:size]
+
+
+def unpack_mem(buf: bytes) -> MemState:
+    _size, _op, _gpu, _flags, _bytes, quota, used, mine = MEM.unpack_from(buf)
+    return MemState(quota, used, mine)
+
+
+def mem(fd: int, op: int, gpu: int, nbytes: int = 0) -> MemState:
+    """One GPUSHARE_IOC_MEM on an open /dev/gpushare descriptor: MEM_INFO,
+    MEM_RESERVE or MEM_RELEASE of `nbytes` on GPU `gpu` (its index, as in
+    the container's quota).  Raises MemError (an OSError) with the module's
+    errno: ENOENT the descriptor acts for no container (or it was deleted),
+    ENXIO no quota on that GPU, EDQUOT over the quota (nothing reserved),
+    EINVAL a bad request or a release beyond what the descriptor holds,
+    ENOTTY a module older than ABI version 2."""
+    buf = pack_mem(op, gpu, nbytes)
+    # Out fields the module never answers with: left as they are, they say
+    # that it did not answer.
+    MEM.pack_into(buf, 0, MEM.size, op, gpu, 0, nbytes, _UNSET, _UNSET, _UNSET)
+    try:
+        fcntl.ioctl(fd, IOC_MEM, buf, True)
+    except OSError as e:
+        err = MemError(e.errno, os.strerror(e.errno or 0))
+        state = unpack_mem(bytes(buf))
+        if (state.quota, state.used, state.mine) != (_UNSET, _UNSET, _UNSET):
+            err.state = state
+        raise err from None
+    return unpack_mem(bytes(buf))

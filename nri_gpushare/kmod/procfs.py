@@ -61,6 +61,50 @@ class GpuState:
     prio_ratio: int
 
 
+@dataclass(frozen=True)
+class MemInfo:
+    """One container's memory on one GPU, from /proc/gpushare/<gpu>/<id>/meminfo
+    (cGPU's format): `free` bytes of its memsize that no process holds, and
+    the bytes each of its processes holds (pid -> bytes; pids as this
+    process's pid namespace sees them, processes it cannot see left out).
+    `memsize` was the container's quota when `free` was read."""
+
+    free: int
+    processes: dict[int, int]
+    memsize: int = 0
+
+    @property
+    def used(self) -> int:
+        """Bytes its processes hold on this GPU (memsize - free)."""
+        return self.memsize - self.free
+
+
+_FREE_LINE = re.compile(r"Free: (0|[1-9][0-9]*)")
+_PID_LINE = re.compile(r"PID: ([1-9][0-9]*) Mem: ([1-9][0-9]*)")
+
+
+def parse_meminfo(text: str, memsize: int = 0) -> MemInfo:
+    """meminfo's text, strictly: `Free: <bytes>` then one `PID: <pid> Mem:
+    <bytes>` line per process (each pid once, bytes > 0), every line ending
+    in a newline.  ValueError for anything else."""
+    if not text.endswith("\n"):
+        raise ValueError("meminfo does not end in a newline")
+    lines = text[:-1].split("\n")
+    free = _FREE_LINE.fullmatch(lines[0])
+    if free is None:
+        raise ValueError(f"meminfo's first line is not 'Free: <bytes>': {lines[0]!r}")
+    processes: dict[int, int] = {}
+    for line in lines[1:]:
+        m = _PID_LINE.fullmatch(line)
+        if m is None:
+            raise ValueError(f"not a 'PID: <pid> Mem: <bytes>' line: {line!r}")
+        pid = int(m[1])
+        if pid in processes:
+            raise ValueError(f"PID {pid} listed twice")
+        processes[pid] = int(m[2])
+    return MemInfo(int(free[1]), processes, memsize)
+
+
 def expand_systemd_slice(slice_name: str) -> str:
     """`a-b-c.slice` -> `/a.slice/a-b.slice/a-b-c.slice` (systemd's nesting rule)."""
     if not slice_name.endswith(".slice") or "/" in slice_name:
@@ -236,6 +280,53 @@ class ProcfsKernelModule:
 
     def default_memsize(self) -> int:
         return int((self.root / "default_memsize").read_text())
+
+    def meminfo(self, gpu: int, container_id: str) -> MemInfo:
+        """A registered container's memory on one of its GPUs: free bytes,
+        the bytes each of its processes holds, and (`used`) what they hold
+        together.  memsize is read before and after meminfo, again if it
+        changed meanwhile, so `used` is memsize - free of one moment.
+        Root only (a container's directory is 0500).  NotRegistered when
+        the container has no quota on that GPU, ModuleNotLoaded."""
+        d = self.root / str(gpu) / container_id
+        what = f"reading the memory of container {container_id} on GPU {gpu}"
+        if not abi.valid_id(container_id):
+            raise KmodError(f"{what}: not a valid container ID", errno.EINVAL)
+        try:
+            for _ in range(100):
+                memsize = int((d / "memsize").read_text())
+                text = (d / "meminfo").read_text()
+                if int((d / "memsize").read_text()) == memsize:
+                    break
+            else:
+                raise KmodError(f"{what}: its memsize keeps changing", errno.EAGAIN)
+        except FileNotFoundError:
+            if not self.loaded():
+                raise self._not_loaded() from None
+            raise NotRegistered(
+                f"{what}: it is not registered there (or GPU {gpu} is not declared)"
+            ) from None
+        except OSError as e:
+            # A container deleted while its files were read: EIO or ENOENT.
+            if e.errno in (errno.EIO, errno.ENOENT):
+                raise NotRegistered(f"{what}: it was unregistered meanwhile") from None
+            raise self._error(e, what, {}) from None
+        try:
+            return parse_meminfo(text, memsize)
+        except ValueError as e:
+            raise KmodError(
+                f"{what}: unexpected {d / 'meminfo'}: {e} (module and plugin versions differ?)",
+                errno.EPROTO,
+            ) from None
+
+    def orphaned_memory(self, gpu: int) -> int:
+        """Bytes still reserved on a GPU by processes of deleted containers."""
+        try:
+            return int((self.root / str(gpu) / abi.ORPHANED).read_text())
+        except FileNotFoundError:
+            if not self.loaded():
+                raise self._not_loaded() from None
+            raise GpusNotDeclared(f"GPU {gpu} is not declared to gpushare.ko") from None
 
     # -- internals --------------------------------------------------------------------
 

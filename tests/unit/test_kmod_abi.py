@@ -7,11 +7,14 @@ module's version and procfs name come from its internal kmod/gs_kmod.h.
 
 from __future__ import annotations
 
+import errno
 import re
 import shutil
 import struct
 import subprocess
 from pathlib import Path
+
+import pytest
 
 from nri_gpushare.kmod import abi
 from tests.prereqs import missing
@@ -36,8 +39,12 @@ int main(void)
 	INT(POLICY_MAX); INT(POLICY_DEFAULT);
 	INT(PRIO_RATIO_MIN); INT(PRIO_RATIO_MAX); INT(PRIO_RATIO_DEFAULT);
 	INT(IOC_MAGIC); INT(IOC_QUERY); INT(QUERY_SIZE_VER0); INT(QUOTA_SIZE_VER0);
+	INT(IOC_MEM); INT(MEM_SIZE_VER0); INT(MEM_INFO); INT(MEM_RESERVE); INT(MEM_RELEASE);
 	printf("QUERY_SIZE %zu\n", sizeof(struct gpushare_query));
 	printf("QUOTA_SIZE %zu\n", sizeof(struct gpushare_quota));
+	printf("MEM_SIZE %zu\n", sizeof(struct gpushare_mem));
+	AT(mem, size); AT(mem, op); AT(mem, gpu); AT(mem, flags); AT(mem, bytes);
+	AT(mem, quota); AT(mem, used); AT(mem, mine);
 	AT(query, size); AT(query, abi_version); AT(query, flags); AT(query, quota_size);
 	AT(query, quotas); AT(query, quota_cap); AT(query, count); AT(query, cgroup_id);
 	AT(query, id);
@@ -83,6 +90,12 @@ def test_python_mirror_matches_header(tmp_path: Path) -> None:
         "QUOTA_SIZE_VER0": abi.QUOTA_SIZE_VER0,
         "QUERY_SIZE": abi.QUERY_SIZE,
         "QUOTA_SIZE": abi.QUOTA.size,
+        "IOC_MEM": abi.IOC_MEM,
+        "MEM_SIZE_VER0": abi.MEM_SIZE_VER0,
+        "MEM_INFO": abi.MEM_INFO,
+        "MEM_RESERVE": abi.MEM_RESERVE,
+        "MEM_RELEASE": abi.MEM_RELEASE,
+        "MEM_SIZE": abi.MEM.size,
     }
     assert {k: int(h[k]) for k in ints} == ints
     # Field offsets, in the order of the Python struct formats.
@@ -100,6 +113,8 @@ def test_python_mirror_matches_header(tmp_path: Path) -> None:
     quota_fields = ["memsize", "gpu", "weight", "highprio", "__reserved"]
     assert [int(h[f"query.{f}"]) for f in query_fields] == offsets(abi.QUERY.format)
     assert [int(h[f"quota.{f}"]) for f in quota_fields] == offsets(abi.QUOTA.format)
+    mem_fields = ["size", "op", "gpu", "flags", "bytes", "quota", "used", "mine"]
+    assert [int(h[f"mem.{f}"]) for f in mem_fields] == offsets(abi.MEM.format)
 
 
 def offsets(fmt: str) -> list[int]:
@@ -119,6 +134,9 @@ def test_ioctl_magic_is_free_and_requests_never_change_with_size() -> None:
     """0xE7 is in no range of the kernel's ioctl-number.rst; _IO carries no size."""
     assert abi.IOC_MAGIC == 0xE7
     assert abi.IOC_QUERY >> 16 == 0  # no direction, no size bits
+    assert abi.IOC_MEM >> 16 == 0
+    assert abi.ABI_VERSION == 2  # the version that brought IOC_MEM
+    assert abi.MEM.size == abi.MEM_SIZE_VER0 == 48
 
 
 def test_uapi_header_has_no_paths_or_versions() -> None:
@@ -144,6 +162,7 @@ def test_gpu_file_names_match_the_module() -> None:
     listed = core.split("gs_gpu_files[GS_GPU_NFILES] = {", 1)[1].split("};", 1)[0]
     assert tuple(re.findall(r'"([a-z_]+)"', listed)) == abi.GPU_FILES
     assert not any(abi.valid_id(n) for n in abi.GPU_FILES)
+    assert abi.ORPHANED in abi.GPU_FILES
 
 
 def test_container_file_names_match_the_module() -> None:
@@ -173,3 +192,23 @@ def test_unpack_query_round_trip() -> None:
 def test_pack_query_sizes() -> None:
     assert len(abi.pack_query(0, 0, size=abi.QUERY_SIZE + 8)) == abi.QUERY_SIZE + 8
     assert abi.pack_query(0, 0, size=abi.QUERY_SIZE + 8)[abi.QUERY_SIZE :] == bytes(8)
+
+
+def test_pack_and_unpack_mem() -> None:
+    buf = abi.pack_mem(abi.MEM_RESERVE, 3, 1 << 40)
+    assert len(buf) == abi.MEM.size
+    assert abi.MEM.unpack_from(buf) == (abi.MEM.size, abi.MEM_RESERVE, 3, 0, 1 << 40, 0, 0, 0)
+    longer = abi.pack_mem(abi.MEM_INFO, 0, size=abi.MEM.size + 8, flags=1)
+    assert len(longer) == abi.MEM.size + 8 and longer[abi.MEM.size :] == bytes(8)
+    assert abi.MEM.unpack_from(longer)[:4] == (abi.MEM.size + 8, abi.MEM_INFO, 0, 1)
+    abi.MEM.pack_into(buf, 0, 48, 1, 3, 0, 5, 100, 60, 5)
+    assert abi.unpack_mem(bytes(buf)) == abi.MemState(quota=100, used=60, mine=5)
+
+
+def test_mem_on_something_else_raises_oserror(tmp_path: Path) -> None:
+    """A descriptor that is not /dev/gpushare: ENOTTY (as from a version-1 module)."""
+    with open(tmp_path / "f", "wb") as f:
+        with pytest.raises(abi.MemError) as e:
+            abi.mem(f.fileno(), abi.MEM_INFO, 0)
+    assert e.value.errno == errno.ENOTTY and e.value.state is None
+    assert isinstance(e.value, OSError)

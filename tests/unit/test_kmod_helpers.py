@@ -12,8 +12,23 @@ from pathlib import Path
 import pytest
 
 from nri_gpushare.kmod import admin
-from nri_gpushare.kmod.client import GpuDeclaration, GpuQuota, Registration
-from nri_gpushare.kmod.procfs import cgroup2_mounts, cgroup_v2_path, describe, expand_systemd_slice
+from nri_gpushare.kmod.client import (
+    GpuDeclaration,
+    GpuQuota,
+    KmodError,
+    ModuleNotLoaded,
+    NotRegistered,
+    Registration,
+)
+from nri_gpushare.kmod.procfs import (
+    MemInfo,
+    ProcfsKernelModule,
+    cgroup2_mounts,
+    cgroup_v2_path,
+    describe,
+    expand_systemd_slice,
+    parse_meminfo,
+)
 from tests.fakes import FakeKernelModule
 
 CID = "c" * 64
@@ -120,3 +135,74 @@ def test_uninstall_kernel_refusals(tmp_path: Path, err: int, code: int, words: s
 
     got, message = admin.uninstall(FakeKernelModule(), unload=unload, sysfs=tmp_path)
     assert got == code and words in message
+
+
+def test_parse_meminfo() -> None:
+    assert parse_meminfo("Free: 100\n", 100) == MemInfo(100, {}, 100)
+    info = parse_meminfo("Free: 0\nPID: 42 Mem: 600\nPID: 7 Mem: 400\n", 1000)
+    assert info.free == 0 and info.processes == {42: 600, 7: 400}
+    assert info.used == 1000 and info.memsize == 1000
+    assert parse_meminfo("Free: 18446744073709551615\n").free == 2**64 - 1
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        "\n",
+        "Free: 100",  # no newline
+        "Free: 100\n\n",
+        "Free: -1\n",
+        "Free: +1\n",
+        "Free: 01\n",
+        "Free:  1\n",
+        "free: 1\n",
+        "Free: 1 \n",
+        "PID: 1 Mem: 1\n",
+        "Free: 1\nPID: 0 Mem: 1\n",
+        "Free: 1\nPID: 1 Mem: 0\n",
+        "Free: 1\nPID: 1 Mem: 5\nPID: 1 Mem: 5\n",
+        "Free: 1\nPID: 1 Mem: 5 \n",
+        "Free: 1\nPID: 1  Mem: 5\n",
+        "Free: 1\nPID: x Mem: 5\n",
+        "Free: 1\nFree: 1\n",
+        "Free: 1\r\n",
+    ],
+)
+def test_parse_meminfo_is_strict(bad: str) -> None:
+    with pytest.raises(ValueError):
+        parse_meminfo(bad)
+
+
+def fake_tree(tmp_path: Path, memsize: str, meminfo: str) -> ProcfsKernelModule:
+    (tmp_path / "inst_ctl").write_text("")
+    d = tmp_path / "0" / CID
+    d.mkdir(parents=True)
+    (d / "memsize").write_text(memsize)
+    (d / "meminfo").write_text(meminfo)
+    (tmp_path / "0" / "orphaned_memsize").write_text("12\n")
+    return ProcfsKernelModule(tmp_path)
+
+
+def test_meminfo_reader(tmp_path: Path) -> None:
+    kmod = fake_tree(tmp_path, "1000\n", "Free: 400\nPID: 9 Mem: 600\n")
+    info = kmod.meminfo(0, CID)
+    assert info == MemInfo(400, {9: 600}, 1000) and info.used == 600
+    assert kmod.orphaned_memory(0) == 12
+    with pytest.raises(NotRegistered):
+        kmod.meminfo(1, CID)
+    with pytest.raises(KmodError) as e:
+        kmod.meminfo(0, "../x")
+    assert e.value.errno == errno.EINVAL
+
+
+def test_meminfo_reader_refuses_garbage(tmp_path: Path) -> None:
+    kmod = fake_tree(tmp_path, "1000\n", "Free: 400\nPID: 9\n")
+    with pytest.raises(KmodError) as e:
+        kmod.meminfo(0, CID)
+    assert e.value.errno == errno.EPROTO
+
+
+def test_meminfo_reader_not_loaded(tmp_path: Path) -> None:
+    with pytest.raises(ModuleNotLoaded):
+        ProcfsKernelModule(tmp_path / "missing").meminfo(0, CID)
