@@ -4,6 +4,8 @@
 # Runs tests/test_cuda.c's scenarios in every lookup mode under the
 # interposer, then proves the suite notices a build whose dlsym and
 # cuGetProcAddress are not wrapped.  BUILD: the build directory.
+# The VAR=value lists ($QUOTA, $MODULE) are split into words on purpose:
+# shellcheck disable=SC2086
 set -u
 B=$(cd "${BUILD:-build}" && pwd) || exit 1
 T=$B/tests/test_cuda
@@ -26,7 +28,6 @@ run() {	# run LIB MODE SCENARIO [VAR=value ...]
 QUOTA="GPUSHARE_GPU_UUIDS=$UUID1,$UUID0 GPUSHARE_MEMORY_LIMIT=$((1024 * MiB)),$((512 * MiB)) GPUSHARE_ISOLATION=full"
 
 for mode in direct dlsym proc proc_ptds proc_v1; do
-	# shellcheck disable=SC2086
 	run "$LIB" $mode quota $QUOTA || fail=1
 	run "$LIB" $mode managed $QUOTA GPUSHARE_ALLOW_MANAGED=1 || fail=1
 	run "$LIB" $mode ordinal GPUSHARE_MEMORY_LIMIT=$((512 * MiB)),$((1024 * MiB)) || fail=1
@@ -47,11 +48,9 @@ n=0
 for mode in direct proc_ptds; do
 	for scenario in quota modfork; do
 		n=$((n + 1))
-		# shellcheck disable=SC2086
-		run "$GSDEV" $mode $scenario $MODULE FAKEGS_STATE="$TMP/state$n" || fail=1
+			run "$GSDEV" $mode $scenario $MODULE FAKEGS_STATE="$TMP/state$n" || fail=1
 	done
 done
-# shellcheck disable=SC2086
 if run "$GSDEV" direct off $MODULE FAKEGS_STATE="$TMP/off" GPUSHARE_DEBUG=1 2>&1 |
 	grep -q "ledger module, quotas \[1073741824,536870912\]"; then
 	echo "module mode: chosen, with the module's quotas"
@@ -66,7 +65,6 @@ echo "== libgpushare-nolookup.so: the lookup modes must fail"
 run "$NOLOOKUP" direct quota $QUOTA || fail=1
 for mode in dlsym proc proc_ptds proc_v1; do
 	# It must run, and its quota checks must be what fails.
-	# shellcheck disable=SC2086
 	if run "$NOLOOKUP" $mode quota $QUOTA 2>&1 | grep -q "^$mode quota: FAILED"; then
 		echo "$mode quota: bypass caught"
 	else
