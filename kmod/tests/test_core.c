@@ -385,11 +385,11 @@ static void test_ledger(void)
 /* memsize is never set below what the container's processes hold. */
 static void test_memsize_vs_used(void)
 {
-	struct gs_acct a;
+	struct gs_acct a, *accts[GPUSHARE_MAX_GPUS] = { &a };
 	struct share s = { .q = { .memsize = 600, .weight = 10 } };
 
 	gs_acct_init(&a, 1000);
-	gs_charge((struct gs_acct *[GPUSHARE_MAX_GPUS]){ &a }, &s.q, 1);
+	gs_charge(accts, &s.q, 1);
 	CHECK(gs_mem_reserve(&s.q, &s.l, &s.mine[0], 400) == 0);
 	CHECK(gs_acct_set_memsize(&a, &s.q, &s.l, 399) == -EBUSY);
 	CHECK(gs_acct_set_memsize(&a, &s.q, &s.l, 0) == -EINVAL);
