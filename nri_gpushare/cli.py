@@ -57,9 +57,15 @@ def _print_guards(status: dict[str, Any]) -> None:
             print("driver memory limits (NVML): off")
         else:
             on = [i for i, p in limits["gpus"].items() if not p]
-            off = {p for p in limits["gpus"].values() if p}
+            off: dict[str, list[str]] = {}
+            for index, problem in limits["gpus"].items():
+                if problem:
+                    off.setdefault(problem, []).append(index)
             where = f"on GPU {', '.join(on)}" if on else "on no GPU"
-            print(f"driver memory limits (NVML): {where}" + "".join(f"; {p}" for p in off))
+            print(
+                f"driver memory limits (NVML): {where}"
+                + "".join(f"; not on GPU {', '.join(i)}: {p}" for p, i in off.items())
+            )
 
 
 def _print_status(status: dict[str, Any]) -> None:

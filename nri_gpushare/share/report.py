@@ -12,7 +12,8 @@ Each allocation says which mechanisms guard its memory (`guards`):
   its GPUs (each GPU entry says whether its own is capped);
 - ``none``: nothing does.
 
-`unguarded` says, per mechanism that is missing, why.  Each GPU entry gives
+`unguarded` says, per mechanism that is missing, why (key ``none`` when
+nothing is meant to guard it: isolation none).  Each GPU entry gives
 the memory in use next to the quota (`memory_used`, null when unknown, and
 then `memory_used_why`).
 """
@@ -55,9 +56,8 @@ def guards(
     if alloc.interposer and registered:
         on.append("kernel-ledger")
     elif not registered:
-        why["kernel-ledger"] = (
-            f"not registered with the kernel module ({kmod_problem or 'kmod: off'})"
-            + ("; the interposer counts per process" if alloc.interposer else "")
+        why["kernel-ledger"] = f"not registered with the kernel module ({kmod_problem})" + (
+            "; the interposer counts per process" if alloc.interposer else ""
         )
     else:
         why["kernel-ledger"] = "registered, but without the interposer nothing reserves in it"
@@ -100,10 +100,14 @@ def status_document(
                 "high_priority": sorted(u.high_priority),
             }
         )
+    if kmod.get("mode") == "off":
+        kmod_problem = "kmod: off"
+    else:
+        kmod_problem = f"the module {kmod.get('problem') or 'did not register it'}"
     allocation_entries = []
     for a in sorted(allocations.values(), key=lambda a: a.container_id):
         is_registered = a.container_id in registered
-        on, why = guards(a, policy, is_registered, str(kmod.get("problem", "")), limits)
+        on, why = guards(a, policy, is_registered, kmod_problem, limits)
         limited = limits.limited(a.container_id)
         shares = []
         for s in a.shares:

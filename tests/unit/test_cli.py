@@ -86,7 +86,7 @@ def test_status_text_shows_guards_and_used_next_to_quota(capsys):
     out = capsys.readouterr().out
     assert "interposer: /usr/lib/nri-gpushare/libgpushare.so -> /usr/lib/gpushare/" in out
     assert "does not exist (interposer.missing: warn)" in out
-    assert "driver memory limits (NVML): on GPU 0; MIG mode" in out
+    assert "driver memory limits (NVML): on GPU 0; not on GPU 1: MIG mode" in out
     assert "USED" in out and "GUARDS" in out
     assert "512Mi" in out and "interposer,kernel-ledger,nvml-limit" in out
     assert "c2: unguarded: isolation none" in out
