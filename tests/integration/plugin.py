@@ -42,6 +42,9 @@ class PluginProcess:
             "use_nvml": False,
             "inventory": gpu_inventory(2, "16Gi"),
             "state_dir": str(workdir.parent / "state"),  # shared by a test's plugins
+            # No libgpushare.so on test machines: shares run without the
+            # interposer (with a warning) unless a test gives it a library.
+            "interposer": {"missing": "warn"},
         }
         config.update(settings)
         self.config_path = workdir / "gpushare.yaml"
