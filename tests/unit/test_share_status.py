@@ -144,3 +144,22 @@ def test_status_without_usage_says_not_read():
     assert MemoryUse(None).processes == {}
     assert svc.status()["interposer"]["problem"] == ""
     assert service(interposer=False).status()["interposer"] is None
+
+
+async def test_used_through_the_real_procfs_client(tmp_path):
+    """ModuleMemInfo over nri_gpushare.kmod.procfs (a /proc/gpushare tree in a
+    directory): used is the module's memsize - free, processes its PID lines."""
+    from nri_gpushare.kmod.procfs import ProcfsKernelModule
+
+    (tmp_path / "inst_ctl").write_text("")
+    d = tmp_path / "0" / "a"
+    d.mkdir(parents=True)
+    (d / "memsize").write_text(f"{GiB}\n")
+    (d / "meminfo").write_text(f"Free: {768 * MiB}\nPID: 10 Mem: {256 * MiB}\n")
+    usage = ModuleMemInfo(ProcfsKernelModule(tmp_path), BlockingWorker("test-meminfo"))
+    try:
+        found = await usage.usage([(0, "a", GiB), (1, "a", GiB)])
+    finally:
+        usage.close()
+    assert found[0, "a"] == MemoryUse(256 * MiB, {10: 256 * MiB}, "")
+    assert found[1, "a"].used is None and "not registered there" in found[1, "a"].why
