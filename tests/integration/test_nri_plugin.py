@@ -171,6 +171,7 @@ async def test_plugin_launched_by_containerd_uses_fd3(tmp_path):
                 "kmod": "off",
                 "use_nvml": False,
                 "inventory": gpu_inventory(1, "8Gi"),
+                "interposer": {"missing": "warn"},  # no libgpushare.so on this node
             }
         )
     )
