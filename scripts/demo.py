@@ -4,7 +4,8 @@
    own containerd is touched),
 2. starts `nri-gpushare run` with an embedded config: a simulated inventory of
    two 16 GiB GPUs,
-3. runs two pods asking for GPU shares and prints what their containers see,
+3. runs two pods asking for GPU shares and prints what their containers see
+   (each also gets the CUDA interposer, built here, through /etc/ld.so.preload),
 4. shows `nri-gpushare status`, a refused pod with its error, and cleans up.
 """
 
@@ -35,9 +36,16 @@ async def demo() -> None:
         sys.exit("demo: missing prerequisites: " + "; ".join(missing) + " (run `make prereqs`)")
     workdir = Path(tempfile.mkdtemp(prefix="gs-demo-"))
     say("starting a private containerd 1.7.24 with NRI enabled")
+    say("building the CUDA interposer libgpushare.so (make -C libgpushare)")
+    build = workdir / "libgpushare"
+    subprocess.run(["make", "-s", "-C", str(ROOT / "libgpushare"), f"BUILD={build}"], check=True)
     bed = Containerd().start()
     plugin = PluginProcess(
-        bed.nri_socket, workdir, log_level="info", inventory=gpu_inventory(2, "16Gi")
+        bed.nri_socket,
+        workdir,
+        log_level="info",
+        inventory=gpu_inventory(2, "16Gi"),
+        interposer={"library": str(build / "libgpushare.so")},
     )
     try:
         say("starting nri-gpushare on a simulated inventory: 2 x 16Gi GPUs")
@@ -47,7 +55,10 @@ async def demo() -> None:
                 ("trainer", {"gpushare.io/gpu-memory": "6Gi", "gpushare.io/gpu-core": "30"}),
                 ("notebook", {"gpushare.io/gpu-memory": "4Gi"}),
             ):
-                say(f"pod {name} with annotations {annotations}; its container runs `env`")
+                say(
+                    f"pod {name} with annotations {annotations}; its container runs `env` "
+                    "(and loads libgpushare.so through its /etc/ld.so.preload)"
+                )
                 run = await cri.run_container_env(name=name, pod_annotations=annotations)
                 for line in run.lines:
                     if line.startswith(("GPUSHARE_", "NVIDIA_")):
