@@ -59,8 +59,10 @@ void *gs_real_dlsym(void *handle, const char *name)
 	if (!f) {
 		/* dlvsym is not wrapped: it finds the C library's dlsym. */
 		f = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-		if (!f)
-			f = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+#ifdef GS_GLIBC_BASE
+		if (!f)	/* a C library older than 2.34: libdl's */
+			f = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", GS_GLIBC_BASE);
+#endif
 		if (!f)
 			return NULL;
 		atomic_store(&real_dlsym_ptr, f);
