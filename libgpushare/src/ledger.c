@@ -10,7 +10,9 @@
  *    The quota is the module's (the environment's numbers are not used).
  *  - standalone: GPUSHARE_MEMORY_LIMIT, counted in this process.
  *  - off: GPUSHARE_ISOLATION=none, nothing configured, or a malformed
- *    environment (said once on stderr).
+ *    environment (said once on stderr), when the module has no
+ *    registration for the process; with one, the environment cannot turn
+ *    the module's quotas off.
  *
  * A device is found by position: its UUID's place in GPUSHARE_GPU_UUIDS
  * (learnt by gs_ledger_attach), or, with no UUIDs given, its CUDA ordinal.
@@ -127,17 +129,32 @@ static void choose(void)
 		return;
 	ready = true;
 	debug = getenv("GPUSHARE_DEBUG") != NULL;
-	if (gs_config_parse(&cfg, getenv("GPUSHARE_GPU_UUIDS"), getenv("GPUSHARE_MEMORY_LIMIT"),
-			    getenv("GPUSHARE_ISOLATION"))) {
+	int bad = gs_config_parse(&cfg, getenv("GPUSHARE_GPU_UUIDS"),
+				  getenv("GPUSHARE_MEMORY_LIMIT"), getenv("GPUSHARE_ISOLATION"));
+	nslots = 0;
+	if (try_module()) {
+		/*
+		 * The container is registered: its quotas are the module's, and
+		 * the environment, which any process of the container can
+		 * change for its children, neither turns them off
+		 * (GPUSHARE_ISOLATION=none, a malformed GPUSHARE_MEMORY_LIMIT)
+		 * nor sets them.  Only the UUIDs are read from it, for the
+		 * device order; malformed, devices go by CUDA ordinal.
+		 */
+		mode = GS_LEDGER_MODULE;
+		if (bad || cfg.off) {
+			const char *u = getenv("GPUSHARE_GPU_UUIDS");
+			memset(&cfg, 0, sizeof(cfg));
+			cfg.nuuids = u && *u ? gs_parse_uuids(u, cfg.uuids, GS_MAX_GPUS) : 0;
+			if (cfg.nuuids < 0)
+				cfg.nuuids = 0;
+		}
+	} else if (bad) {
 		fprintf(stderr, "gpushare: %s: GPU memory is not limited\n", cfg.error);
 		mode = GS_LEDGER_OFF;
 		return;
-	}
-	nslots = 0;
-	if (cfg.off) {
+	} else if (cfg.off) {
 		mode = GS_LEDGER_OFF;
-	} else if (try_module()) {
-		mode = GS_LEDGER_MODULE;
 	} else if (cfg.nlimits) {
 		mode = GS_LEDGER_STANDALONE;
 		nslots = cfg.nlimits;

@@ -59,6 +59,20 @@ else
 	fail=1
 fi
 
+# A process of the container rewrites the environment for its children:
+# with a registration, neither isolation none nor a malformed (or huge)
+# GPUSHARE_MEMORY_LIMIT takes the module's quotas away.
+for hostile in GPUSHARE_ISOLATION=none GPUSHARE_MEMORY_LIMIT=1,,2 GPUSHARE_MEMORY_LIMIT=-1 \
+	GPUSHARE_MEMORY_LIMIT=99999999999999999999999; do
+	n=$((n + 1))
+	if run "$GSDEV" direct quota $MODULE "$hostile" FAKEGS_STATE="$TMP/state$n" >/dev/null; then
+		echo "module mode with $hostile: the module's quotas hold"
+	else
+		echo "FAIL: module mode with $hostile: not the module's quotas"
+		fail=1
+	fi
+done
+
 # The bypass: without the lookup wrappers, dlopen users escape the quota,
 # and the suite must say so (direct calls are still caught).
 echo "== libgpushare-nolookup.so: the lookup modes must fail"
