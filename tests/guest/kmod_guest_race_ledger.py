@@ -1,0 +1,293 @@
+"""The memory ledger under concurrency, inside the guest: processes of 3
+containers (root and not) reserve, release and close concurrently while the
+test deletes and re-adds their containers, rewrites memsize, SIGKILLs
+workers and reads meminfo and the GPUs' books.  Every answer the module
+gives is one consistent state (used never over the quota, the file's
+holding exactly what the worker counted); afterwards every ledger is back at
+zero and nothing is left orphaned.  Last, the last closes race rmmod.
+
+The guest has two CPUs (test_kmod.py boots it with -smp 2).  A fixed number
+of operations, not a duration: GPUSHARE_RANDOM_SEED replays the choices
+(not the interleaving)."""
+
+from __future__ import annotations
+
+import collections
+import errno
+import json
+import os
+import random
+import select
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from nri_gpushare.kmod import abi
+from nri_gpushare.kmod.procfs import parse_meminfo
+from tests.guest.kmod_race_support import fork, mark, need_two_cpus, poll, wait_all
+from tests.guest.kmod_support import (
+    DEV,
+    NOBODY,
+    ROOT,
+    ctl,
+    load,
+    loaded,
+    ok,
+    read,
+    refcount,
+    registered,
+    unload,
+    value,
+    write,
+)
+
+pytestmark = pytest.mark.usefixtures("kmod")
+
+SEED = int(os.environ.get("GPUSHARE_RANDOM_SEED") or "7117")
+GPUS = {0: 100_000, 1: 100_000}
+IDS = ("L0", "L1", "L2")
+SPEC = "0:1000,1:1000"
+MEMSIZES = (200, 500, 1000, 2000, 3000)  # the most a container ever has: 3000
+WORKERS_PER_ID = 2
+CONTROL_OPS = 600  # the test's; the workers run until it has done them
+KILL_EVERY = 100  # control operations
+MakeCgroup = Callable[[str], Path]
+
+
+def worker(seed: int, stop_fd: int, stats_fd: int) -> int:
+    """Reserve, release, read and close at random on /dev/gpushare until
+    stop_fd reads EOF; every answer is checked against this process's own
+    count of what its file holds.  Exit status: how many answers were wrong
+    (at most 99)."""
+    rng = random.Random(seed)
+    fd: int | None = None
+    mine = {0: 0, 1: 0}
+    bad = 0
+    seen: collections.Counter[str] = collections.Counter()
+
+    def wrong(message: str) -> None:
+        nonlocal bad
+        bad += 1
+        os.write(2, f"worker {os.getpid()} (seed {seed}): {message}\n".encode())
+
+    while not select.select([stop_fd], [], [], 0)[0]:
+        if fd is None:
+            try:
+                fd = os.open(DEV, os.O_RDWR | os.O_CLOEXEC)
+            except FileNotFoundError:
+                seen["open ENOENT"] += 1  # its container is deleted just now
+                continue
+            mine = {0: 0, 1: 0}
+        gpu = rng.randrange(2)
+        r = rng.random()
+        if r < 0.5:
+            op, n = abi.MEM_RESERVE, rng.choice([1, 100, 300, 600])
+        elif r < 0.85:
+            op, n = abi.MEM_RELEASE, rng.randint(0, mine[gpu])
+        elif r < 0.9:
+            op, n = abi.MEM_INFO, 0
+        else:
+            os.close(fd)
+            fd = None
+            seen["close"] += 1
+            continue
+        try:
+            state: abi.MemState | None = abi.mem(fd, op, gpu, n)
+            err = 0
+        except abi.MemError as e:
+            err, state = e.errno or -1, e.state
+        name = {abi.MEM_RESERVE: "reserve", abi.MEM_RELEASE: "release"}.get(op, "info")
+        seen[f"{name} {errno.errorcode.get(err, 'OK') if err else 'OK'}"] += 1
+        allowed = {0, errno.ENOENT} | ({errno.EDQUOT} if op == abi.MEM_RESERVE else set())
+        if err not in allowed:
+            wrong(f"{name} {n} on GPU {gpu}: {errno.errorcode.get(err, err)}")
+        if err == 0 and op == abi.MEM_RESERVE:
+            mine[gpu] += n
+        elif err == 0 and op == abi.MEM_RELEASE:
+            mine[gpu] -= n
+        if state is None:
+            if err != errno.ENOENT:
+                wrong(f"{name}: no state with {errno.errorcode.get(err, err)}")
+            if any(mine.values()):
+                wrong(f"{name}: a file that holds bytes acts for no container")
+        else:
+            if state.mine != mine[gpu] or state.mine > state.used:
+                wrong(f"{name} {n} on GPU {gpu}: mine {state.mine}, counted {mine[gpu]}")
+            if state.quota and state.used > state.quota:
+                wrong(f"{name}: used {state.used} over the quota {state.quota}")
+            # quota 0: the container was deleted; only a release still works.
+            deleted = err == errno.ENOENT or (err == 0 and op == abi.MEM_RELEASE)
+            if (state.quota == 0 and not deleted) or (err == errno.ENOENT and state.quota):
+                wrong(f"{name}: quota {state.quota} with {errno.errorcode.get(err, err)}")
+        if err == errno.ENOENT and rng.random() < 0.5:
+            os.close(fd)  # give the deleted container's bytes back
+            fd = None
+    if fd is not None:
+        os.close(fd)
+    os.write(stats_fd, (json.dumps(seen) + "\n").encode())
+    return min(bad, 99)
+
+
+def spawn(cg: Path, uid: int | None, seed: int, pipes: tuple[int, int, int, int]) -> int:
+    """A worker in cgroup cg as uid; pipes: stop and stats, read and write ends."""
+    stop_r, stop_w, stats_r, stats_w = pipes
+
+    def run() -> int:
+        os.close(stop_w)  # the test's alone, so that its close means stop
+        os.close(stats_r)
+        (cg / "cgroup.procs").write_text("0\n")
+        if uid is not None:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+        return worker(seed, stop_r, stats_w)
+
+    return fork(run)
+
+
+def check_meminfo(cid: str, gpu: int) -> bool:
+    """meminfo of a container that may be deleted meanwhile: within the most
+    memsize it ever had (a used over memsize would wrap Free around)."""
+    try:
+        info = parse_meminfo(read(ROOT / f"{gpu}/{cid}/meminfo"))
+    except OSError as e:
+        assert e.errno in (errno.ENOENT, errno.EIO), e
+        return False
+    assert info.free <= max(MEMSIZES), info
+    assert info.free + sum(info.processes.values()) <= max(MEMSIZES), info
+    return True
+
+
+def test_reservations_race_del_add_close_and_kills(cgroups: MakeCgroup) -> None:
+    need_two_cpus()
+    rng = random.Random(SEED)
+    for g, total in GPUS.items():
+        ok(f"gpu {g} {total}")
+    cgs = {cid: cgroups(f"gs-{cid}") for cid in IDS}
+    for cid in IDS:
+        ok(f"add {cid} {SPEC}")
+        ok(f"bind {cid} /gs-{cid}")
+    stop_r, stop_w = os.pipe()
+    stats_r, stats_w = os.pipe()
+    pipes = (stop_r, stop_w, stats_r, stats_w)
+    live: dict[int, tuple[str, int | None]] = {}
+    seeds = iter(range(SEED * 1000, SEED * 1000 + 1000))
+    for cid in IDS:
+        for i in range(WORKERS_PER_ID):
+            uid = NOBODY if i % 2 else None
+            live[spawn(cgs[cid], uid, next(seeds), pipes)] = (cid, uid)
+    mark(f"ledger race: {len(live)} workers, seed {SEED}")
+    ops: collections.Counter[str] = collections.Counter()
+    orphaned_seen = kills = 0
+    for step in range(CONTROL_OPS):
+        for pid in list(live):
+            code = poll(pid)  # a worker that failed early
+            assert code is None, f"worker {pid} exited with {code} (see its stderr)"
+        if step % KILL_EVERY == KILL_EVERY - 1:
+            pid = rng.choice(sorted(live))
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            victim, uid = live.pop(pid)
+            live[spawn(cgs[victim], uid, next(seeds), pipes)] = (victim, uid)
+            kills += 1
+            continue
+        cid = rng.choice(IDS)
+        r = rng.random()
+        if r < 0.15:
+            err = ctl(f"del {cid}")
+            assert err in (0, errno.ENOENT)
+            if err == 0:
+                orphaned_seen = max(orphaned_seen, value(ROOT / "0/orphaned_memsize"))
+            ops[f"del {errno.errorcode.get(err, 'OK') if err else 'OK'}"] += 1
+        elif r < 0.35:
+            err = ctl(f"add {cid} {SPEC}")
+            assert err in (0, errno.EEXIST)
+            if err == 0:
+                ok(f"bind {cid} /gs-{cid}")
+            ops[f"add {errno.errorcode.get(err, 'OK') if err else 'OK'}"] += 1
+        elif r < 0.55:
+            gpu = rng.randrange(2)
+            err = write(ROOT / f"{gpu}/{cid}/memsize", str(rng.choice(MEMSIZES)))
+            assert err in (0, errno.EBUSY, errno.ENOENT, errno.EIO), os.strerror(err)
+            ops[f"memsize {errno.errorcode.get(err, 'OK') if err else 'OK'}"] += 1
+        else:
+            ops["meminfo"] += check_meminfo(cid, rng.randrange(2))
+            for g, total in GPUS.items():
+                assert value(ROOT / f"{g}/free_memsize") <= total
+                assert value(ROOT / f"{g}/orphaned_memsize") <= total
+    os.close(stop_w)
+    codes = wait_all(live)
+    os.close(stop_r)
+    os.close(stats_w)
+    with os.fdopen(stats_r) as f:
+        seen: collections.Counter[str] = collections.Counter()
+        for line in f:
+            seen.update(json.loads(line))
+    summary = f"workers {dict(seen)}, test {dict(ops)}, {kills} kills, orphaned {orphaned_seen}"
+    mark(f"ledger race done: {summary}")
+    assert codes == [0] * len(codes), "a worker got a wrong answer (see its stderr)"
+
+    # Quiet now: every file is closed, so every ledger is empty.
+    for g, total in GPUS.items():
+        assert value(ROOT / f"{g}/orphaned_memsize") == 0
+        memsizes = [value(ROOT / f"{g}/{cid}/memsize") for cid in registered()]
+        assert value(ROOT / f"{g}/free_memsize") == total - sum(memsizes)
+        for cid in registered():
+            memsize = value(ROOT / f"{g}/{cid}/memsize")
+            assert read(ROOT / f"{g}/{cid}/meminfo") == f"Free: {memsize}\n"
+            assert value(ROOT / f"{g}/{cid}/memused") == 0
+    assert refcount() == len(registered())
+    for outcome in ("reserve OK", "reserve EDQUOT", "reserve ENOENT", "release OK"):
+        assert seen[outcome], f"no {outcome}: {dict(seen)}"
+    assert ops["del OK"] and ops["add OK"] and ops["memsize OK"]
+    assert kills == CONTROL_OPS // KILL_EVERY
+    assert orphaned_seen or seen["open ENOENT"], "del never met a held reservation"
+    for cid in registered():
+        ok(f"del {cid}")
+
+
+def test_last_closes_race_rmmod(cgroups: MakeCgroup) -> None:
+    """Holders of deleted containers exit all at once while rmmod is tried
+    again and again: it fails (EAGAIN) until the last file is released, and
+    then succeeds, with the ledger's memory returned first."""
+    need_two_cpus()
+    ok("gpu 0 100000")
+    cg = cgroups("gs-rm")
+    ok("add rm 0:100000")
+    ok("bind rm /gs-rm")
+    go_r, go_w = os.pipe()
+    held_r, held_w = os.pipe()
+
+    def holder() -> int:
+        os.close(go_w)  # only the test's end, or the EOF never comes
+        os.close(held_r)
+        (cg / "cgroup.procs").write_text("0\n")
+        fds = [os.open(DEV, os.O_RDWR | os.O_CLOEXEC) for _ in range(3)]
+        for fd in fds:
+            abi.mem(fd, abi.MEM_RESERVE, 0, 1000)
+        os.write(held_w, b"h")
+        os.read(go_r, 1)  # EOF once the test closes its end
+        return 0  # exit closes the files
+
+    pids = [fork(holder) for _ in range(8)]
+    os.close(held_w)
+    os.close(go_r)
+    held = b""
+    while len(held) < len(pids):
+        held += os.read(held_r, 8)
+    assert value(ROOT / "0/rm/memused") == 24_000
+    ok("del rm")
+    assert value(ROOT / "0/orphaned_memsize") == 24_000
+    assert refcount() == 24
+    os.close(go_w)  # all exit
+    refused = 0
+    while (err := unload()) != 0:
+        assert err == errno.EAGAIN, os.strerror(err)
+        refused += 1
+    assert not loaded() and not ROOT.exists()
+    assert wait_all(pids) == [0] * len(pids)
+    os.close(held_r)
+    load()  # for the fixture, which unloads again
+    assert refcount() == 0 and ctl("del rm") == errno.ENOENT
