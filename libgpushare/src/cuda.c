@@ -201,13 +201,28 @@ static bool unrecord(enum gs_kind kind, uint64_t key, int *dev, uint64_t *bytes)
 	return gs_table_take(&table, kind, key, dev, bytes);
 }
 
-/* After the free answered @r: release, or record it again if it failed. */
+/*
+ * The driver refused to free @key because it holds no such allocation any
+ * more (freed behind our back: a double free racing with the allocation
+ * that reused the address, a context destroyed).  Its record must go, or
+ * its bytes would stay reserved for good.
+ */
+static bool gone(CUresult r, enum gs_kind kind)
+{
+	return r == CUDA_ERROR_INVALID_VALUE ||
+	       (r == CUDA_ERROR_INVALID_HANDLE && (kind == GS_KIND_ARRAY || kind == GS_KIND_MIPMAP));
+}
+
+/*
+ * After the free answered @r: release; or record it again if it failed
+ * with the allocation still there.
+ */
 static void freed(CUresult r, bool had, enum gs_kind kind, uint64_t key, int dev,
 		  uint64_t bytes)
 {
 	if (!had)
 		return;
-	if (r == CUDA_SUCCESS)
+	if (r == CUDA_SUCCESS || gone(r, kind))
 		gs_ledger_release(dev, bytes);
 	else if (gs_table_put(&table, kind, key, dev, bytes))
 		gs_ledger_release(dev, bytes);

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import Build
+from conftest import Build, Client, GiB, MiB, quota_env
 
 # The oldest glibc a container image may reasonably have (RHEL/CentOS 7).
 OLDEST_GLIBC = (2, 17)
@@ -37,3 +37,36 @@ def test_library_loads_under_an_older_glibc_than_the_build_hosts(build: Build) -
     # Where dlopen and pthread_once live before glibc 2.34.
     needed = _needed(str(build.lib))
     assert "libdl.so.2" in needed and "libpthread.so.0" in needed, needed
+
+
+# Free `a` in the fake driver behind the interposer's back (the C
+# library's own dlsym, called directly), as a racing double free in another
+# thread, or a context torn down, would.
+_FREE_BEHIND = """
+import ctypes
+real_dlsym = ctypes.CDLL("libc.so.6").dlsym
+real_dlsym.restype = ctypes.c_void_p
+real_dlsym.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+raw = real_dlsym(ctypes.CDLL("libcuda.so.1")._handle, b"cuMemFree_v2")
+raw_free = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint64)(raw)
+"""
+
+
+def test_free_of_memory_the_driver_no_longer_has_releases_its_quota(client: Client) -> None:
+    r = client.run(
+        _FREE_BEHIND
+        + f"""
+device(0)
+a = ok(d.cuMemAlloc, {256 * MiB})
+R["behind"] = raw_free(int(a))
+R["free"] = call(d.cuMemFree, a)[0]
+R["after"] = mem_info()
+""",
+        env=quota_env(GiB),
+    )
+    assert r["behind"] == 0
+    assert r["free"] == "CUDA_ERROR_INVALID_VALUE"
+    # The driver says the pointer is no allocation: its bytes must not stay
+    # reserved for the rest of the process (or, with the module, the
+    # container).
+    assert r["after"] == {"free": GiB, "total": GiB}
