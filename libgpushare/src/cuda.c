@@ -787,6 +787,15 @@ static bool is_driver(void *handle)
 	return h == handle;
 }
 
+/* Has the process loaded libcuda? */
+static bool driver_loaded(void)
+{
+	void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+	if (h)
+		dlclose(h);
+	return h != NULL;
+}
+
 /*
  * RTLD_NEXT means "after the caller", and the caller is now us: search the
  * objects after the caller's ourselves, in load order, for the first that
@@ -820,6 +829,14 @@ EXPORT void *dlsym(void *handle, const char *name)
 	void *p = gs_real_dlsym(handle, name);
 	int fn = gs_fn_by_symbol(name);
 	if (fn >= 0) {
+		/*
+		 * RTLD_DEFAULT finds our own export first.  In a program that has
+		 * not loaded the driver (one asking whether CUDA is there), answer
+		 * as the C library would without us (the objects after ours), and
+		 * do not load the driver into it.
+		 */
+		if (handle == RTLD_DEFAULT && p == wrappers[fn] && !driver_loaded())
+			return gs_real_dlsym(RTLD_NEXT, name);
 		if (p && (handle == RTLD_DEFAULT || is_driver(handle))) {
 			if (!driver_fn(fn))	/* loads the driver; keeps what it had */
 				return p;

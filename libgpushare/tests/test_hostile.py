@@ -4,9 +4,12 @@ library, and under a tenant who controls the environment."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 from conftest import Build, Client, GiB, MiB, quota_env
@@ -70,3 +73,33 @@ R["after"] = mem_info()
     # reserved for the rest of the process (or, with the module, the
     # container).
     assert r["after"] == {"free": GiB, "total": GiB}
+
+
+_PROBE = """
+import ctypes, json
+dl = ctypes.CDLL(None)
+dl.dlsym.restype = ctypes.c_void_p
+dl.dlsym.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+found = {n: bool(dl.dlsym(None, n.encode())) for n in ("cuGetProcAddress_v2", "cuMemAlloc_v2")}
+maps = open("/proc/self/maps").read()
+print(json.dumps({"found": found, "libcuda": "libcuda.so" in maps}))
+"""
+
+
+def test_a_program_probing_for_cuda_does_not_get_the_driver_loaded(build: Build) -> None:
+    # dlsym(RTLD_DEFAULT, "cu...") in a program that never loaded libcuda
+    # (a framework asking whether CUDA is there): the answer is the one it
+    # gets without the interposer (nothing), and the interposer must not
+    # dlopen the driver into it.
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "LD_PRELOAD": str(build.lib),
+        "LD_LIBRARY_PATH": str(build.fake_dir),
+        "GPUSHARE_MEMORY_LIMIT": str(GiB),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    r = json.loads(proc.stdout)
+    assert r == {"found": {"cuGetProcAddress_v2": False, "cuMemAlloc_v2": False}, "libcuda": False}
