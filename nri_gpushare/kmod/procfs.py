@@ -432,6 +432,12 @@ class ProcfsKernelModule:
         return f"it would over-commit: {why}"
 
 
+def meminfo(gpu: int, container_id: str, root: str | os.PathLike[str] = abi.PROC_ROOT) -> MemInfo:
+    """A registered container's memory on one of its GPUs (see
+    ProcfsKernelModule.meminfo): free bytes, bytes per process, `used`."""
+    return ProcfsKernelModule(root).meminfo(gpu, container_id)
+
+
 def describe(registration: Registration) -> str:
     return (
         ", ".join(

@@ -27,6 +27,7 @@ from nri_gpushare.kmod.procfs import (
     cgroup_v2_path,
     describe,
     expand_systemd_slice,
+    meminfo,
     parse_meminfo,
 )
 from tests.fakes import FakeKernelModule
@@ -188,6 +189,7 @@ def test_meminfo_reader(tmp_path: Path) -> None:
     kmod = fake_tree(tmp_path, "1000\n", "Free: 400\nPID: 9 Mem: 600\n")
     info = kmod.meminfo(0, CID)
     assert info == MemInfo(400, {9: 600}, 1000) and info.used == 600
+    assert meminfo(0, CID, root=tmp_path) == info
     assert kmod.orphaned_memory(0) == 12
     with pytest.raises(NotRegistered):
         kmod.meminfo(1, CID)
