@@ -269,7 +269,18 @@ async def test_share_registered_bound_queried_and_released(bed, plugin, client):
 
     [alloc] = plugin.status()["allocations"]
     assert alloc["container_id"] == cid and alloc["registered"] is True
-    assert alloc["gpus"] == [{"index": 0, "uuid": GPUS[0]["uuid"], "memory": 2 * GiB, "core": 30}]
+    assert alloc["gpus"] == [
+        {
+            "index": 0,
+            "uuid": GPUS[0]["uuid"],
+            "memory": 2 * GiB,
+            "core": 30,
+            "memory_used": 0,  # kmod_query reserves nothing
+            "memory_used_why": "",
+            "processes": 0,
+            "nvml_limit": False,
+        }
+    ]
 
     await client.stop_pod(pod)
     assert registered() == [] and not d.exists()
@@ -441,8 +452,11 @@ async def test_a_pod_is_held_to_its_memory_quota_by_the_interposer_and_the_ledge
     assert shown[0] == f"Free: {GiB - held}", shown
     [(pid, mem)] = [line.split()[1::2] for line in shown[1:]]
     assert int(pid) in pids and int(mem) == held, (shown, pids)
-    status = plugin.status()["allocations"][0]
-    assert status["container_id"] == cid
+    [alloc] = plugin.status()["allocations"]
+    assert alloc["container_id"] == cid
+    assert {"interposer", "kernel-ledger"} <= set(alloc["guards"]), alloc
+    [gpu] = alloc["gpus"]
+    assert (gpu["memory"], gpu["memory_used"], gpu["processes"]) == (GiB, held, 1), gpu
 
     release.touch()
     got = await lines("freed 0")
