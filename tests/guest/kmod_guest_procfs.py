@@ -42,6 +42,7 @@ GPU_FILES = {
     "total_memsize": 0o444,
     "free_memsize": 0o444,
     "nr_inst": 0o444,
+    "orphaned_memsize": 0o444,
 }
 CTR_FILES = {
     "id": 0o444,
@@ -50,6 +51,7 @@ CTR_FILES = {
     "highprio": 0o644,
     "meminfo": 0o444,
     "cgroup": 0o444,
+    "memused": 0o444,
 }
 # Not a decimal number (optionally with one newline), or beyond 64 bits.
 NOT_NUMBERS = [
@@ -119,6 +121,7 @@ def test_gpu_directory() -> None:
         "total_memsize": 17179869184,
         "free_memsize": 17179869184,
         "nr_inst": 0,
+        "orphaned_memsize": 0,
     }
     assert value(ROOT / "0/major") == 10
     assert read(CTL) == "gpu 0 17179869184\n"
