@@ -14,6 +14,10 @@
  * (ii: i in two lowercase hex digits), e.g. device 1 is
  * GPU-face0000-0000-0000-0000-000000000001.
  *
+ * VMM memory (cuMemCreate) stays in use, as on the real driver, until it is
+ * released and its last mapping is unmapped; cuMemUnmap refuses a part of a
+ * mapping, as the real driver does.
+ *
  * Memory is mapped with MAP_NORESERVE, so a large allocation costs nothing
  * until it is touched.  Linked with -Bsymbolic: the pointers cuGetProcAddress
  * hands out are the fake's own functions, as the real driver's are, and never
@@ -48,8 +52,16 @@ struct CUmemPoolHandle_st { int dev; };
 struct CUarray_st { void *mem; size_t bytes; int dev; };
 struct CUmipmappedArray_st { void *mem; size_t bytes; int dev; };
 
-/* A physical VMM allocation: a memfd the mappings share. */
-struct vmm { int fd; size_t bytes; int dev; };
+/*
+ * A physical VMM allocation: a memfd the mappings share.  As with the real
+ * driver, its memory stays in use (counted in used[]) until it is released
+ * and its last mapping is unmapped.
+ */
+struct vmm { int fd; size_t bytes; int dev; int maps; int released; };
+
+/* A mapping of a VMM allocation (cuMemMap), for cuMemUnmap. */
+struct vmap { uintptr_t va; size_t size; struct vmm *v; struct vmap *next; };
+static struct vmap *vmaps;
 
 static int ndev = 2;
 static uint64_t devmem = 8ull << 30;
@@ -582,8 +594,20 @@ API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t bytes,
 	v->fd = fd;
 	v->bytes = bytes;
 	v->dev = dev;
+	v->maps = 0;
+	v->released = 0;
 	*h = (CUmemGenericAllocationHandle)(uintptr_t)v;
 	return CUDA_SUCCESS;
+}
+
+/* Under the lock: free @v's memory once it is released and unmapped. */
+static void vmm_put(struct vmm *v)
+{
+	if (!v->released || v->maps)
+		return;
+	close(v->fd);
+	atomic_fetch_sub(&used[v->dev], v->bytes);
+	free(v);
 }
 
 API CUresult cuMemRelease(CUmemGenericAllocationHandle h)
@@ -591,9 +615,14 @@ API CUresult cuMemRelease(CUmemGenericAllocationHandle h)
 	struct vmm *v = (struct vmm *)(uintptr_t)h;
 	if (!v)
 		return CUDA_ERROR_INVALID_VALUE;
-	close(v->fd);
-	atomic_fetch_sub(&used[v->dev], v->bytes);
-	free(v);
+	pthread_mutex_lock(&lock);
+	if (v->released) {
+		pthread_mutex_unlock(&lock);
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	v->released = 1;
+	vmm_put(v);
+	pthread_mutex_unlock(&lock);
 	return CUDA_SUCCESS;
 }
 
@@ -622,18 +651,65 @@ API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 		      CUmemGenericAllocationHandle h, unsigned long long flags)
 {
 	struct vmm *v = (struct vmm *)(uintptr_t)h;
-	if (!v || flags || offset + size > v->bytes)
+	if (!v || v->released || flags || !size || offset + size > v->bytes)
 		return CUDA_ERROR_INVALID_VALUE;
+	struct vmap *m = malloc(sizeof(*m));
+	if (!m)
+		return CUDA_ERROR_OUT_OF_MEMORY;
 	void *p = mmap((void *)(uintptr_t)ptr, size, PROT_READ | PROT_WRITE,
 		       MAP_SHARED | MAP_FIXED, v->fd, (off_t)offset);
-	return p == MAP_FAILED ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+	if (p == MAP_FAILED) {
+		free(m);
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	m->va = (uintptr_t)ptr;
+	m->size = size;
+	m->v = v;
+	pthread_mutex_lock(&lock);
+	v->maps++;
+	m->next = vmaps;
+	vmaps = m;
+	pthread_mutex_unlock(&lock);
+	return CUDA_SUCCESS;
 }
 
+/*
+ * As the real driver: the range must cover whole mappings (a part of one
+ * is refused).  A range that maps nothing is accepted.  The memory of a
+ * released allocation goes with its last mapping.
+ */
 API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
-	void *p = mmap((void *)(uintptr_t)ptr, size, PROT_NONE,
+	uintptr_t a = (uintptr_t)ptr, b = a + size;
+	struct vmap **pp, *m;
+
+	if (!ptr || !size)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&lock);
+	for (m = vmaps; m; m = m->next) {
+		if (m->va < b && a < m->va + m->size && (m->va < a || m->va + m->size > b)) {
+			pthread_mutex_unlock(&lock);
+			return CUDA_ERROR_INVALID_VALUE;
+		}
+	}
+	void *p = mmap((void *)a, size, PROT_NONE,
 		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
-	return p == MAP_FAILED ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+	if (p == MAP_FAILED) {
+		pthread_mutex_unlock(&lock);
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	for (pp = &vmaps; (m = *pp);) {
+		if (m->va >= a && m->va + m->size <= b) {
+			*pp = m->next;
+			m->v->maps--;
+			vmm_put(m->v);
+			free(m);
+		} else {
+			pp = &m->next;
+		}
+	}
+	pthread_mutex_unlock(&lock);
+	return CUDA_SUCCESS;
 }
 
 API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
