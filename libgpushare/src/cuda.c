@@ -23,7 +23,7 @@
  * Choices (README.md): async frees release when cuMemFreeAsync is called;
  * arrays count an estimate from their descriptor; managed memory is
  * refused unless GPUSHARE_ALLOW_MANAGED=1; after fork the child's table
- * starts empty.
+ * starts empty; VMM memory is held until released and unmapped.
  */
 #include <dlfcn.h>
 #include <link.h>
@@ -534,7 +534,17 @@ static CUresult w_cuMemPoolDestroy(CUmemoryPool pool)
 }
 EXPORT_AS(cuMemPoolDestroy, w_cuMemPoolDestroy);
 
-/* ---- virtual memory management: counted at cuMemCreate ---- */
+/*
+ * ---- virtual memory management ----
+ *
+ * Counted at cuMemCreate.  The driver keeps the memory until the handle is
+ * released AND its last mapping is unmapped (create, map, release at once,
+ * use, unmap is the usual order), so the reservation stays as long: the
+ * table counts each handle's mappings (table.h), cuMemRelease marks it
+ * released, and the bytes go when both are done.  A mapping of a handle not
+ * in the table (not counted), and an unmap of a range with no mapping
+ * recorded, pass through.
+ */
 
 typedef CUresult (*create_fn)(CUmemGenericAllocationHandle *, size_t,
 			      const CUmemAllocationProp *, unsigned long long);
@@ -554,18 +564,75 @@ static CUresult w_cuMemCreate(CUmemGenericAllocationHandle *h, size_t bytes,
 }
 EXPORT_AS(cuMemCreate, w_cuMemCreate);
 
-typedef CUresult (*release_fn)(CUmemGenericAllocationHandle);
-
-static CUresult w_cuMemRelease(CUmemGenericAllocationHandle h)
+/* Drop a hold on a VMM entry; release its bytes if it was the last. */
+static void vmm_drop(struct gs_node *hold)
 {
 	int dev;
 	uint64_t bytes;
-	bool had = unrecord(GS_KIND_VMM, h, &dev, &bytes);
+
+	if (gs_vmm_drop(&table, hold, &dev, &bytes))
+		gs_ledger_release(dev, bytes);
+}
+
+typedef CUresult (*release_fn)(CUmemGenericAllocationHandle);
+
+/*
+ * The handle leaves the table before the driver is called (the driver may
+ * hand its value out again at once); its bytes stay held by its mappings.
+ * A refusal with the handle still there puts it back; CUDA_ERROR_INVALID_VALUE
+ * (no such handle: released behind our back) does not.
+ */
+static CUresult w_cuMemRelease(CUmemGenericAllocationHandle h)
+{
+	struct gs_node *hold = gs_vmm_release(&table, h);
 	CUresult r = REAL(release_fn, cuMemRelease, h);
-	freed(r, had, GS_KIND_VMM, h, dev, bytes);
+	if (!hold)
+		return r;
+	if (r == CUDA_SUCCESS || gone(r, GS_KIND_VMM))
+		vmm_drop(hold);
+	else
+		gs_vmm_unrelease(&table, hold);
 	return r;
 }
 EXPORT_AS(cuMemRelease, w_cuMemRelease);
+
+typedef CUresult (*map_fn)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+			   unsigned long long);
+
+/* The handle is held across the call, so a release meanwhile keeps its bytes. */
+static CUresult w_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+			   CUmemGenericAllocationHandle h, unsigned long long flags)
+{
+	struct gs_node *hold = gs_vmm_hold(&table, h);
+	CUresult r = REAL(map_fn, cuMemMap, ptr, size, offset, h, flags);
+	if (!hold)
+		return r;
+	if (r != CUDA_SUCCESS)
+		vmm_drop(hold);
+	else if (gs_vmm_mapped(&table, hold, ptr, size))
+		/* The hold stays: the bytes stay reserved (a leak of quota,
+		 * never an overrun) until the process exits. */
+		fprintf(stderr, "gpushare: out of memory recording a mapping\n");
+	return r;
+}
+EXPORT_AS(cuMemMap, w_cuMemMap);
+
+typedef CUresult (*unmap_fn)(CUdeviceptr, size_t);
+
+/*
+ * The mappings in the range are marked before the driver is called and
+ * forgotten only if it unmapped them (a mapping made at the same address
+ * right after is another's).  A handle released, whose last mapping this
+ * was, gives its bytes back.
+ */
+static CUresult w_cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+	uint64_t token = gs_vmm_unmap_begin(&table, ptr, size);
+	CUresult r = REAL(unmap_fn, cuMemUnmap, ptr, size);
+	gs_vmm_unmap_end(&table, token, r == CUDA_SUCCESS, gs_ledger_release);
+	return r;
+}
+EXPORT_AS(cuMemUnmap, w_cuMemUnmap);
 
 /* ---- arrays: counted at an estimate from the descriptor ---- */
 
@@ -726,6 +793,8 @@ static void *const wrappers[GS_FN_COUNT] = {
 	W(cuMemPoolDestroy),
 	W(cuMemCreate),
 	W(cuMemRelease),
+	W(cuMemMap),
+	W(cuMemUnmap),
 	W(cuArrayCreate_v2),
 	W(cuArray3DCreate_v2),
 	W(cuArrayDestroy),

@@ -42,6 +42,8 @@ enum gs_fn {
 	GS_FN_cuMemPoolDestroy,
 	GS_FN_cuMemCreate,
 	GS_FN_cuMemRelease,
+	GS_FN_cuMemMap,
+	GS_FN_cuMemUnmap,
 	GS_FN_cuArrayCreate_v2,
 	GS_FN_cuArray3DCreate_v2,
 	GS_FN_cuArrayDestroy,

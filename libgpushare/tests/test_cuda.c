@@ -200,7 +200,8 @@ static void check_wrapped(const char *mode)
 		"cuDeviceTotalMem_v2", "cuDeviceGetUuid_v2", "cuMemAlloc_v2",
 		"cuMemAllocPitch_v2", "cuMemFree_v2", "cuMemGetInfo_v2", "cuMemAllocManaged",
 		"cuMemAllocAsync", "cuMemFreeAsync", "cuMemPoolCreate", "cuMemPoolDestroy",
-		"cuMemAllocFromPoolAsync", "cuMemCreate", "cuMemRelease", "cuArrayCreate_v2",
+		"cuMemAllocFromPoolAsync", "cuMemCreate", "cuMemRelease", "cuMemMap",
+		"cuMemUnmap", "cuArrayCreate_v2",
 		"cuArray3DCreate_v2", "cuArrayDestroy", "cuMipmappedArrayCreate",
 		"cuMipmappedArrayDestroy",
 	};
@@ -404,6 +405,84 @@ static void async_and_pools(void)
 	OK(api.pool_destroy(pool));
 }
 
+/*
+ * The CUDA samples' and PyTorch's order: create, map, release at once, use,
+ * unmap.  The memory lives until its last mapping goes, and so does its
+ * reservation.
+ */
+static void vmm_release_while_mapped(const CUmemAllocationProp *prop)
+{
+	CUmemGenericAllocationHandle h1, h2, h3;
+	CUdeviceptr va, other, never;
+	CUdeviceptr a = 0;
+	char out[4] = "";
+
+	use(0);
+	OK(api.addr_reserve(&va, 512 * MiB, 0, 0, 0));
+	OK(api.mem_create(&h1, 256 * MiB, prop, 0));
+	OK(api.mem_map(va, 256 * MiB, 0, h1, 0));
+	OK(api.mem_release(h1));
+	EXPECT_FREE(Q0 - 256 * MiB);		/* released, still mapped: held */
+	OK(api.htod(va, "map", 4));
+	OK(api.dtoh(out, va, 4));
+	CHECK(!strcmp(out, "map"), "copy after release");
+	OOM(api.mem_alloc(&a, 300 * MiB));	/* the quota still counts it */
+	OK(api.mem_unmap(va, 256 * MiB));	/* the last mapping: given back */
+	EXPECT_FREE(Q0);
+
+	/* Two mappings of one handle: held until both are gone. */
+	OK(api.addr_reserve(&other, 64 * MiB, 0, 0, 0));
+	OK(api.mem_create(&h1, 64 * MiB, prop, 0));
+	OK(api.mem_map(va, 64 * MiB, 0, h1, 0));
+	OK(api.mem_map(other, 64 * MiB, 0, h1, 0));
+	OK(api.mem_release(h1));
+	OK(api.mem_unmap(va, 64 * MiB));
+	EXPECT_FREE(Q0 - 64 * MiB);
+	OK(api.mem_unmap(other, 64 * MiB));
+	EXPECT_FREE(Q0);
+	OK(api.addr_free(other, 64 * MiB));
+
+	/* One unmap across two handles mapped side by side, one of them
+	 * still unreleased: only the released one is given back. */
+	OK(api.mem_create(&h1, 128 * MiB, prop, 0));
+	OK(api.mem_create(&h2, 64 * MiB, prop, 0));
+	OK(api.mem_map(va, 128 * MiB, 0, h1, 0));
+	OK(api.mem_map(va + 128 * MiB, 64 * MiB, 0, h2, 0));
+	OK(api.mem_release(h1));
+	EXPECT_FREE(Q0 - 192 * MiB);
+	OK(api.mem_unmap(va, 192 * MiB));
+	EXPECT_FREE(Q0 - 64 * MiB);
+	OK(api.mem_release(h2));		/* unmapped: given back at once */
+	EXPECT_FREE(Q0);
+
+	/* Part of a mapping: the driver refuses it, and nothing changes. */
+	OK(api.mem_create(&h1, 128 * MiB, prop, 0));
+	OK(api.mem_map(va, 128 * MiB, 0, h1, 0));
+	OK(api.mem_release(h1));
+	CHECK(api.mem_unmap(va, 64 * MiB) != CUDA_SUCCESS, "partial unmap refused");
+	EXPECT_FREE(Q0 - 128 * MiB);
+	OK(api.mem_unmap(va, 128 * MiB));
+	EXPECT_FREE(Q0);
+
+	/* A map the driver refuses holds nothing. */
+	OK(api.mem_create(&h3, 64 * MiB, prop, 0));
+	CHECK(api.mem_map(va, 128 * MiB, 0, h3, 0) != CUDA_SUCCESS, "map past the handle");
+	OK(api.mem_release(h3));
+	EXPECT_FREE(Q0);
+
+	/* A range never mapped through us passes through, releasing nothing. */
+	OK(api.mem_create(&h1, 64 * MiB, prop, 0));
+	OK(api.mem_map(va, 64 * MiB, 0, h1, 0));
+	OK(api.mem_release(h1));
+	OK(api.addr_reserve(&never, 64 * MiB, 0, 0, 0));
+	OK(api.mem_unmap(never, 64 * MiB));
+	EXPECT_FREE(Q0 - 64 * MiB);
+	OK(api.mem_unmap(va, 64 * MiB));
+	EXPECT_FREE(Q0);
+	OK(api.addr_free(never, 64 * MiB));
+	OK(api.addr_free(va, 512 * MiB));
+}
+
 static void vmm(void)
 {
 	CUmemAllocationProp prop;
@@ -437,6 +516,7 @@ static void vmm(void)
 	OK(api.addr_free(va, 400 * MiB));
 	OK(api.mem_release(h1));
 	EXPECT_FREE(Q0);
+	vmm_release_while_mapped(&prop);
 }
 
 static void arrays(void)

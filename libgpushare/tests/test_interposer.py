@@ -159,6 +159,36 @@ def test_cuMemCreate_is_counted_and_cuMemRelease_gives_back(client: Client) -> N
     assert r["released"] == {"free": GiB, "total": GiB}
 
 
+def test_cuMemCreate_mapped_then_released_stays_counted_until_unmapped(client: Client) -> None:
+    """The CUDA samples' and PyTorch expandable segments' order: create,
+    map, release at once, use, unmap.  The driver keeps the memory until
+    its last mapping goes, so the quota must too."""
+    r = client.run(
+        body(f"""
+        device(0)
+        prop = d.CUmemAllocationProp()
+        prop.type = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        prop.location.id = 0
+        va = ok(d.cuMemAddressReserve, {768 * MiB}, 0, 0, 0)
+        h = ok(d.cuMemCreate, {768 * MiB}, prop, 0)
+        ok(d.cuMemMap, va, {768 * MiB}, 0, h, 0)
+        ok(d.cuMemRelease, h)
+        R["released_mapped"] = mem_info()
+        R["alloc_over"] = call(d.cuMemAlloc, {512 * MiB})[0]
+        R["create_over"] = call(d.cuMemCreate, {512 * MiB}, prop, 0)[0]
+        ok(d.cuMemUnmap, va, {768 * MiB})
+        R["unmapped"] = mem_info()
+        ok(d.cuMemAddressFree, va, {768 * MiB})
+        """),
+        env=ONE_GIB,
+    )
+    assert r["released_mapped"] == {"free": 256 * MiB, "total": GiB}
+    assert r["alloc_over"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert r["create_over"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert r["unmapped"] == {"free": GiB, "total": GiB}
+
+
 MANAGED = body(f"""
 device(0)
 err, p = call(d.cuMemAllocManaged, {256 * MiB}, d.CUmemAttach_flags.CU_MEM_ATTACH_GLOBAL)

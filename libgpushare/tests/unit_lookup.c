@@ -58,6 +58,11 @@ int main(void)
 	CHECK(is(at("cuMemCreate", 10020, 0), "cuMemCreate"));
 	CHECK(is(at("cuMemCreate", 10010, 0), NULL));
 	CHECK(is(at("cuMemRelease", 12090, 0), "cuMemRelease"));
+	CHECK(is(at("cuMemMap", 10020, 0), "cuMemMap"));	/* unversioned since 10.2 */
+	CHECK(is(at("cuMemMap", 12090, PT), "cuMemMap"));
+	CHECK(is(at("cuMemMap", 10010, 0), NULL));
+	CHECK(is(at("cuMemUnmap", 12090, 0), "cuMemUnmap"));
+	CHECK(is(at("cuMemUnmap", 10010, 0), NULL));
 	CHECK(is(at("cuMemAllocManaged", 12090, 0), "cuMemAllocManaged"));
 
 	/* Names we do not wrap, and exact versioned names. */
