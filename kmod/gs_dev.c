@@ -36,16 +36,22 @@ static bool gs_ctr_orphaned(const struct gs_ctr *ctr)
 	return ctr->share[0].ledger.orphaned;
 }
 
+/* ctr->files' order: by opener (any total order groups each one's files). */
+static bool gs_fh_less(struct rb_node *a, const struct rb_node *b)
+{
+	return (unsigned long)rb_entry(a, struct gs_fh, node)->pid <
+	       (unsigned long)rb_entry(b, struct gs_fh, node)->pid;
+}
+
 /*
- * Tie @fh to the caller's registration, if it has one, and list it among
- * the container's files next to those of the same opener.  A container
+ * Tie @fh to the caller's registration, if it has one, and add it to the
+ * container's files, next to those of the same opener.  A container
  * deleted meanwhile is none: either del finds the file listed (and its
  * bytes, none yet, orphaned) or the file finds the container orphaned.
  */
 static void gs_fh_attach(struct gs_fh *fh)
 {
 	struct gs_ctr *ctr;
-	struct gs_fh *pos, *after = NULL;
 	struct cgroup *cgrp;
 
 	rcu_read_lock();
@@ -58,10 +64,7 @@ static void gs_fh_attach(struct gs_fh *fh)
 
 	spin_lock(&gs_mem_lock);
 	if (!gs_ctr_orphaned(ctr)) {
-		list_for_each_entry(pos, &ctr->files, node)
-			if (pos->pid == fh->pid)
-				after = pos;
-		list_add(&fh->node, after ? &after->node : ctr->files.prev);
+		rb_add(&fh->node, &ctr->files, gs_fh_less);
 		fh->ctr = ctr;
 	}
 	spin_unlock(&gs_mem_lock);
@@ -106,7 +109,7 @@ static int gs_dev_release(struct inode *inode, struct file *file)
 			WARN_ON_ONCE(gs_mem_release(gs_accts[ctr->quota[i].gpu],
 						    &ctr->share[i].ledger,
 						    &fh->mine[i], fh->mine[i]));
-		list_del(&fh->node);
+		rb_erase(&fh->node, &ctr->files);
 		spin_unlock(&gs_mem_lock);
 		gs_ctr_put(ctr);
 	}

@@ -14,7 +14,7 @@
  *   under gs_lock, because removal waits for handlers that may be waiting
  *   for it.
  * - gs_mem_lock, a spinlock, covers the memory ledger: every container's
- *   gs_ledger, its list of open files (ctr->files) and what each file
+ *   gs_ledger, its tree of open files (ctr->files) and what each file
  *   holds (gs_fh->mine), and each GPU's acct.orphaned_mem; and, with
  *   gs_lock, every store to a container's memsize, so a reservation never
  *   sees a memsize below what is used.  It is taken alone by
@@ -47,6 +47,7 @@
 #include <linux/list.h>
 #include <linux/mutex.h>
 #include <linux/proc_fs.h>
+#include <linux/rbtree.h>
 #include <linux/rcupdate.h>
 #include <linux/seq_file.h>
 #include <linux/seqlock.h>
@@ -91,7 +92,7 @@ struct gs_ctr {
 	struct list_head node;		/* in gs_ctrs, under RCU */
 	struct rcu_head rcu;
 	struct kref ref;		/* the registration and each file */
-	struct list_head files;		/* struct gs_fh, under gs_mem_lock */
+	struct rb_root files;		/* struct gs_fh by opener, gs_mem_lock */
 	char id[GPUSHARE_ID_MAX + 1];
 	bool live;			/* registered, counted, pinning the module */
 	/*
@@ -107,11 +108,12 @@ struct gs_ctr {
 
 /*
  * An open /dev/gpushare file (its private_data): the container it acts for
- * and what it holds there.  Files of the same opener are adjacent in
- * ctr->files, so meminfo adds them up in one pass.
+ * and what it holds there.  ctr->files is a tree ordered by opener, so
+ * that a file is added and removed in O(log n) under gs_mem_lock however
+ * many a tenant opens, and meminfo finds each opener's files adjacent.
  */
 struct gs_fh {
-	struct list_head node;		/* in ctr->files, under gs_mem_lock */
+	struct rb_node node;		/* in ctr->files, under gs_mem_lock */
 	struct gs_ctr *ctr;		/* referenced, or NULL: acts for none */
 	struct pid *pid;		/* the opener's thread group, referenced */
 	u64 mine[GPUSHARE_MAX_GPUS];	/* by quota index, under gs_mem_lock */

@@ -225,7 +225,7 @@ static int gs_add(const struct gs_cmd *cmd)
 		return -ENOMEM;
 	strscpy(ctr->id, cmd->id, sizeof(ctr->id));
 	kref_init(&ctr->ref);		/* the registration's */
-	INIT_LIST_HEAD(&ctr->files);	/* a fresh ledger, also for a re-added ID */
+	ctr->files = RB_ROOT;		/* a fresh ledger, also for a re-added ID */
 	ctr->nquota = cmd->nquota;
 	memcpy(ctr->quota, cmd->quota, sizeof(ctr->quota));
 

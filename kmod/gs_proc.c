@@ -255,7 +255,7 @@ static void gs_show_pid(struct seq_file *m, struct pid *pid, u64 bytes,
 /*
  * cGPU format: free bytes (memsize minus what is reserved), then one
  * "PID: <pid> Mem: <bytes>" per process that holds bytes on this GPU: the
- * files it opened, added up (they are adjacent in ctr->files).
+ * files it opened, added up (ctr->files is ordered by opener).
  */
 static int meminfo_show(struct seq_file *m, void *obj)
 {
@@ -263,16 +263,17 @@ static int meminfo_show(struct seq_file *m, void *obj)
 	struct gs_share *share = obj;
 	struct gs_ctr *ctr = share->ctr;
 	u32 i = share - ctr->share;
-	struct gs_fh *fh, *next;
+	struct rb_node *node, *next;
+	struct gs_fh *fh;
 	u64 sum = 0;
 
 	spin_lock(&gs_mem_lock);
 	seq_printf(m, "Free: %llu\n", share->quota->memsize - share->ledger.used);
-	list_for_each_entry(fh, &ctr->files, node) {
+	for (node = rb_first(&ctr->files); node; node = next) {
+		fh = rb_entry(node, struct gs_fh, node);
 		sum += fh->mine[i];
-		next = list_next_entry(fh, node);
-		if (list_entry_is_head(next, &ctr->files, node) ||
-		    next->pid != fh->pid) {
+		next = rb_next(node);
+		if (!next || rb_entry(next, struct gs_fh, node)->pid != fh->pid) {
 			gs_show_pid(m, fh->pid, sum, ns);
 			sum = 0;
 		}

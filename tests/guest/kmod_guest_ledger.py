@@ -13,7 +13,9 @@ import errno
 import fcntl
 import mmap
 import os
+import resource
 import struct
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -398,3 +400,49 @@ def test_query_reports_abi_version_2(cgroups: MakeCgroup) -> None:
 
     assert in_child(version, cgroup=cg) == 2 == abi.ABI_VERSION
     ok("del v")
+
+
+OPENS = 30_000
+BATCH = 1_000
+
+
+def test_open_costs_the_same_however_many_files_are_open(cgroups: MakeCgroup) -> None:
+    """A tenant may hold as many descriptors as its RLIMIT_NOFILE allows
+    (containerd's default hard limit is 1048576).  open() and close() run
+    under the one spinlock every container's reservations take, so their
+    cost must not grow with the files already open: once it did (open
+    walked the container's whole list of files to find its opener's), and
+    a tenant with many descriptors held every other tenant's cuMemAlloc
+    spinning.  The last thousand opens of 30,000 must cost about what the
+    first thousand did; meminfo still adds up each opener's files."""
+    ok("gpu 0 10000")
+    cg = container(cgroups, "many", "0:1000")
+
+    def opener() -> list[float]:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (OPENS + 1000, OPENS + 1000))
+        fds: list[int] = []
+        costs: list[float] = []
+        for _ in range(OPENS // BATCH):
+            t = time.perf_counter()
+            fds.extend(os.open(DEV, os.O_RDWR | os.O_CLOEXEC) for _ in range(BATCH))
+            costs.append(time.perf_counter() - t)
+        abi.mem(fds[0], abi.MEM_RESERVE, 0, 7)
+        abi.mem(fds[-1], abi.MEM_RESERVE, 0, 5)
+        free, procs = meminfo(0, "many")
+        assert (free, procs) == (988, {os.getpid(): 12}), (free, procs)
+        for fd in fds:
+            os.close(fd)
+        return costs
+
+    costs = in_child(opener, cgroup=cg)
+    assert isinstance(costs, list)
+    first, last = min(costs[:3]), min(costs[-3:])
+    assert last < 3 * first, f"{BATCH} opens: first {first:.4f}s, last {last:.4f}s"
+    # Interleaved openers: each one's files are still added up on one line.
+    with Agent.spawn(cg, NOBODY) as a, Agent.spawn(cg, NOBODY) as b:
+        fds = [(a, a.open()), (b, b.open()), (a, a.open()), (b, b.open()), (a, a.open())]
+        for n, (agent, fd) in enumerate(fds, 1):
+            assert agent.reserve(fd, 0, n)[0] == 0
+        assert meminfo(0, "many") == (985, {a.pid: 1 + 3 + 5, b.pid: 2 + 4})
+    assert meminfo(0, "many") == (1000, {})
+    ok("del many")
