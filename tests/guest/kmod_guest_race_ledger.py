@@ -1,6 +1,7 @@
 """The memory ledger under concurrency, inside the guest: processes of 3
 containers (root and not) reserve, release and close concurrently while the
-test deletes and re-adds their containers, rewrites memsize, SIGKILLs
+test deletes and re-adds their containers, rewrites memsize, redeclares
+the GPUs smaller and larger (admission against orphaned bytes), SIGKILLs
 workers and reads meminfo and the GPUs' books.  Every answer the module
 gives is one consistent state (used never over the quota, the file's
 holding exactly what the worker counted); afterwards every ledger is back at
@@ -50,6 +51,9 @@ GPUS = {0: 100_000, 1: 100_000}
 IDS = ("L0", "L1", "L2")
 SPEC = "0:1000,1:1000"
 MEMSIZES = (200, 500, 1000, 2000, 3000)  # the most a container ever has: 3000
+# A GPU redeclared this small refuses (ENOSPC) what the containers' memsizes
+# and orphaned bytes would not leave room for: adds and memsize writes too.
+TOTALS = (100_000, 9_000, 6_000, 3_500)
 WORKERS_PER_ID = 2
 CONTROL_OPS = 600  # the test's; the workers run until it has done them
 KILL_EVERY = 100  # control operations
@@ -203,20 +207,32 @@ def test_reservations_race_del_add_close_and_kills(cgroups: MakeCgroup) -> None:
             ops[f"del {errno.errorcode.get(err, 'OK') if err else 'OK'}"] += 1
         elif r < 0.35:
             err = ctl(f"add {cid} {SPEC}")
-            assert err in (0, errno.EEXIST)
+            assert err in (0, errno.EEXIST, errno.ENOSPC)
             if err == 0:
                 ok(f"bind {cid} /gs-{cid}")
             ops[f"add {errno.errorcode.get(err, 'OK') if err else 'OK'}"] += 1
         elif r < 0.55:
             gpu = rng.randrange(2)
             err = write(ROOT / f"{gpu}/{cid}/memsize", str(rng.choice(MEMSIZES)))
-            assert err in (0, errno.EBUSY, errno.ENOENT, errno.EIO), os.strerror(err)
+            allowed = (0, errno.EBUSY, errno.ENOENT, errno.EIO, errno.ENOSPC)
+            assert err in allowed, os.strerror(err)
             ops[f"memsize {errno.errorcode.get(err, 'OK') if err else 'OK'}"] += 1
+        elif r < 0.62:
+            gpu, total = rng.randrange(2), rng.choice(TOTALS)
+            err = ctl(f"gpu {gpu} {total}")
+            assert err in (0, errno.ENOSPC), os.strerror(err)
+            if err == 0:
+                assert value(ROOT / f"{gpu}/total_memsize") == total
+            ops[f"gpu {errno.errorcode.get(err, 'OK') if err else 'OK'}"] += 1
         else:
             ops["meminfo"] += check_meminfo(cid, rng.randrange(2))
-            for g, total in GPUS.items():
-                assert value(ROOT / f"{g}/free_memsize") <= total
-                assert value(ROOT / f"{g}/orphaned_memsize") <= total
+            for g in GPUS:
+                # Only this thread changes total and memsizes; the workers
+                # only lower orphaned: free, then orphaned, never sum past
+                # the total (a free_memsize that wrapped around would).
+                total = value(ROOT / f"{g}/total_memsize")
+                free = value(ROOT / f"{g}/free_memsize")
+                assert free + value(ROOT / f"{g}/orphaned_memsize") <= total
     os.close(stop_w)
     codes = wait_all(live)
     os.close(stop_r)
@@ -230,7 +246,8 @@ def test_reservations_race_del_add_close_and_kills(cgroups: MakeCgroup) -> None:
     assert codes == [0] * len(codes), "a worker got a wrong answer (see its stderr)"
 
     # Quiet now: every file is closed, so every ledger is empty.
-    for g, total in GPUS.items():
+    for g in GPUS:
+        total = value(ROOT / f"{g}/total_memsize")
         assert value(ROOT / f"{g}/orphaned_memsize") == 0
         memsizes = [value(ROOT / f"{g}/{cid}/memsize") for cid in registered()]
         assert value(ROOT / f"{g}/free_memsize") == total - sum(memsizes)
@@ -242,6 +259,7 @@ def test_reservations_race_del_add_close_and_kills(cgroups: MakeCgroup) -> None:
     for outcome in ("reserve OK", "reserve EDQUOT", "reserve ENOENT", "release OK"):
         assert seen[outcome], f"no {outcome}: {dict(seen)}"
     assert ops["del OK"] and ops["add OK"] and ops["memsize OK"]
+    assert ops["gpu OK"] and ops["gpu ENOSPC"], dict(ops)
     assert kills == CONTROL_OPS // KILL_EVERY
     assert orphaned_seen or seen["open ENOENT"], "del never met a held reservation"
     for cid in registered():
