@@ -100,11 +100,14 @@ struct gpushare_query {
  * EDQUOT, EINVAL (a release beyond what the file holds) or ENOENT (the
  * container was deleted: quota then reads 0, used and mine what is still
  * held), so INFO is the way to read them without changing anything.
- * Reserving or releasing 0 bytes changes nothing and succeeds.
+ * Reserving or releasing 0 bytes changes nothing and succeeds (but on a
+ * deleted container's descriptor RESERVE answers ENOENT whatever the
+ * bytes, as INFO does).
  *
  * Errors: ENOENT the descriptor acts for no container, or its container
  * was deleted (see kmod/README.md: RELEASE still works then, RESERVE and
- * INFO answer ENOENT), ENXIO the container has no quota on that GPU,
+ * INFO answer ENOENT), ENXIO the container, deleted or not, has no
+ * quota on that GPU (checked first),
  * EDQUOT a reservation beyond the quota (nothing is reserved), EINVAL an
  * unknown op, nonzero flags, size below GPUSHARE_MEM_SIZE_VER0, or a
  * release of more than this file holds on that GPU (nothing is released),
