@@ -23,3 +23,4 @@ test: prereqs
 
 bench: prereqs
 	$(PYTHON) bench/create_latency.py
+	$(PYTHON) bench/interposer_overhead.py

@@ -55,8 +55,12 @@ def requests(n: int) -> list[bytes]:
 
 async def run(n: int, profile: bool) -> list[float]:
     state_dir = tempfile.mkdtemp(prefix="gs-bench-state-")  # records: like a node's, not on it
+    # The node's interposer library: the plugin only checks and mounts it.
+    library = Path(state_dir) / "libgpushare.so"
+    library.write_bytes(b"\x7fELF stand-in")
+    library.chmod(0o644)
     with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
-        f.write(CONFIG + f"state_dir: {state_dir}\n")
+        f.write(CONFIG + f"state_dir: {state_dir}\ninterposer: {{library: {library}}}\n")
         f.flush()
         config = load_config(f.name)
     handler = daemon.GpuShareHandler(await daemon.build_service(config, None))

@@ -23,3 +23,23 @@ def test_create_latency_benchmark_runs():
     for arm in ("no plugin", "null plugin", "gpushare"):
         assert any(line.startswith(arm) for line in lines), result.stdout
     assert "gpushare's own CreateContainer handling" in result.stdout
+
+
+def test_interposer_overhead_benchmark_runs():
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "interposer_overhead.py"),
+            "--rounds",
+            "2",
+            "--pairs",
+            "50",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    for row in ("| driver only |", "| interposer, off |", "| interposer, quota |"):
+        assert result.stdout.count(row) == 2, result.stdout  # sync and async tables
