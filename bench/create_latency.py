@@ -61,7 +61,17 @@ async def wait_registered(bed: Containerd, name: str) -> None:
 async def main(containers: int) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="gs-bench-"))
     beds = {arm: Containerd().start() for arm in ARMS}  # all with NRI enabled
-    plugin = PluginProcess(beds["gpushare"].nri_socket, workdir, log_level="warning")
+    # The node's interposer library: the plugin checks it and mounts it (the
+    # benchmark's busybox containers are static, so its content does not matter).
+    library = workdir / "libgpushare.so"
+    library.write_bytes(b"\x7fELF stand-in")
+    library.chmod(0o644)
+    plugin = PluginProcess(
+        beds["gpushare"].nri_socket,
+        workdir,
+        log_level="warning",
+        interposer={"library": str(library)},
+    )
     null = subprocess.Popen(
         [
             sys.executable,
