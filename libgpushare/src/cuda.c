@@ -314,7 +314,8 @@ static CUresult w_cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned in
 
 	if (dev >= 0 && gs_ledger_mode() != GS_LEDGER_OFF) {
 		attach(dev);
-		if (gs_ledger_quota(dev, &q) && !allow_managed()) {
+		/* A refused device (ledger.h) gets admit's out-of-memory. */
+		if (gs_ledger_quota(dev, &q) && !allow_managed() && !gs_ledger_refused(dev)) {
 			if (!atomic_flag_test_and_set(&said))
 				fprintf(stderr, "gpushare: cuMemAllocManaged refused: managed memory "
 					"can outgrow the GPU memory quota; set "

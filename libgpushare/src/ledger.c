@@ -44,6 +44,7 @@
 #define MAX_ORDINALS 64
 #define SLOT_UNKNOWN (-1)	/* not attached yet */
 #define SLOT_NONE (-2)		/* attached: not one of the container's GPUs */
+#define SLOT_REFUSED (-3)	/* module mode: a device with no quota of its own */
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static bool ready;			/* backend chosen */
@@ -57,6 +58,7 @@ static uint64_t used[GS_MAX_GPUS];	/* standalone: this process's use */
 static int slot_of[MAX_ORDINALS];	/* ordinal -> position, or SLOT_* */
 static char uuid_of[MAX_ORDINALS][GS_UUID_MAX];	/* attached ordinals */
 static bool debug;
+static uint64_t said_refused;		/* ordinals whose refusal was said */
 
 static void child_after_fork(void)
 {
@@ -66,6 +68,7 @@ static void child_after_fork(void)
 	fd = -1;
 	ready = false;
 	memset(used, 0, sizeof(used));
+	said_refused = 0;
 }
 
 __attribute__((constructor)) static void ledger_setup(void)
@@ -111,15 +114,23 @@ static bool try_module(void)
 	}
 	if (mem_op(GPUSHARE_MEM_INFO, 0, 0, &m))	/* a module without the ledger */
 		goto fail;
-	if (cfg.nuuids && cfg.nuuids != nslots && debug)
-		fprintf(stderr, "gpushare: %d UUIDs in GPUSHARE_GPU_UUIDS, %d GPUs registered\n",
-			cfg.nuuids, nslots);
 	return true;
 fail:
 	close(fd);
 	fd = -1;
 	nslots = 0;
 	return false;
+}
+
+/* @uuid's position in GPUSHARE_GPU_UUIDS, or SLOT_NONE. */
+static int find_uuid(const char *uuid)
+{
+	int s = SLOT_NONE;
+
+	for (int i = 0; i < cfg.nuuids; i++)
+		if (gs_uuid_equal(cfg.uuids[i], uuid))
+			s = i;
+	return s;
 }
 
 /* Choose the backend; called with the lock held. */
@@ -162,6 +173,10 @@ static void choose(void)
 	} else {
 		mode = GS_LEDGER_OFF;
 	}
+	/* Devices attached before (a forked child chooses again): their places. */
+	for (int i = 0; i < MAX_ORDINALS; i++)
+		if (slot_of[i] != SLOT_UNKNOWN)
+			slot_of[i] = find_uuid(uuid_of[i]);
 	if (debug) {
 		static const char *const names[] = { "off", "module", "standalone" };
 		char buf[GS_MAX_GPUS * 21 + 1] = "";
@@ -174,14 +189,51 @@ static void choose(void)
 	}
 }
 
-/* The position of @ordinal's quota, or -1 when it has none. */
+/*
+ * The position of @ordinal's quota; -1 when it has none (unlimited), or
+ * SLOT_REFUSED in module mode, where a device must be one of the
+ * container's: GPUSHARE_GPU_UUIDS has exactly as many entries as the
+ * registration has quotas, and the device's UUID is one of them.  Anything
+ * else (a device outside the list, a list rewritten to another length, or
+ * malformed, a device whose UUID could not be read) fails closed.
+ */
 static int slot_locked(int ordinal)
 {
 	choose();
-	if (mode == GS_LEDGER_OFF || ordinal < 0 || ordinal >= MAX_ORDINALS)
+	if (mode == GS_LEDGER_OFF)
+		return -1;
+	if (mode == GS_LEDGER_MODULE) {
+		if (cfg.nuuids != nslots || ordinal < 0 || ordinal >= MAX_ORDINALS)
+			return SLOT_REFUSED;
+		int slot = slot_of[ordinal];
+		return slot >= 0 && slot < nslots ? slot : SLOT_REFUSED;
+	}
+	if (ordinal < 0 || ordinal >= MAX_ORDINALS)
 		return -1;
 	int slot = cfg.nuuids ? slot_of[ordinal] : ordinal;
 	return slot >= 0 && slot < nslots ? slot : -1;
+}
+
+/* Say once per device why its allocations are refused; lock held. */
+static void say_refused(int ordinal)
+{
+	uint64_t bit = ordinal >= 0 && ordinal < MAX_ORDINALS ? 1ull << ordinal : 1ull << 63;
+
+	if (said_refused & bit)
+		return;
+	said_refused |= bit;
+	if (cfg.nuuids != nslots)
+		fprintf(stderr, "gpushare: GPU memory allocation refused on CUDA device %d: "
+			"GPUSHARE_GPU_UUIDS lists %d GPUs, this container has %d registered, so "
+			"no device can be matched to its quota\n", ordinal, cfg.nuuids, nslots);
+	else if (ordinal >= 0 && ordinal < MAX_ORDINALS && slot_of[ordinal] == SLOT_NONE)
+		fprintf(stderr, "gpushare: GPU memory allocation refused on CUDA device %d: "
+			"%s is not one of this container's GPUs (GPUSHARE_GPU_UUIDS)\n",
+			ordinal, uuid_of[ordinal]);
+	else
+		fprintf(stderr, "gpushare: GPU memory allocation refused on CUDA device %d: "
+			"its UUID is unknown, so it cannot be matched to this container's GPUs\n",
+			ordinal);
 }
 
 static int slot(int ordinal)
@@ -208,16 +260,18 @@ void gs_ledger_attach(int ordinal, const unsigned char uuid[16])
 	pthread_mutex_lock(&lock);
 	choose();
 	gs_format_uuid(uuid, uuid_of[ordinal]);
-	slot_of[ordinal] = SLOT_NONE;
-	for (int i = 0; i < cfg.nuuids; i++)
-		if (gs_uuid_equal(cfg.uuids[i], uuid_of[ordinal]))
-			slot_of[ordinal] = i;
+	slot_of[ordinal] = find_uuid(uuid_of[ordinal]);
 	pthread_mutex_unlock(&lock);
 }
 
 /* Quota and use at position @s (>= 0); false when the module cannot say. */
 static bool view_slot(int s, uint64_t *q, uint64_t *u)
 {
+	if (s == SLOT_REFUSED) {	/* nothing may be allocated there */
+		*q = 0;
+		*u = 0;
+		return true;
+	}
 	if (s < 0)
 		return false;
 	pthread_mutex_lock(&lock);
@@ -233,6 +287,11 @@ static bool view_slot(int s, uint64_t *q, uint64_t *u)
 		*u = mem.used;
 	}
 	return true;
+}
+
+bool gs_ledger_refused(int ordinal)
+{
+	return slot(ordinal) == SLOT_REFUSED;
 }
 
 bool gs_ledger_quota(int ordinal, uint64_t *q)
@@ -252,7 +311,12 @@ bool gs_ledger_view_uuid(const char *uuid, uint64_t *q, uint64_t *u)
 
 	pthread_mutex_lock(&lock);
 	choose();
-	if (mode != GS_LEDGER_OFF) {
+	if (mode == GS_LEDGER_MODULE) {
+		/* As slot_locked: a GPU that is not the container's shows nothing. */
+		s = cfg.nuuids == nslots ? find_uuid(uuid) : SLOT_REFUSED;
+		if (s < 0 || s >= nslots)
+			s = SLOT_REFUSED;
+	} else if (mode != GS_LEDGER_OFF) {
 		for (int i = 0; i < cfg.nuuids && s < 0; i++)
 			if (gs_uuid_equal(cfg.uuids[i], uuid))
 				s = i;
@@ -274,6 +338,11 @@ int gs_ledger_reserve(int ordinal, uint64_t bytes)
 
 	pthread_mutex_lock(&lock);
 	int s = slot_locked(ordinal);
+	if (s == SLOT_REFUSED) {
+		say_refused(ordinal);
+		pthread_mutex_unlock(&lock);
+		return -1;
+	}
 	if (s >= 0 && bytes && mode == GS_LEDGER_STANDALONE) {
 		if (bytes > quota[s] - used[s])
 			ret = -1;

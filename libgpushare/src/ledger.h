@@ -8,10 +8,16 @@
  *  - standalone: the quota from GPUSHARE_MEMORY_LIMIT, counted in this
  *    process only (the weaker mode: each process gets the whole quota).
  *
- * A GPU is named by its CUDA device ordinal in this process.  A device
- * with no quota (isolation none, or not one of the container's GPUs) is
- * unlimited: reserve always succeeds and the views report the driver's own
- * figures.  Every function is thread-safe and async-signal-unsafe.
+ * A GPU is named by its CUDA device ordinal in this process.  Standalone
+ * (and off), a device with no quota (isolation none, or not one of the
+ * listed GPUs) is unlimited: reserve always succeeds and the views report
+ * the driver's own figures.  In module mode a device that cannot be
+ * matched to one of the registration's quotas (its UUID not in
+ * GPUSHARE_GPU_UUIDS, or that list not exactly as long as the
+ * registration) is refused: reserve fails (one line on stderr per device)
+ * and the views report a quota of 0.  Every function is thread-safe and
+ * async-signal-unsafe (a signal handler must not call them, nor any CUDA
+ * entry point the interposer wraps).
  */
 #ifndef GPUSHARE_LEDGER_H
 #define GPUSHARE_LEDGER_H
@@ -35,7 +41,10 @@ enum gs_ledger_mode gs_ledger_mode(void);
  */
 void gs_ledger_attach(int ordinal, const unsigned char uuid[16]);
 
-/* The quota of @ordinal in bytes, or false when it is unlimited. */
+/* Module mode: @ordinal is not one of the container's GPUs (nothing fits). */
+bool gs_ledger_refused(int ordinal);
+
+/* The quota of @ordinal in bytes (0 when refused), or false when unlimited. */
 bool gs_ledger_quota(int ordinal, uint64_t *quota);
 
 /*

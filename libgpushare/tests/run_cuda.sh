@@ -73,6 +73,64 @@ for hostile in GPUSHARE_ISOLATION=none GPUSHARE_MEMORY_LIMIT=1,,2 GPUSHARE_MEMOR
 	fi
 done
 
+# A GPU that is not the container's is not unlimited in module mode: a
+# list rewritten to name another GPU, to repeat one, to another length,
+# malformed, huge or unset leaves the unmatched devices with nothing (out of
+# memory, one line on stderr saying why, 0 bytes shown).
+OTHER=GPU-0ther000-0000-0000-0000-000000000000
+MANY=$(i=0; while [ $i -lt 1000 ]; do printf '%s,' "$UUID0"; i=$((i + 1)); done)$UUID1
+# (One string of the environment is at most 128 KiB at exec; unit_env.c
+# parses 1 MB.)
+HUGE=$(head -c 131000 /dev/zero | tr '\0' 'A')
+refused() {	# refused DEVICES UUIDS [VAR=value ...]: run with the list rewritten
+	devices=$1 uuids=$2
+	shift 2
+	n=$((n + 1))
+	out=$(run "$GSDEV" direct refused $MODULE "GPUSHARE_GPU_UUIDS=$uuids" TEST_REFUSED=$devices \
+		FAKEGS_STATE="$TMP/state$n" "$@" 2>&1)
+	rc=$?
+	lines=$(printf '%s\n' "$out" | grep -c "^gpushare: GPU memory allocation refused on CUDA device")
+	want=${#devices}
+	if [ $rc = 0 ] && [ "$lines" = "$want" ]; then
+		echo "module mode, devices $devices not the container's (${uuids%"${uuids#????????????????????}"}...): refused"
+	else
+		printf '%s\n' "$out"
+		echo "FAIL: module mode, devices $devices should be refused (rc $rc, $lines lines, want $want)"
+		fail=1
+	fi
+}
+refused 0 "$UUID1,$OTHER"		# device 0 replaced by another GPU
+refused 0 "$UUID1,$UUID1"		# device 1 twice: device 0 unmatched
+refused 1 "$UUID0,$UUID0"
+refused 01 "$UUID1"			# one entry, two quotas
+refused 01 "$UUID1,$UUID0,$OTHER"	# three entries, two quotas
+refused 01 "$MANY"			# 1,001 entries
+refused 01 "$HUGE"			# 128 KiB, malformed
+refused 01 ""				# unset
+refused 01 "$UUID1,,$UUID0"		# malformed
+refused 01 "$MANY" GPUSHARE_ISOLATION=none GPUSHARE_MEMORY_LIMIT="$MANY"
+refused "" "$UUID1,$UUID0"		# the container's own list: nothing refused
+refused "" "$UUID0,$UUID1"		# permuted: each GPU charged to the other's quota
+for mode in dlsym proc proc_ptds proc_v1; do
+	n=$((n + 1))
+	out=$(run "$GSDEV" $mode refused $MODULE "GPUSHARE_GPU_UUIDS=$UUID1,$OTHER" TEST_REFUSED=0 \
+		FAKEGS_STATE="$TMP/state$n" 2>&1) && echo "$mode refused: ok" ||
+		{ printf '%s\n' "$out"; echo "FAIL: $mode refused"; fail=1; }
+done
+
+# Standalone, a hostile environment is off (said on stderr), never larger.
+for hostile in "GPUSHARE_MEMORY_LIMIT=$MANY" "GPUSHARE_GPU_UUIDS=$MANY" "GPUSHARE_GPU_UUIDS=$HUGE"; do
+	if run "$LIB" direct off $QUOTA "$hostile" 2>&1 | grep -q "GPU memory is not limited"; then
+		echo "standalone with a hostile ${hostile%%=*}: off, and says so"
+	else
+		echo "FAIL: standalone with a hostile ${hostile%%=*}"
+		fail=1
+	fi
+done
+
+# cuGetProcAddress asked oddly.
+run "$LIB" proc lookup $QUOTA || fail=1
+
 # The bypass: without the lookup wrappers, dlopen users escape the quota,
 # and the suite must say so (direct calls are still caught).
 echo "== libgpushare-nolookup.so: the lookup modes must fail"

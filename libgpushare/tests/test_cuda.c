@@ -21,10 +21,17 @@
  *   fork       the quota environment; a forked child's accounting
  *   modfork    module mode (tests/fake/fake_gsdev.c), the same quotas; a
  *              forked child shares the container's ledger
+ *   refused    module mode with GPUSHARE_GPU_UUIDS rewritten: the devices
+ *              in $TEST_REFUSED (digits, e.g. "01") are not matched to a
+ *              quota, so every allocation on them is out of memory and
+ *              they show 0 bytes; any other device allocates
+ *   lookup     cuGetProcAddress edge cases: NULL name or pfn, odd versions
+ *              and flags, "cuGetProcAddress" at every version
  *
  * Exit 0 when every check held.
  */
 #include <dlfcn.h>
+#include <limits.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -629,6 +636,92 @@ static void module_forked(void)
 	EXPECT_FREE(Q0);
 }
 
+/* Module mode, a device with no quota of its own: nothing fits, it shows 0. */
+static void refused(void)
+{
+	const char *which = getenv("TEST_REFUSED");
+
+	for (int dev = 0; dev < 2; dev++) {
+		CUdeviceptr a = 0;
+		CUstream s = NULL;
+		CUarray arr = NULL;
+		CUmemGenericAllocationHandle h = 0;
+		size_t f = 1, t = 1, pitch = 0;
+		CUDA_ARRAY_DESCRIPTOR ad = { .Width = 64, .Height = 64,
+					     .Format = CU_AD_FORMAT_UNSIGNED_INT8, .NumChannels = 1 };
+		CUmemAllocationProp prop = { .type = 1,	/* pinned */
+					     .location = { CU_MEM_LOCATION_TYPE_DEVICE, dev } };
+
+		use(dev);
+		if (!which || !strchr(which, '0' + dev)) {
+			OK(api.mem_alloc(&a, MiB));
+			OK(api.mem_free(a));
+			continue;
+		}
+		OK(api.total_mem(&t, dev));
+		CHECK(t == 0, "device %d: total %zu", dev, t);
+		info(&f, &t);
+		CHECK(f == 0 && t == 0, "device %d: free %zu total %zu", dev, f, t);
+		OOM(api.mem_alloc(&a, MiB));
+		OOM(api.mem_alloc_pitch(&a, &pitch, 1024, 16, 4));
+		OK(api.stream_create(&s, 0));
+		OOM(api.alloc_async(&a, MiB, s));
+		OOM(api.mem_create(&h, 2 * MiB, &prop, 0));
+		OOM(api.array_create(&arr, &ad));
+		OOM(api.managed(&a, MiB, 1));
+	}
+}
+
+/* cuGetProcAddress asked oddly: no crash, and never a wrapper of the wrong form. */
+static void lookup_edges(void)
+{
+	void *h = dlopen("libcuda.so.1", RTLD_NOW);
+	getproc_v2_fn gp2 = h ? (getproc_v2_fn)dlsym(h, "cuGetProcAddress_v2") : NULL;
+	getproc_fn gp1 = h ? (getproc_fn)dlsym(h, "cuGetProcAddress") : NULL;
+	CUdriverProcAddressQueryResult st;
+	void *p = NULL;
+	static const int versions[] = { 0, 1, 3000, 11029, 11030, 11999, 12000, 12090, INT_MAX };
+
+	CHECK(gp1 && gp2, "%s", "no cuGetProcAddress");
+	if (!gp1 || !gp2)
+		return;
+	CHECK(gp2(NULL, &p, 12090, 0, &st) != CUDA_SUCCESS, "%s", "NULL name");
+	CHECK(gp1(NULL, &p, 12090, 0) != CUDA_SUCCESS, "%s", "NULL name (v1)");
+	CHECK(gp2("cuMemAlloc", NULL, 12090, 0, &st) != CUDA_SUCCESS, "%s", "NULL pfn");
+	CHECK(gp1("cuMemAlloc", NULL, 12090, 0) != CUDA_SUCCESS, "%s", "NULL pfn (v1)");
+	OK(gp2("cuMemAlloc", &p, 12090, 0, NULL));	/* NULL status */
+	expect_symbol(p, "cuMemAlloc_v2", 1);
+	for (size_t i = 0; i < sizeof(versions) / sizeof(versions[0]); i++) {
+		int v = versions[i];
+		for (int which = 0; which < 2; which++) {
+			p = NULL;
+			CUresult r = which ? gp1("cuGetProcAddress", &p, v, 0) :
+					     gp2("cuGetProcAddress", &p, v, 0, &st);
+			if (v < 11030) {	/* no such entry point yet */
+				CHECK(r != CUDA_SUCCESS || !p, "cuGetProcAddress at %d", v);
+				continue;
+			}
+			CHECK(r == CUDA_SUCCESS, "cuGetProcAddress at %d: %d", v, r);
+			expect_symbol(p, v < 12000 ? "cuGetProcAddress" : "cuGetProcAddress_v2", 1);
+		}
+		/* The 32-bit cuMemAlloc (before 3020) is never handed our wrapper. */
+		p = NULL;
+		CUresult r = gp2("cuMemAlloc", &p, v, 0, &st);
+		if (v < 3020)
+			CHECK(r != CUDA_SUCCESS || !p, "cuMemAlloc at %d", v);
+		else
+			expect_symbol(p, "cuMemAlloc_v2", 1);
+	}
+	/* Flags beyond the per-thread bit: the per-thread bit alone decides. */
+	static const cuuint64_t odd[] = { 1, 3, 4, 1ull << 40, ~0ull };
+	for (size_t i = 0; i < sizeof(odd) / sizeof(odd[0]); i++) {
+		p = NULL;
+		if (gp2("cuMemAllocAsync", &p, 12090, odd[i], &st) == CUDA_SUCCESS)
+			expect_symbol(p, odd[i] & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM ?
+				      "cuMemAllocAsync_ptsz" : "cuMemAllocAsync", 1);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	CUdevice d;
@@ -661,6 +754,10 @@ int main(int argc, char **argv)
 		forked();
 	} else if (!strcmp(scenario, "modfork")) {
 		module_forked();
+	} else if (!strcmp(scenario, "refused")) {
+		refused();
+	} else if (!strcmp(scenario, "lookup")) {
+		lookup_edges();
 	} else {
 		fprintf(stderr, "unknown scenario %s\n", scenario);
 		return 2;

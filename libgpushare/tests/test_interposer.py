@@ -14,10 +14,12 @@ preload, sees the whole GPU and allocates past the quota.
 
 from __future__ import annotations
 
+import subprocess
 import textwrap
+from pathlib import Path
 
 import pytest
-from conftest import FAKE_MEMORY, FAKE_UUIDS, Build, Client, GiB, MiB, quota_env
+from conftest import FAKE_MEMORY, FAKE_UUIDS, LIBDIR, Build, Client, GiB, MiB, quota_env
 
 
 def body(code: str) -> str:
@@ -418,3 +420,46 @@ def test_fake_driver_hands_out_its_own_pointers_under_an_interposer(
     assert r["ret"] == 0
     assert r["interposers"] != r["fakes_own"]
     assert r["handed_out"] == r["fakes_own"]
+
+
+# ---- module mode: a GPU that is not the container's ----
+
+
+def _gsdev(build: Build) -> Path:
+    """/dev/gpushare's stand-in (tests/fake/fake_gsdev.c), built on demand."""
+    so = build.fake_dir / "fake_gsdev.so"
+    subprocess.run(
+        ["make", "-C", str(LIBDIR), f"BUILD={build.dir}", str(so)],
+        capture_output=True,
+        check=True,
+        timeout=120,
+    )
+    return so
+
+
+def test_nvml_in_module_mode_shows_nothing_on_a_gpu_outside_the_list(
+    client: Client, tmp_path: Path
+) -> None:
+    # The registration has quotas for two GPUs; the tenant rewrote
+    # GPUSHARE_GPU_UUIDS so that GPU 1 is not in it.  GPU 1 must not be
+    # shown (nor be) unlimited: 0 bytes, and allocations on it refused.
+    env = {
+        "LD_PRELOAD": f"{_gsdev(client.build)} {client.build.lib}",
+        "FAKEGS_QUOTAS": f"0:{GiB},1:{2 * GiB}",
+        "FAKEGS_STATE": str(tmp_path / "ledger"),
+        "GPUSHARE_GPU_UUIDS": f"{FAKE_UUIDS[0]},GPU-0ther000-0000-0000-0000-000000000000",
+    }
+    r = client.run(
+        NVML
+        + body(f"""
+        R["gpus"] = [nvml_memory(i) for i in range(2)]
+        device(1)
+        R["alloc1"] = call(d.cuMemAlloc, {MiB})[0]
+        """),
+        env=env,
+    )
+    assert r["gpus"][0]["v1"] == [GiB, GiB, 0]
+    assert r["gpus"][1]["v1"] == [0, 0, 0]
+    assert r["gpus"][1]["v2"] == [0, FAKE_NVML_RESERVED, 0, 0]
+    assert r["alloc1"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert r["stderr"].count("GPU memory allocation refused on CUDA device 1") == 1

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /* Parsing the injected environment. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "env.h"
@@ -57,6 +58,27 @@ int main(void)
 	      !c.nuuids && !c.nlimits);			/* lengths differ */
 	CHECK(gs_config_parse(&c, "GPU-a", "ten", NULL) == -1 && c.error && !c.nlimits);
 	CHECK(gs_config_parse(&c, ",", "1", NULL) == -1 && c.error);
+
+	/* Hostile sizes: refused, within bounds (ASan), and the scan stops early. */
+	size_t big = 1 << 20;
+	char *huge = malloc(big + 1);
+	memset(huge, 'A', big);
+	huge[big] = 0;
+	CHECK(gs_parse_uuids(huge, u, GS_MAX_GPUS) == -1);
+	CHECK(gs_parse_limits(huge, l, GS_MAX_GPUS) == -1);
+	for (size_t i = 0; i + 2 <= big; i += 2)	/* "1,1,...": 524,288 entries */
+		memcpy(huge + i, "1,", 2);
+	huge[big - 1] = '1';
+	CHECK(gs_parse_limits(huge, l, GS_MAX_GPUS) == -1);
+	CHECK(gs_config_parse(&c, NULL, huge, NULL) == -1 && c.error && !c.nlimits);
+	for (size_t i = 0; i + 6 <= big; i += 6)	/* "GPU-a,...": duplicates */
+		memcpy(huge + i, "GPU-a,", 6);
+	huge[big - 1 - big % 6] = 0;
+	CHECK(gs_parse_uuids(huge, u, GS_MAX_GPUS) == -1);
+	CHECK(gs_config_parse(&c, huge, "1", NULL) == -1 && c.error && !c.nuuids);
+	free(huge);
+	/* Duplicates within the bound parse (the ledger matches the last). */
+	CHECK(gs_parse_uuids("GPU-a,GPU-a", u, GS_MAX_GPUS) == 2);
 
 	CHECK(gs_env_true("1") && gs_env_true("TRUE") && gs_env_true("yes"));
 	CHECK(!gs_env_true("0") && !gs_env_true("") && !gs_env_true(NULL) && !gs_env_true("2"));
