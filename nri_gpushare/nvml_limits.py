@@ -180,7 +180,19 @@ class NvmlMemoryLimits:
             relative = cgroup_v2_path(cgroups_path, [self.cgroup_root])
         except ValueError as e:
             raise LimitError(f"cannot find the container's cgroup ({e})") from None
-        return self.cgroup_root.rstrip("/") + ("" if relative == "/" else relative)
+        parts = relative.split("/")
+        if any(p in (".", "..") for p in parts) or not any(parts):
+            # The runtime names the path (kubelet's cgroup_parent, or any
+            # containerd client): never the root, nor a way out of the tree.
+            raise LimitError(f"refusing the container's cgroup path {cgroups_path!r}")
+        path = self.cgroup_root.rstrip("/") + "/" + "/".join(p for p in parts if p)
+        own = (self.self_cgroup or "").rstrip("/")
+        if own and (own == path or own.startswith(path + "/")):
+            raise LimitError(
+                f"refusing the container's cgroup path {cgroups_path!r}: it is this daemon's "
+                f"cgroup {own} or one of its parents"
+            )
+        return path
 
     async def set_limit(self, gpu: int, cgroups_path: str, hard_bytes: int) -> None:
         path = self.cgroup_dir(cgroups_path)

@@ -126,6 +126,36 @@ async def test_cgroupfs_paths_and_a_cgroup_already_gone(tmp_path):
 
 
 @pytest.mark.parametrize(
+    "hostile",
+    [
+        "/",  # the cgroup root: every process of the node
+        "/k8s.io/../..",  # climbs out of the cgroup tree
+        "/k8s.io/c1/../../daemon",  # this daemon's own cgroup
+        "../k8s.io/c2",
+        "/k8s.io/./c1",
+        "kubepods.slice:cri-containerd:../../c1",  # systemd form, climbing
+        "/daemon",  # the daemon's cgroup
+    ],
+)
+async def test_a_hostile_cgroup_path_is_refused_not_limited(tmp_path, hostile):
+    # The runtime gives the path (kubelet's cgroup_parent and the container's
+    # ID, or whatever a containerd client set): the driver limit must land on
+    # the container's own cgroup below the root, never on the root, an
+    # ancestor, the daemon's cgroup or a path outside the tree.
+    (tmp_path / "k8s.io/c1").mkdir(parents=True)
+    (tmp_path / "k8s.io/c2").mkdir(parents=True)
+    (tmp_path / "daemon").mkdir()
+    nvml = FakeNvml()
+    limits = started(nvml, tmp_path)
+    with pytest.raises(LimitError, match="cgroup"):
+        await limits.set_limit(0, hostile, GiB)
+    with pytest.raises(LimitError, match="cgroup"):
+        await limits.clear_limit(0, hostile)
+    assert nvml.limits == {}
+    limits.close()
+
+
+@pytest.mark.parametrize(
     ("code", "fragment"),
     [
         (13, "no per-cgroup memory limits (R615 or later has them)"),
