@@ -354,9 +354,11 @@ int gs_ledger_reserve(int ordinal, uint64_t bytes)
 		return ret;
 	if (mem_op(GPUSHARE_MEM_RESERVE, s, bytes, &m) == 0)
 		return 0;
-	if (errno == ENXIO)	/* the container has no quota there */
-		return 0;
-	/* EDQUOT; or the ledger cannot be asked (container gone): refuse. */
+	/*
+	 * EDQUOT; ENXIO (no quota on a GPU the registration named when we
+	 * matched it: fail closed, as for a device outside the list); or the
+	 * ledger cannot be asked (container gone): refuse.
+	 */
 	if (debug && errno != EDQUOT)
 		fprintf(stderr, "gpushare: reserve on GPU %u: %s\n", module_gpu[s],
 			strerror(errno));
