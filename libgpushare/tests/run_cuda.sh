@@ -113,9 +113,14 @@ refused "" "$UUID1,$UUID0"		# the container's own list: nothing refused
 refused "" "$UUID0,$UUID1"		# permuted: each GPU charged to the other's quota
 for mode in dlsym proc proc_ptds proc_v1; do
 	n=$((n + 1))
-	out=$(run "$GSDEV" $mode refused $MODULE "GPUSHARE_GPU_UUIDS=$UUID1,$OTHER" TEST_REFUSED=0 \
-		FAKEGS_STATE="$TMP/state$n" 2>&1) && echo "$mode refused: ok" ||
-		{ printf '%s\n' "$out"; echo "FAIL: $mode refused"; fail=1; }
+	if out=$(run "$GSDEV" $mode refused $MODULE "GPUSHARE_GPU_UUIDS=$UUID1,$OTHER" \
+		TEST_REFUSED=0 FAKEGS_STATE="$TMP/state$n" 2>&1); then
+		echo "$mode refused: ok"
+	else
+		printf '%s\n' "$out"
+		echo "FAIL: $mode refused"
+		fail=1
+	fi
 done
 
 # Standalone, a hostile environment is off (said on stderr), never larger.
