@@ -114,12 +114,31 @@ static unsigned long long container_free(uint64_t quota, uint64_t used,
 	return left < driver_free ? left : driver_free;
 }
 
+/*
+ * Rewrite the driver's figures for @device (already in *total, *free,
+ * *used) as the container's: total = quota, used = the ledger's, free =
+ * what is left of the quota.  A device with no quota keeps the driver's.
+ */
+static nvmlReturn_t show_container(nvmlDevice_t device, unsigned long long *total,
+				   unsigned long long *free_bytes, unsigned long long *used_bytes)
+{
+	uint64_t quota, used;
+	int view = container_view(device, &quota, &used);
+
+	if (view < 0)
+		return -view;
+	if (view == 0)
+		return NVML_SUCCESS;
+	*free_bytes = container_free(quota, used, *free_bytes);
+	*total = quota;
+	*used_bytes = used;
+	return NVML_SUCCESS;
+}
+
 __attribute__((visibility("default")))
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
-	uint64_t quota, used;
 	nvmlReturn_t ret;
-	int view;
 
 	pthread_once(&real.once, resolve_real);
 	if (!real.get_memory)
@@ -127,23 +146,13 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 	ret = real.get_memory(device, memory);
 	if (ret != NVML_SUCCESS)
 		return ret;
-	view = container_view(device, &quota, &used);
-	if (view < 0)
-		return -view;
-	if (view == 0)
-		return NVML_SUCCESS;
-	memory->free = container_free(quota, used, memory->free);
-	memory->total = quota;
-	memory->used = used;
-	return NVML_SUCCESS;
+	return show_container(device, &memory->total, &memory->free, &memory->used);
 }
 
 __attribute__((visibility("default")))
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
 {
-	uint64_t quota, used;
 	nvmlReturn_t ret;
-	int view;
 
 	pthread_once(&real.once, resolve_real);
 	if (!real.get_memory_v2)
@@ -160,16 +169,8 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *me
 	ret = real.get_memory_v2(device, memory);
 	if (ret != NVML_SUCCESS)
 		return ret;
-	view = container_view(device, &quota, &used);
-	if (view < 0)
-		return -view;
-	if (view == 0)
-		return NVML_SUCCESS;
 	/* reserved stays the driver's (its own firmware and context memory). */
-	memory->free = container_free(quota, used, memory->free);
-	memory->total = quota;
-	memory->used = used;
-	return NVML_SUCCESS;
+	return show_container(device, &memory->total, &memory->free, &memory->used);
 }
 
 void *gs_nvml_lookup(const char *name)
