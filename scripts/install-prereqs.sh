@@ -61,7 +61,8 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # --- trixie packages, extracted only ---
-trixie_pkgs=(containerd golang-github-containerd-nri-dev golang-github-kubernetes-cri-api-dev)
+trixie_pkgs=(containerd golang-github-containerd-nri-dev golang-github-kubernetes-cri-api-dev
+            golang-github-containerd-containerd-dev libprotobuf-dev)
 for p in "${trixie_pkgs[@]}"; do
 	if [ ! -f "$trixie/.$p.done" ]; then
 		(cd "$trixie" && rm -f "${p}"_*.deb && apt-get download -q -t trixie "$p")
