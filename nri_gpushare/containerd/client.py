@@ -4,21 +4,25 @@ that exist, and the event stream.
 
     async with ContainerdClient("/run/containerd/containerd.sock") as cd:
         labels = await cd.labels("default", "my-container")
-        async for event in cd.events(['topic~="^/(tasks/(exit|delete)|containers/delete)$"']):
-            ...
+        topics = ContainerdClient.topic_filters([TASK_EXIT, TASK_DELETE, CONTAINER_DELETE])
+        async with contextlib.aclosing(cd.events(topics)) as events:
+            async for event in events:
+                ...
 
-Namespaced requests carry the ``containerd-namespace`` gRPC metadata header, as
-containerd's own client does.  Errors are ContainerdError subclasses: the
-socket is missing or refuses (ContainerdUnavailable), the peer does not speak
-containerd's API (NotContainerd), no such container (ContainerNotFound).
+Namespaced requests (Containers.Get/List) carry the ``containerd-namespace``
+gRPC metadata header, as containerd's own client does.  Errors are
+ContainerdError subclasses: the socket is missing or refuses, or containerd
+went away or did not answer in time (ContainerdUnavailable); the peer does not
+speak containerd's API (NotContainerd); no such container (ContainerNotFound).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import stat
-from collections.abc import AsyncIterator, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -151,17 +155,53 @@ def _protocol_level(exc: GRPCError) -> bool:
     return (exc.message or "").startswith(_PROTOCOL_ERRORS)
 
 
-@contextmanager
-def _translated(socket_path: str, what: str) -> Iterator[None]:
+# An HTTP/2 client's connection preface and an empty SETTINGS frame: any HTTP/2
+# server (containerd's gRPC one included, even when busy) answers with SETTINGS.
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+_H2_SETTINGS = 0x04
+
+
+async def _probe(socket_path: str, timeout: float) -> str:
+    """What answers on the socket now: "http2" (a SETTINGS frame back to a
+    preface), "nobody" (cannot connect), or "other" (anything else)."""
+    try:
+        reader, writer = await asyncio.open_unix_connection(socket_path)
+    except OSError:
+        return "nobody"
+    try:
+        writer.write(_H2_PREFACE)
+        header = await asyncio.wait_for(reader.readexactly(9), timeout)
+        return "http2" if header[3] == _H2_SETTINGS else "other"
+    except (OSError, asyncio.IncompleteReadError):
+        return "other"
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+
+def _not_containerd(socket_path: str, what: str, why: str) -> NotContainerd:
+    return NotContainerd(
+        f"{socket_path}: the peer {why} during {what}; is this containerd's gRPC socket "
+        "(not its ttrpc socket)?"
+    )
+
+
+@contextlib.asynccontextmanager
+async def _translated(socket_path: str, what: str, timeout: float) -> AsyncIterator[None]:
     """Turn grpclib's and the socket's errors into ContainerdErrors."""
     try:
         yield
+    except TimeoutError as exc:
+        if await _probe(socket_path, timeout) != "http2":
+            raise _not_containerd(socket_path, what, "does not answer HTTP/2") from exc
+        raise ContainerdUnavailable(
+            f"{socket_path}: containerd did not answer {what} within {timeout:g}s"
+        ) from exc
     except GRPCError as exc:
         if exc.status is Status.UNIMPLEMENTED or _protocol_level(exc):
-            raise NotContainerd(
-                f"{socket_path}: the peer does not implement containerd's {what} "
-                f"({exc.message or exc.status.name}); is this containerd's gRPC socket?"
-            ) from exc
+            why = f"does not implement containerd's API ({exc.message or exc.status.name})"
+            raise _not_containerd(socket_path, what, why) from exc
         if exc.status is Status.UNAVAILABLE:
             raise ContainerdUnavailable(f"{socket_path}: {what}: {exc.message}") from exc
         raise ContainerdError(
@@ -171,15 +211,14 @@ def _translated(socket_path: str, what: str) -> Iterator[None]:
         raise ContainerdUnavailable(
             f"{socket_path}: cannot connect ({exc.strerror}); is containerd running?"
         ) from exc
-    except (ProtocolError, StreamTerminatedError, h2.exceptions.ProtocolError) as exc:
-        raise NotContainerd(
-            f"{socket_path}: the peer does not speak gRPC ({exc!r}); "
-            "is this containerd's gRPC socket (not its ttrpc socket)?"
-        ) from exc
-    except (ConnectionError, EOFError) as exc:
-        raise NotContainerd(
-            f"{socket_path}: the peer closed the connection during {what} ({exc!r}); "
-            "is this containerd's gRPC socket?"
+    except (ProtocolError, h2.exceptions.ProtocolError) as exc:
+        raise _not_containerd(socket_path, what, f"does not speak gRPC ({exc})") from exc
+    except (StreamTerminatedError, ConnectionError, EOFError) as exc:
+        # Lost: containerd went away (or restarts), or the peer is no HTTP/2 server.
+        if await _probe(socket_path, timeout) == "other":
+            raise _not_containerd(socket_path, what, f"closed the connection ({exc!r})") from exc
+        raise ContainerdUnavailable(
+            f"{socket_path}: the connection to containerd was lost during {what} ({exc!r})"
         ) from exc
     except OSError as exc:
         raise ContainerdUnavailable(f"{socket_path}: {what}: {exc}") from exc
@@ -233,7 +272,7 @@ class ContainerdClient:
         stub = _containers.ContainersStub(self._chan())
         request = _containers.GetContainerRequest(id=container_id)
         try:
-            with _translated(self.socket_path, "Containers.Get"):
+            async with _translated(self.socket_path, "Containers.Get", self.timeout):
                 reply = await stub.get(request, timeout=self.timeout, metadata=self._ns(namespace))
         except ContainerdError as exc:
             cause = exc.__cause__
@@ -247,7 +286,7 @@ class ContainerdClient:
         filter syntax (e.g. ``labels."gpushare.io/gpu-memory"``)."""
         stub = _containers.ContainersStub(self._chan())
         request = _containers.ListContainersRequest(filters=list(filters))
-        with _translated(self.socket_path, "Containers.List"):
+        async with _translated(self.socket_path, "Containers.List", self.timeout):
             reply = await stub.list(request, timeout=self.timeout, metadata=self._ns(namespace))
         return [
             ContainerInfo(
@@ -262,25 +301,24 @@ class ContainerdClient:
     async def namespaces(self) -> list[str]:
         """The names of all namespaces, sorted."""
         stub = _namespaces.NamespacesStub(self._chan())
-        with _translated(self.socket_path, "Namespaces.List"):
+        async with _translated(self.socket_path, "Namespaces.List", self.timeout):
             reply = await stub.list(_namespaces.ListNamespacesRequest(), timeout=self.timeout)
         return sorted(str(n.name) for n in reply.namespaces)
 
-    async def events(
-        self, filters: Iterable[str] = (), namespace: str | None = None
-    ) -> AsyncIterator[Event]:
-        """containerd's events, in every namespace unless one is given, as they
-        happen, until the caller stops iterating or the connection ends (a
-        ContainerdError).  Filters use containerd's syntax, ORed:
+    async def events(self, filters: Iterable[str] = ()) -> AsyncIterator[Event]:
+        """containerd's events in every namespace (containerd's Subscribe
+        ignores the namespace header; filter with ``namespace==NAME``), as they
+        happen, until the caller stops iterating or the connection ends
+        (ContainerdUnavailable: containerd stopped or restarted; subscribe
+        again and reconcile).  Filters use containerd's syntax, ORed:
         ``topic=="/tasks/exit"``, ``namespace==default``.  Close the iterator
         (contextlib.aclosing) to end the subscription before the client."""
         stub = _events.EventsStub(self._chan())
         request = _events.SubscribeRequest(filters=list(filters))
-        metadata = self._ns(namespace) if namespace is not None else None
-        with _translated(self.socket_path, "Events.Subscribe"):
-            async for envelope in stub.subscribe(request, metadata=metadata):
+        async with _translated(self.socket_path, "Events.Subscribe", self.timeout):
+            async for envelope in stub.subscribe(request):
                 yield decode_envelope(envelope)
-        raise ContainerdError("containerd ended the event stream")
+        raise ContainerdUnavailable(f"{self.socket_path}: containerd ended the event stream")
 
     @staticmethod
     def topic_filters(topics: Iterable[str]) -> list[str]:

@@ -160,6 +160,27 @@ async def test_peer_that_is_not_grpc(sock_dir: Path) -> None:
         await server.wait_closed()
 
 
+async def test_silent_peer(sock_dir: Path) -> None:
+    path = sock_dir / "silent.sock"
+    conns: list[asyncio.StreamWriter] = []
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conns.append(writer)
+        while await reader.read(4096):
+            pass
+
+    server = await asyncio.start_unix_server(swallow, path=str(path))
+    try:
+        async with ContainerdClient(path, timeout=0.5) as cd:
+            with pytest.raises(NotContainerd, match="does not answer HTTP/2"):
+                await cd.containers("default")
+    finally:
+        for w in conns:
+            w.close()
+        server.close()
+        await server.wait_closed()
+
+
 class _Containers(containers.ContainersBase):
     async def get(self, get_container_request: containers.GetContainerRequest) -> Any:
         if get_container_request.id != "c1":
@@ -171,6 +192,8 @@ class _Containers(containers.ContainersBase):
         )
 
     async def list(self, list_containers_request: containers.ListContainersRequest) -> Any:
+        if list_containers_request.filters == ["hang"]:
+            await asyncio.Event().wait()
         return containers.ListContainersResponse(
             containers=[
                 containers.Container(
@@ -229,6 +252,15 @@ async def test_list(fake: tuple[Path, list[dict[str, str]]]) -> None:
         WHEN,
     )
     assert seen[-1][NAMESPACE_HEADER] == "ns2"
+
+
+async def test_grpc_peer_that_does_not_answer_in_time(
+    fake: tuple[Path, list[dict[str, str]]],
+) -> None:
+    path, _ = fake
+    async with ContainerdClient(path, timeout=0.2) as cd:
+        with pytest.raises(ContainerdUnavailable, match="did not answer Containers.List"):
+            await cd.containers("ns", ["hang"])
 
 
 async def test_grpc_peer_without_containerd_services(
