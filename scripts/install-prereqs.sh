@@ -49,7 +49,7 @@ if [ ! -f "$cache/apt-updated" ]; then
 fi
 
 # --- bookworm packages ---
-pkgs=(runc busybox-static protobuf-compiler qemu-system-x86 cpio kmod make gcc libc6-dev
+pkgs=(runc busybox-static protobuf-compiler qemu-system-x86 cpio kmod make gcc libc6-dev binutils
       linux-image-amd64 linux-headers-amd64 iproute2 shellcheck)
 missing=()
 for p in "${pkgs[@]}"; do

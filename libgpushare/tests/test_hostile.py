@@ -11,8 +11,9 @@ import shutil
 import subprocess
 import sys
 
-import pytest
 from conftest import Build, Client, GiB, MiB, quota_env
+
+from tests.prereqs import missing
 
 # The oldest glibc a container image may reasonably have (RHEL/CentOS 7).
 OLDEST_GLIBC = (2, 17)
@@ -20,7 +21,7 @@ OLDEST_GLIBC = (2, 17)
 
 def _glibc_versions(lib: str) -> set[tuple[int, ...]]:
     if shutil.which("objdump") is None:
-        pytest.skip("objdump is needed")
+        missing("objdump (binutils) is needed")
     out = subprocess.run(["objdump", "-T", lib], capture_output=True, text=True, check=True).stdout
     return {tuple(int(x) for x in v.split(".")) for v in re.findall(r"GLIBC_([0-9.]+)", out)}
 
