@@ -165,6 +165,22 @@ static int gs_put_quota(const struct gpushare_query *q, u32 i,
 }
 
 /*
+ * Copy in an extensible structure (QUERY's, MEM's) whose first member is
+ * its size, *@usize: from @ver0 bytes to a page, a bigger one's tail zero.
+ */
+static int gs_copy_in(void *dst, size_t ksize, const void __user *src,
+		      u32 ver0, u32 *usize)
+{
+	if (get_user(*usize, (const u32 __user *)src))
+		return -EFAULT;
+	if (*usize < ver0)
+		return -EINVAL;
+	if (*usize > PAGE_SIZE)
+		return -E2BIG;
+	return copy_struct_from_user(dst, ksize, src, *usize);
+}
+
+/*
  * GPUSHARE_IOC_QUERY with extensible structures (see the uapi header):
  * @uq->size says how much of struct gpushare_query user space has, and
  * quota_size the same of each quota.
@@ -176,13 +192,7 @@ static long gs_query(struct gpushare_query __user *uq)
 	u32 usize, i;
 	int ret;
 
-	if (get_user(usize, &uq->size))
-		return -EFAULT;
-	if (usize < GPUSHARE_QUERY_SIZE_VER0)
-		return -EINVAL;
-	if (usize > PAGE_SIZE)
-		return -E2BIG;
-	ret = copy_struct_from_user(&q, sizeof(q), uq, usize);
+	ret = gs_copy_in(&q, sizeof(q), uq, GPUSHARE_QUERY_SIZE_VER0, &usize);
 	if (ret)
 		return ret;
 	if (!q.abi_version || q.flags ||
@@ -259,13 +269,7 @@ static long gs_mem(struct gs_fh *fh, struct gpushare_mem __user *um)
 	u32 usize;
 	int ret;
 
-	if (get_user(usize, &um->size))
-		return -EFAULT;
-	if (usize < GPUSHARE_MEM_SIZE_VER0)
-		return -EINVAL;
-	if (usize > PAGE_SIZE)
-		return -E2BIG;
-	ret = copy_struct_from_user(&m, sizeof(m), um, usize);
+	ret = gs_copy_in(&m, sizeof(m), um, GPUSHARE_MEM_SIZE_VER0, &usize);
 	if (ret)
 		return ret;
 	if (m.flags || m.op > GPUSHARE_MEM_RELEASE)
