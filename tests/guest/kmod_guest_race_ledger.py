@@ -33,6 +33,7 @@ from tests.guest.kmod_support import (
     NOBODY,
     ROOT,
     ctl,
+    enter,
     load,
     loaded,
     ok,
@@ -141,11 +142,7 @@ def spawn(cg: Path, uid: int | None, seed: int, pipes: tuple[int, int, int, int]
     def run() -> int:
         os.close(stop_w)  # the test's alone, so that its close means stop
         os.close(stats_r)
-        (cg / "cgroup.procs").write_text("0\n")
-        if uid is not None:
-            os.setgroups([])
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)
+        enter(cg, uid)
         return worker(seed, stop_r, stats_w)
 
     return fork(run)

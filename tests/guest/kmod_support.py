@@ -128,6 +128,16 @@ def snapshot() -> dict[str, bytes]:
     return out
 
 
+def enter(cgroup: Path | None, uid: int | None) -> None:
+    """Move the calling process into `cgroup` and/or switch it to `uid`."""
+    if cgroup is not None:
+        (cgroup / "cgroup.procs").write_text("0\n")
+    if uid is not None:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+
+
 def in_child(
     fn: Callable[[], object], *, uid: int | None = None, cgroup: Path | None = None
 ) -> object:
@@ -139,12 +149,7 @@ def in_child(
         code = 1
         try:
             os.close(rfd)
-            if cgroup is not None:
-                (cgroup / "cgroup.procs").write_text("0\n")
-            if uid is not None:
-                os.setgroups([])
-                os.setresgid(uid, uid, uid)
-                os.setresuid(uid, uid, uid)
+            enter(cgroup, uid)
             os.write(wfd, json.dumps(fn()).encode())
             code = 0
         except BaseException as e:  # noqa: BLE001 - report, never return into pytest
@@ -235,12 +240,7 @@ class Agent:
             try:
                 ours.close()
                 spare_ours.close()
-                if cgroup is not None:
-                    (cgroup / "cgroup.procs").write_text("0\n")
-                if uid is not None:
-                    os.setgroups([])
-                    os.setresgid(uid, uid, uid)
-                    os.setresuid(uid, uid, uid)
+                enter(cgroup, uid)
                 _serve(theirs, spare_theirs)
                 code = 0
             except BaseException as e:  # noqa: BLE001 - report, never return into pytest
