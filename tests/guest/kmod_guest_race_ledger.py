@@ -61,6 +61,11 @@ KILL_EVERY = 100  # control operations
 MakeCgroup = Callable[[str], Path]
 
 
+def label(err: int) -> str:
+    """An answer's name in the tallies: "OK" or the errno's, as in "del ENOENT"."""
+    return errno.errorcode.get(err, "OK") if err else "OK"
+
+
 def worker(seed: int, stop_fd: int, stats_fd: int) -> int:
     """Reserve, release, read and close at random on /dev/gpushare until
     stop_fd reads EOF; every answer is checked against this process's own
@@ -104,7 +109,7 @@ def worker(seed: int, stop_fd: int, stats_fd: int) -> int:
         except abi.MemError as e:
             err, state = e.errno or -1, e.state
         name = {abi.MEM_RESERVE: "reserve", abi.MEM_RELEASE: "release"}.get(op, "info")
-        seen[f"{name} {errno.errorcode.get(err, 'OK') if err else 'OK'}"] += 1
+        seen[f"{name} {label(err)}"] += 1
         allowed = {0, errno.ENOENT} | ({errno.EDQUOT} if op == abi.MEM_RESERVE else set())
         if err not in allowed:
             wrong(f"{name} {n} on GPU {gpu}: {errno.errorcode.get(err, err)}")
@@ -201,26 +206,26 @@ def test_reservations_race_del_add_close_and_kills(cgroups: MakeCgroup) -> None:
             assert err in (0, errno.ENOENT)
             if err == 0:
                 orphaned_seen = max(orphaned_seen, value(ROOT / "0/orphaned_memsize"))
-            ops[f"del {errno.errorcode.get(err, 'OK') if err else 'OK'}"] += 1
+            ops[f"del {label(err)}"] += 1
         elif r < 0.35:
             err = ctl(f"add {cid} {SPEC}")
             assert err in (0, errno.EEXIST, errno.ENOSPC)
             if err == 0:
                 ok(f"bind {cid} /gs-{cid}")
-            ops[f"add {errno.errorcode.get(err, 'OK') if err else 'OK'}"] += 1
+            ops[f"add {label(err)}"] += 1
         elif r < 0.55:
             gpu = rng.randrange(2)
             err = write(ROOT / f"{gpu}/{cid}/memsize", str(rng.choice(MEMSIZES)))
             allowed = (0, errno.EBUSY, errno.ENOENT, errno.EIO, errno.ENOSPC)
             assert err in allowed, os.strerror(err)
-            ops[f"memsize {errno.errorcode.get(err, 'OK') if err else 'OK'}"] += 1
+            ops[f"memsize {label(err)}"] += 1
         elif r < 0.62:
             gpu, total = rng.randrange(2), rng.choice(TOTALS)
             err = ctl(f"gpu {gpu} {total}")
             assert err in (0, errno.ENOSPC), os.strerror(err)
             if err == 0:
                 assert value(ROOT / f"{gpu}/total_memsize") == total
-            ops[f"gpu {errno.errorcode.get(err, 'OK') if err else 'OK'}"] += 1
+            ops[f"gpu {label(err)}"] += 1
         else:
             ops["meminfo"] += check_meminfo(cid, rng.randrange(2))
             for g in GPUS:
