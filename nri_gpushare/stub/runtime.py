@@ -48,9 +48,8 @@ from nri_gpushare.stub.service import (
     DEFAULT_REGISTRATION_TIMEOUT,
     DEFAULT_REQUEST_TIMEOUT,
     PluginService,
-    describe_error,
 )
-from nri_gpushare.wire.errors import Code, TtrpcError, WireError
+from nri_gpushare.wire.errors import Code, TtrpcError, WireError, describe_error
 from nri_gpushare.wire.mux import PLUGIN_CONN, RUNTIME_CONN
 from nri_gpushare.wire.transport import MuxConnection
 

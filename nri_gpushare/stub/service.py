@@ -34,7 +34,7 @@ from nri_gpushare.stub.plugin import (
     subscription_mask,
     valid_event_mask,
 )
-from nri_gpushare.wire.errors import Code, DecodeError, TtrpcError
+from nri_gpushare.wire.errors import Code, DecodeError, TtrpcError, describe_error
 
 log = logging.getLogger(__name__)
 
@@ -266,14 +266,6 @@ class PluginService:
         except PluginError as exc:
             return lite.encode_validate_adjustment_response(reject=True, reason=str(exc))
         return lite.EMPTY  # accepted
-
-
-def describe_error(exc: BaseException) -> str:
-    """An exception's message, or its type's name (also when str() itself fails)."""
-    try:
-        return str(exc) or type(exc).__name__
-    except Exception:
-        return type(exc).__name__
 
 
 def _encoded(updates: Iterable[betterproto.Message] | None) -> list[bytes]:

@@ -35,6 +35,14 @@ def as_code(value: int) -> Code | int:
         return value
 
 
+def describe_error(exc: BaseException) -> str:
+    """An exception's message, or its type's name (also when str() itself fails)."""
+    try:
+        return str(exc) or type(exc).__name__
+    except Exception:
+        return type(exc).__name__
+
+
 class WireError(Exception):
     """Base class of every error raised by the wire layer."""
 

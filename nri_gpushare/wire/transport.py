@@ -16,7 +16,14 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import Self
 
-from .errors import Code, ConnectionClosed, MessageTooLarge, ProtocolError, TtrpcError
+from .errors import (
+    Code,
+    ConnectionClosed,
+    MessageTooLarge,
+    ProtocolError,
+    TtrpcError,
+    describe_error,
+)
 from .mux import PLUGIN_CONN, RUNTIME_CONN, MuxDecoder, encode_frames
 from .ttrpc import Request, RequestReceived, Response, TtrpcConnection
 
@@ -169,7 +176,7 @@ class MuxConnection:
             return Response(int(exc.code), exc.message)
         except Exception as exc:
             log.exception("handler for %s/%s failed", request.service, request.method)
-            return Response(Code.INTERNAL, _message(exc))
+            return Response(Code.INTERNAL, describe_error(exc))
         if not isinstance(payload, bytes | bytearray | memoryview):
             message = f"handler returned {type(payload).__name__}, not bytes"
             log.error("%s/%s: %s", request.service, request.method, message)
@@ -205,14 +212,6 @@ class MuxConnection:
         else:
             self._writer.transport.abort()
         self._closed_event.set()
-
-
-def _message(exc: BaseException) -> str:
-    """An exception's message, or its type's name (also when str() itself fails)."""
-    try:
-        return str(exc) or type(exc).__name__
-    except Exception:
-        return type(exc).__name__
 
 
 class TtrpcClient:
