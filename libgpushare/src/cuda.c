@@ -847,23 +847,14 @@ static CUresult w_cuGetProcAddress_v2(const char *name, void **pfn, int version,
 EXPORT_AS(cuGetProcAddress, w_cuGetProcAddress);
 EXPORT_AS(cuGetProcAddress_v2, w_cuGetProcAddress_v2);
 
-/* Is @handle libcuda's?  Asked without loading it. */
-static bool is_driver(void *handle)
-{
-	void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-	if (!h)
-		return false;
-	dlclose(h);
-	return h == handle;
-}
-
-/* Has the process loaded libcuda? */
-static bool driver_loaded(void)
+/* libcuda's handle, or NULL when the process has not loaded it (asked
+ * without loading it). */
+static void *loaded_driver(void)
 {
 	void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
 	if (h)
 		dlclose(h);
-	return h != NULL;
+	return h;
 }
 
 /*
@@ -905,9 +896,9 @@ EXPORT void *dlsym(void *handle, const char *name)
 		 * as the C library would without us (the objects after ours), and
 		 * do not load the driver into it.
 		 */
-		if (handle == RTLD_DEFAULT && p == wrappers[fn] && !driver_loaded())
+		if (handle == RTLD_DEFAULT && p == wrappers[fn] && !loaded_driver())
 			return gs_real_dlsym(RTLD_NEXT, name);
-		if (p && (handle == RTLD_DEFAULT || is_driver(handle))) {
+		if (p && (handle == RTLD_DEFAULT || handle == loaded_driver())) {
 			if (!driver_fn(fn))	/* loads the driver; keeps what it had */
 				return p;
 			return wrappers[fn];
