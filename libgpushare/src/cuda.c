@@ -110,6 +110,18 @@ static _Atomic bool attached[MAX_DEVICES];
 
 typedef CUresult (*uuid_fn)(CUuuid *, CUdevice);
 
+/* The driver's cuDeviceGetUuid @fn; a UUID read tells the ledger, once. */
+static CUresult get_uuid(enum gs_fn fn, CUuuid *uuid, CUdevice dev)
+{
+	uuid_fn f = (uuid_fn)driver_fn(fn);
+	CUresult r = f ? f(uuid, dev) : CUDA_ERROR_NOT_FOUND;
+	if (r == CUDA_SUCCESS && dev >= 0 && dev < MAX_DEVICES && !atomic_load(&attached[dev])) {
+		gs_ledger_attach(dev, uuid->bytes);
+		atomic_store(&attached[dev], true);
+	}
+	return r;
+}
+
 /* Tell the ledger @dev's UUID, once. */
 static void attach(int dev)
 {
@@ -117,13 +129,8 @@ static void attach(int dev)
 
 	if (dev < 0 || dev >= MAX_DEVICES || atomic_load(&attached[dev]))
 		return;
-	uuid_fn f = (uuid_fn)driver_fn(GS_FN_cuDeviceGetUuid_v2);
-	if (!f)
-		f = (uuid_fn)driver_fn(GS_FN_cuDeviceGetUuid);
-	if (f && f(&u, dev) == CUDA_SUCCESS) {
-		gs_ledger_attach(dev, u.bytes);
-		atomic_store(&attached[dev], true);
-	}
+	get_uuid(driver_fn(GS_FN_cuDeviceGetUuid_v2) ? GS_FN_cuDeviceGetUuid_v2 :
+		 GS_FN_cuDeviceGetUuid, &u, dev);
 }
 
 /* The current context's device, or -1 (no context: the driver will say). */
@@ -372,17 +379,6 @@ static CUresult w_cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 	return r;
 }
 EXPORT_AS(cuDeviceTotalMem_v2, w_cuDeviceTotalMem_v2);
-
-static CUresult get_uuid(enum gs_fn fn, CUuuid *uuid, CUdevice dev)
-{
-	uuid_fn f = (uuid_fn)driver_fn(fn);
-	CUresult r = f ? f(uuid, dev) : CUDA_ERROR_NOT_FOUND;
-	if (r == CUDA_SUCCESS && dev >= 0 && dev < MAX_DEVICES && !atomic_load(&attached[dev])) {
-		gs_ledger_attach(dev, uuid->bytes);
-		atomic_store(&attached[dev], true);
-	}
-	return r;
-}
 
 static CUresult w_cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
 {
