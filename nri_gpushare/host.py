@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 
 from nri_gpushare.share.model import DeviceNode, Gpu
 from nri_gpushare.share.usage import MemoryUse
+from nri_gpushare.statefile import replace_file
 
 log = logging.getLogger(__name__)
 
@@ -270,23 +271,7 @@ def write_preload_file(directory: str, text: str) -> str:
                 return path
         except OSError:
             pass  # absent, or not a plain file (a link): replaced below
-        temporary = f".{PRELOAD_FILE_NAME}.{os.getpid()}.tmp"
-        try:
-            os.unlink(temporary, dir_fd=dir_fd)
-        except FileNotFoundError:
-            pass
-        fd = os.open(
-            temporary,
-            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
-            0o644,
-            dir_fd=dir_fd,
-        )
-        try:
-            os.fchmod(fd, 0o644)  # exactly, whatever the umask
-            os.write(fd, text.encode())
-        finally:
-            os.close(fd)
-        os.rename(temporary, PRELOAD_FILE_NAME, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        replace_file(dir_fd, PRELOAD_FILE_NAME, text.encode(), 0o644)
     finally:
         os.close(dir_fd)
     return path

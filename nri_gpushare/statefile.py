@@ -33,6 +33,26 @@ FILE_NAME = "allocations.json"
 MAX_BYTES = 64 << 20  # far more than 16 GPUs x 25 containers need
 
 
+def replace_file(dir_fd: int, name: str, data: bytes, mode: int) -> None:
+    """Replace `name` in the directory open as `dir_fd` with `data`, mode
+    exactly `mode`, atomically: a fresh temporary file (random name, created
+    exclusively, never through a link) renamed over it.  Raises OSError."""
+    tmp = f".{name}.{secrets.token_hex(8)}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, mode, dir_fd=dir_fd)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)  # exactly, whatever the umask
+            f.write(data)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
+
+
 class StateDirError(Exception):
     """The state directory cannot be used; the message says why and what to do."""
 
@@ -133,20 +153,7 @@ class StateFile:
 
     def replace(self, text: str) -> None:
         """Replace the records atomically; raises OSError."""
-        dir_fd = self._dir()
-        tmp = f".{FILE_NAME}.{secrets.token_hex(8)}.tmp"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(text.encode())
-            os.replace(tmp, FILE_NAME, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        except BaseException:
-            try:
-                os.unlink(tmp, dir_fd=dir_fd)
-            except OSError:
-                pass
-            raise
+        replace_file(self._dir(), FILE_NAME, text.encode(), 0o600)
         self._close_journal()  # it wrote to the file just replaced
 
     def append(self, text: str) -> None:
