@@ -202,12 +202,6 @@ static void settle(CUresult r, bool counted, enum gs_kind kind, uint64_t key, in
 		fprintf(stderr, "gpushare: out of memory recording an allocation\n");
 }
 
-/* Forget @key before it is freed; true with what it held if we had it. */
-static bool unrecord(enum gs_kind kind, uint64_t key, int *dev, uint64_t *bytes)
-{
-	return gs_table_take(&table, kind, key, dev, bytes);
-}
-
 /*
  * The driver refused to free @key because it holds no such allocation any
  * more (freed behind our back: a double free racing with the allocation
@@ -234,6 +228,19 @@ static void freed(CUresult r, bool had, enum gs_kind kind, uint64_t key, int dev
 	else if (gs_table_put(&table, kind, key, dev, bytes))
 		gs_ledger_release(dev, bytes);
 }
+
+/*
+ * Free @key of @kind by evaluating @call (the driver's free), returning its
+ * answer: the record goes before the call (the driver may hand the value
+ * out again at once), freed() settles after it.
+ */
+#define FREE_RECORDED(kind, key, call) ({					\
+	int _dev;								\
+	uint64_t _bytes;							\
+	bool _had = gs_table_take(&table, kind, key, &_dev, &_bytes);		\
+	CUresult _r = (call);							\
+	freed(_r, _had, kind, key, _dev, _bytes);				\
+	_r; })
 
 /* ---- linear memory ---- */
 
@@ -291,12 +298,7 @@ EXPORT_AS(cuMemAllocPitch_v2, w_cuMemAllocPitch_v2);
 
 static CUresult w_cuMemFree_v2(CUdeviceptr dptr)
 {
-	int dev;
-	uint64_t bytes;
-	bool had = unrecord(GS_KIND_MEM, dptr, &dev, &bytes);
-	CUresult r = REAL(free_fn, cuMemFree_v2, dptr);
-	freed(r, had, GS_KIND_MEM, dptr, dev, bytes);
-	return r;
+	return FREE_RECORDED(GS_KIND_MEM, dptr, REAL(free_fn, cuMemFree_v2, dptr));
 }
 EXPORT_AS(cuMemFree_v2, w_cuMemFree_v2);
 
@@ -484,13 +486,8 @@ typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
  */
 static CUresult free_async(enum gs_fn fn, CUdeviceptr dptr, CUstream s)
 {
-	int dev;
-	uint64_t bytes;
-	bool had = unrecord(GS_KIND_MEM, dptr, &dev, &bytes);
 	free_async_fn f = (free_async_fn)driver_fn(fn);
-	CUresult r = f ? f(dptr, s) : CUDA_ERROR_NOT_FOUND;
-	freed(r, had, GS_KIND_MEM, dptr, dev, bytes);
-	return r;
+	return FREE_RECORDED(GS_KIND_MEM, dptr, f ? f(dptr, s) : CUDA_ERROR_NOT_FOUND);
 }
 
 static CUresult w_cuMemFreeAsync(CUdeviceptr dptr, CUstream s)
@@ -719,12 +716,8 @@ typedef CUresult (*array_destroy_fn)(CUarray);
 
 static CUresult w_cuArrayDestroy(CUarray a)
 {
-	int dev;
-	uint64_t bytes;
-	bool had = unrecord(GS_KIND_ARRAY, (uint64_t)(uintptr_t)a, &dev, &bytes);
-	CUresult r = REAL(array_destroy_fn, cuArrayDestroy, a);
-	freed(r, had, GS_KIND_ARRAY, (uint64_t)(uintptr_t)a, dev, bytes);
-	return r;
+	return FREE_RECORDED(GS_KIND_ARRAY, (uint64_t)(uintptr_t)a,
+			     REAL(array_destroy_fn, cuArrayDestroy, a));
 }
 EXPORT_AS(cuArrayDestroy, w_cuArrayDestroy);
 
@@ -752,12 +745,8 @@ typedef CUresult (*mipmap_destroy_fn)(CUmipmappedArray);
 
 static CUresult w_cuMipmappedArrayDestroy(CUmipmappedArray m)
 {
-	int dev;
-	uint64_t bytes;
-	bool had = unrecord(GS_KIND_MIPMAP, (uint64_t)(uintptr_t)m, &dev, &bytes);
-	CUresult r = REAL(mipmap_destroy_fn, cuMipmappedArrayDestroy, m);
-	freed(r, had, GS_KIND_MIPMAP, (uint64_t)(uintptr_t)m, dev, bytes);
-	return r;
+	return FREE_RECORDED(GS_KIND_MIPMAP, (uint64_t)(uintptr_t)m,
+			     REAL(mipmap_destroy_fn, cuMipmappedArrayDestroy, m));
 }
 EXPORT_AS(cuMipmappedArrayDestroy, w_cuMipmappedArrayDestroy);
 
