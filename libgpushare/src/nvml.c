@@ -25,7 +25,6 @@
 
 #include "interpose.h"
 #include "ledger.h"
-#include "nvml.h"
 
 /* The few NVML types we need (nvml.h is not shipped with the driver). */
 typedef int nvmlReturn_t;
@@ -173,20 +172,18 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *me
 	return show_container(device, &memory->total, &memory->free, &memory->used);
 }
 
-void *gs_nvml_lookup(const char *name)
+/*
+ * The dlsym wrapper's question (interpose.h): our wrapper, only for names
+ * the real lookup found.  Strings compared only: no dlsym, no lock.
+ */
+void *gs_nvml_dlsym(void *handle, const char *name, void *found)
 {
-	if (!name)
+	(void)handle;
+	if (!found || !name)
 		return NULL;
 	if (strcmp(name, "nvmlDeviceGetMemoryInfo") == 0)
 		return (void *)nvmlDeviceGetMemoryInfo;
 	if (strcmp(name, "nvmlDeviceGetMemoryInfo_v2") == 0)
 		return (void *)nvmlDeviceGetMemoryInfo_v2;
 	return NULL;
-}
-
-/* The dlsym wrapper's question (interpose.h): only names NVML really has. */
-void *gs_nvml_dlsym(void *handle, const char *name, void *found)
-{
-	(void)handle;
-	return found ? gs_nvml_lookup(name) : NULL;
 }
