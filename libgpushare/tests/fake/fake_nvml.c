@@ -48,7 +48,6 @@ typedef int nvmlReturn_t;
 #define NVML_ERROR_UNKNOWN 999
 
 struct nvmlDevice_st {
-	int index;
 	char uuid[48];
 	unsigned long long soft_limit, hard_limit;
 };
@@ -103,7 +102,6 @@ __attribute__((constructor)) static void fake_setup(void)
 	if (reserved > devmem)
 		reserved = devmem;
 	for (int i = 0; i < MAX_DEV; i++) {
-		devices[i].index = i;
 		snprintf(devices[i].uuid, sizeof(devices[i].uuid),
 			 "GPU-face0000-0000-0000-0000-0000000000%02x", i);
 		devices[i].soft_limit = ~0ull;
