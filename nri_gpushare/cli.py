@@ -1,4 +1,6 @@
-"""`nri-gpushare`: run the plugin, ask it for its status, unload the module."""
+"""`nri-gpushare`: run the plugin, ask it for its status, unload the module,
+write the CDI spec, and the CDI hooks themselves (`hook`, run by the runtime
+in every container start: dispatched before anything heavy is imported)."""
 
 from __future__ import annotations
 
@@ -10,11 +12,11 @@ import os
 import sys
 from typing import Any
 
-from nri_gpushare.config import DEFAULT_STATUS_SOCKET, Config, ConfigError, load_config
-from nri_gpushare.share.units import format_bytes
+# Everything else is imported where it is used: `hook` must start fast.
 
 
 def _run(args: argparse.Namespace) -> int:
+    from nri_gpushare.config import Config, ConfigError, load_config
     from nri_gpushare.daemon import run_daemon
 
     try:
@@ -37,6 +39,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _used(share: dict[str, Any]) -> str:
+    from nri_gpushare.share.units import format_bytes
+
     used = share.get("memory_used")
     return "?" if used is None else format_bytes(used)
 
@@ -69,6 +73,8 @@ def _print_guards(status: dict[str, Any]) -> None:
 
 
 def _print_status(status: dict[str, Any]) -> None:
+    from nri_gpushare.share.units import format_bytes
+
     kmod = status["kmod"]
     enforced = "loaded" if kmod["loaded"] else f"{kmod['problem']}: isolation not enforced"
     print(f"kernel module: {kmod['mode']}, {enforced}")
@@ -115,6 +121,7 @@ def _print_status(status: dict[str, Any]) -> None:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from nri_gpushare.config import ConfigError, load_config
     from nri_gpushare.status import query_status
 
     path = args.status_socket
@@ -151,6 +158,8 @@ def _uninstall(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from nri_gpushare.config import DEFAULT_STATUS_SOCKET
+
     parser = argparse.ArgumentParser(prog="nri-gpushare", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -170,10 +179,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     uninstall.add_argument("--kmod-root", default="/proc/gpushare")
     uninstall.set_defaults(func=_uninstall)
+
+    # Parsed by their own modules (main() hands them over); listed for --help.
+    sub.add_parser("cdi", help="write the CDI spec (nri-gpushare cdi generate --help)")
+    sub.add_parser("hook", help="the CDI spec's OCI hooks (run by the runtime, not by hand)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["hook"]:
+        from nri_gpushare.hook import main as hook_main
+
+        return hook_main(argv[1:])
+    if argv[:1] == ["cdi"]:
+        from nri_gpushare.cdi import main as cdi_main
+
+        return cdi_main(argv[1:])
     args = build_parser().parse_args(argv)
     code: int = args.func(args)
     return code

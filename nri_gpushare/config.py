@@ -31,6 +31,8 @@ from nri_gpushare.share.units import parse_size
 DEFAULT_SOCKET = "/var/run/nri/nri.sock"
 DEFAULT_STATUS_SOCKET = "/run/nri-gpushare/status.sock"
 DEFAULT_STATE_DIR = "/var/lib/nri-gpushare"
+DEFAULT_API_SOCKET = "/run/nri-gpushare/api.sock"
+DEFAULT_CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
 
 _UUID = re.compile(r"^GPU-[0-9A-Za-z-]+$")
 
@@ -63,6 +65,11 @@ class Config:
     #: The CUDA interposer (`interposer:`); preload_file is filled in by the daemon.
     interposer: InterposerPolicy = field(default_factory=InterposerPolicy)
     nvml_memory_limits: str = "auto"
+    #: The local API (root only) the CDI hook and gpushare-runc ask.
+    api_socket: str = DEFAULT_API_SOCKET
+    #: containerd's gRPC socket: labels of hand-started containers, events and
+    #: reconciliation; "" turns the local API's containerd side off.
+    containerd_socket: str = DEFAULT_CONTAINERD_SOCKET
 
 
 NVML_MEMORY_LIMITS = ("auto", "off")
@@ -256,6 +263,14 @@ def parse_config(data: object, source: str = "<config>") -> Config:
     state_dir = top.get("state_dir", defaults.state_dir, str)
     if not state_dir.startswith("/"):
         top.fail("state_dir", f"{state_dir!r} must be an absolute path")
+    api_socket = top.get("api_socket", defaults.api_socket, str)
+    if not api_socket.startswith("/"):
+        top.fail("api_socket", f"{api_socket!r} must be an absolute path")
+    cd = _Reader(source, "containerd", top.get("containerd", {}, dict))
+    containerd_socket = cd.get("socket", defaults.containerd_socket, str)
+    if containerd_socket and not containerd_socket.startswith("/"):
+        cd.fail(cd.key("socket"), f"{containerd_socket!r} must be an absolute path or empty")
+    cd.finish()
 
     config = Config(
         socket=socket,
@@ -285,6 +300,8 @@ def parse_config(data: object, source: str = "<config>") -> Config:
         nvml_memory_limits=top.choice(
             "nvml_memory_limits", defaults.nvml_memory_limits, NVML_MEMORY_LIMITS
         ),
+        api_socket=api_socket,
+        containerd_socket=containerd_socket,
     )
     top.finish()
     return config

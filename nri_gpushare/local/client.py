@@ -1,0 +1,47 @@
+"""The blocking client of the local API, for the CDI hook and gpushare-runc.
+
+Standard library only, and nothing else of the package is imported: these
+programs run in every container start.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from .protocol import MAX_MESSAGE, ProtocolError, Reply, Request, decode_reply, encode_request
+
+DEFAULT_SOCKET = "/run/nri-gpushare/api.sock"
+DEFAULT_TIMEOUT = 10.0
+
+
+class Unavailable(OSError):
+    """The daemon cannot be asked (not running, socket missing, no answer in time)."""
+
+
+def ask(request: Request, path: str = DEFAULT_SOCKET, timeout: float = DEFAULT_TIMEOUT) -> Reply:
+    """Send `request`, wait for the reply.  Unavailable when the daemon cannot
+    be reached or does not answer; ProtocolError when it answers nonsense."""
+    data = encode_request(request)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(path)
+            sock.sendall(data)
+            sock.shutdown(socket.SHUT_WR)
+            chunks, size = [], 0
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > MAX_MESSAGE:
+                    raise ProtocolError("reply too long")
+    except TimeoutError:
+        raise Unavailable(
+            f"the nri-gpushare daemon ({path}) did not answer in {timeout:g} s"
+        ) from None
+    except OSError as e:
+        raise Unavailable(
+            f"cannot reach the nri-gpushare daemon at {path}: {e.strerror or e}; is it running?"
+        ) from None
+    if not chunks:
+        raise Unavailable(f"the nri-gpushare daemon ({path}) closed without answering")
+    return decode_reply(b"".join(chunks))

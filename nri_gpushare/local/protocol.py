@@ -1,0 +1,222 @@
+"""The local API's messages (sans-IO): one request, one reply, each one JSON
+object on one line, then the connection closes.
+
+Request::
+
+    {"v": 1, "op": "create", "namespace": "default", "id": "c1",
+     "via": "runc", "bundle": "/run/containerd/.../c1", "pid": 0,
+     "cgroups_path": "/default/c1", "env": {"K": "V"}, "annotations": {...},
+     "gpu_minors": [0]}
+
+``namespace`` is the containerd namespace; "" for a container that
+containerd does not run (podman through CDI): its labels are not read and
+only its poststop hook releases it.
+
+- ``create``: place and register the container's share.  ``env`` and
+  ``annotations`` are the bundle's (config.json); the daemon reads the
+  container's labels from containerd itself.  ``gpu_minors``: the NVIDIA
+  device minors the container was given by CDI (the share must be placed on
+  exactly those GPUs); null when the daemon chooses.  With ``pid`` > 0 the
+  container's cgroup exists and the registration is bound to it at once.
+  Reply ``{"ok": true, "plan": PLAN}``, or ``"plan": null`` when the
+  container asks for no share.
+- ``start``: the container's first process ``pid`` exists: bind the
+  registration to its cgroup.  Reply ``{"ok": true}``.
+- ``release``: free the share (idempotent).  Reply ``{"ok": true,
+  "released": bool}``.
+
+A refusal is ``{"ok": false, "error": "<a message for a person>",
+"reason": "capacity|invalid|conflict|forbidden|kmod|state|interposer|
+unavailable|protocol"}``.
+
+PLAN: ``{"devices": [{"path", "type", "major", "minor", "mode"}], "env":
+{...}, "mounts": [{"destination", "type", "source", "options": [...]}],
+"annotations": {...}, "remove_annotations": [...]}``.
+
+Everything here is pure: bytes in, values out, and the reverse; every field
+is checked (type, size) because a container chooses its env and annotations.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+VERSION = 1
+MAX_MESSAGE = 4 << 20
+"""Bytes one request or reply may take (a container's whole environment fits)."""
+OPS = ("create", "start", "release")
+VIAS = ("cdi", "runc", "")
+MAX_ENTRIES = 4096
+"""env or annotation entries one request may carry."""
+MAX_TEXT = 64 << 10
+"""Bytes one key or value may take."""
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
+"""containerd namespaces and container IDs (a strict superset of what containerd allows)."""
+
+
+class ProtocolError(ValueError):
+    """A message that is not one of ours; str() says what is wrong."""
+
+
+@dataclass(frozen=True)
+class Request:
+    op: str
+    namespace: str
+    id: str
+    via: str = ""
+    bundle: str = ""
+    pid: int = 0
+    cgroups_path: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    gpu_minors: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Reply:
+    ok: bool
+    error: str = ""
+    reason: str = ""
+    plan: dict[str, Any] | None = None
+    released: bool | None = None
+
+    @classmethod
+    def refused(cls, error: str, reason: str) -> Reply:
+        return cls(False, error=error, reason=reason)
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    data = json.dumps(obj, separators=(",", ":"), sort_keys=True).encode() + b"\n"
+    if len(data) > MAX_MESSAGE:
+        raise ProtocolError(f"message of {len(data)} bytes, more than {MAX_MESSAGE}")
+    return data
+
+
+def encode_request(r: Request) -> bytes:
+    obj: dict[str, Any] = {"v": VERSION, "op": r.op, "namespace": r.namespace, "id": r.id}
+    if r.op == "create":
+        obj.update(
+            via=r.via,
+            bundle=r.bundle,
+            pid=r.pid,
+            cgroups_path=r.cgroups_path,
+            env=r.env,
+            annotations=r.annotations,
+            gpu_minors=None if r.gpu_minors is None else list(r.gpu_minors),
+        )
+    elif r.op == "start":
+        obj.update(pid=r.pid)
+    return _line(obj)
+
+
+def encode_reply(r: Reply) -> bytes:
+    obj: dict[str, Any] = {"ok": r.ok}
+    if not r.ok:
+        obj.update(error=r.error, reason=r.reason)
+    if r.plan is not None or (r.ok and r.released is None):
+        obj["plan"] = r.plan
+    if r.released is not None:
+        obj["released"] = r.released
+    return _line(obj)
+
+
+def _load(data: bytes) -> dict[str, Any]:
+    if len(data) > MAX_MESSAGE:
+        raise ProtocolError(f"message of {len(data)} bytes, more than {MAX_MESSAGE}")
+    try:
+        obj = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ProtocolError(f"not JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("not a JSON object")
+    return obj
+
+
+def _text(obj: dict[str, Any], key: str, *, required: bool = False) -> str:
+    value = obj.get(key, "")
+    if not isinstance(value, str) or len(value) > MAX_TEXT or "\0" in value:
+        raise ProtocolError(f"{key}: not a string of at most {MAX_TEXT} bytes")
+    if required and not value:
+        raise ProtocolError(f"{key}: missing")
+    return value
+
+
+def _name(obj: dict[str, Any], key: str, *, required: bool = True) -> str:
+    value = _text(obj, key, required=required)
+    if value and not _NAME.fullmatch(value):
+        raise ProtocolError(f"{key}: {value[:80]!r} is not a containerd name")
+    return value
+
+
+def _mapping(obj: dict[str, Any], key: str) -> dict[str, str]:
+    value = obj.get(key) or {}
+    if not isinstance(value, dict) or len(value) > MAX_ENTRIES:
+        raise ProtocolError(f"{key}: not an object of at most {MAX_ENTRIES} entries")
+    for k, v in value.items():
+        if not isinstance(v, str) or len(k) > MAX_TEXT or len(v) > MAX_TEXT:
+            raise ProtocolError(f"{key}: entries must be strings of at most {MAX_TEXT} bytes")
+    return dict(value)
+
+
+def decode_request(data: bytes) -> Request:
+    """The request in `data` (one line, newline optional); ProtocolError if it is not one."""
+    obj = _load(data)
+    if obj.get("v") != VERSION:
+        raise ProtocolError(f"protocol version {obj.get('v')!r:.20}; this daemon speaks {VERSION}")
+    op = obj.get("op")
+    if op not in OPS:
+        raise ProtocolError(f"op {op!r:.40}: not one of {', '.join(OPS)}")
+    namespace, cid = _name(obj, "namespace", required=False), _name(obj, "id")
+    pid = obj.get("pid", 0)
+    if type(pid) is not int or not 0 <= pid < 1 << 31:
+        raise ProtocolError("pid: not a process ID")
+    if op == "release":
+        return Request(op, namespace, cid)
+    if op == "start":
+        if pid == 0:
+            raise ProtocolError("pid: missing")
+        return Request(op, namespace, cid, pid=pid)
+    via = obj.get("via", "")
+    if via not in VIAS:
+        raise ProtocolError(f"via {via!r:.40}: not one of cdi, runc")
+    minors = obj.get("gpu_minors")
+    if minors is not None:
+        if (
+            not isinstance(minors, list)
+            or not 0 < len(minors) <= 64
+            or any(type(m) is not int or not 0 <= m < 1 << 20 for m in minors)
+        ):
+            raise ProtocolError("gpu_minors: not a list of 1 to 64 device minors")
+        minors = tuple(minors)
+    return Request(
+        op,
+        namespace,
+        cid,
+        via=via,
+        bundle=_text(obj, "bundle"),
+        pid=pid,
+        cgroups_path=_text(obj, "cgroups_path"),
+        env=_mapping(obj, "env"),
+        annotations=_mapping(obj, "annotations"),
+        gpu_minors=minors,
+    )
+
+
+def decode_reply(data: bytes) -> Reply:
+    """The reply in `data`; ProtocolError if it is not one."""
+    obj = _load(data)
+    ok = obj.get("ok")
+    if type(ok) is not bool:
+        raise ProtocolError("ok: not true or false")
+    if not ok:
+        return Reply(False, error=_text(obj, "error"), reason=_text(obj, "reason"))
+    plan = obj.get("plan")
+    if plan is not None and not isinstance(plan, dict):
+        raise ProtocolError("plan: not an object")
+    released = obj.get("released")
+    if released is not None and type(released) is not bool:
+        raise ProtocolError("released: not true or false")
+    return Reply(True, plan=plan, released=released)
