@@ -35,6 +35,8 @@ from nri_gpushare.host import (
 )
 from nri_gpushare.kmod.client import KernelModule
 from nri_gpushare.kmod.worker import OffLoopKernelModule
+from nri_gpushare.local.server import LocalApiServer
+from nri_gpushare.local_api import LocalApiHandler
 from nri_gpushare.nvml_limits import NvmlMemoryLimits
 from nri_gpushare.share.interposer import preload_file_text
 from nri_gpushare.share.model import (
@@ -299,6 +301,54 @@ async def build_service(
     return service
 
 
+class ContainerdLabels:
+    """Containers' labels from containerd, over one connection opened when
+    first needed (containerd may start after the daemon) and reopened after
+    it broke."""
+
+    def __init__(self, socket_path: str) -> None:
+        self.socket_path = socket_path
+        self._client: Any = None
+
+    async def labels(self, namespace: str, container_id: str) -> dict[str, str]:
+        from nri_gpushare.containerd.client import ContainerdClient, ContainerdUnavailable
+
+        if self._client is None:
+            client = ContainerdClient(self.socket_path)
+            await client.__aenter__()
+            self._client = client
+        try:
+            labels: dict[str, str] = await self._client.labels(namespace, container_id)
+        except ContainerdUnavailable:
+            self.close()
+            raise
+        return labels
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+class ReconcileOwner:
+    """The share service as the containerd reconciler's owner of local allocations."""
+
+    def __init__(self, service: ShareService) -> None:
+        self.service = service
+
+    def local_allocations(self) -> list[Any]:
+        from nri_gpushare.containerd.reconcile import LocalRef
+
+        return [
+            LocalRef(r.namespace, r.container_id, r.pid, r.since)
+            for r in self.service.local_allocations()
+            if r.namespace  # a container containerd does not run cannot be checked there
+        ]
+
+    async def release_local(self, namespace: str, container_id: str, why: str) -> None:
+        await self.service.release_local(namespace, container_id, why)
+
+
 def _summary(samples: Iterable[float]) -> dict[str, float]:
     """Count, median and p99 of recent handler times, in milliseconds."""
     ordered = sorted(samples)
@@ -325,6 +375,7 @@ async def run_daemon(
 
     try:
         service = await build_service(config, kmod, limits=limits, usage=usage)
+        await service.recover_local()
     except BaseException:
         close()
         raise
@@ -358,17 +409,50 @@ async def run_daemon(
         return {**service.status(memory), "nri": nri_state}
 
     handler.request_timeout = lambda: stub.request_timeout
-    status = StatusServer(config.status_socket, snapshot)
+    labels = ContainerdLabels(config.containerd_socket) if config.containerd_socket else None
+    local_api = LocalApiServer(
+        config.api_socket, LocalApiHandler(service, labels, config.containerd_socket)
+    )
+    reconciler: Any = None
+    if config.containerd_socket:
+        from nri_gpushare.containerd.reconcile import Reconciler
+
+        reconciler = Reconciler(config.containerd_socket, ReconcileOwner(service))
+
+    async def full_snapshot() -> dict[str, Any]:
+        document = await snapshot()
+        document["local_api"] = {"socket": config.api_socket, "requests": local_api.requests}
+        document["containerd"] = (
+            {"socket": config.containerd_socket, **reconciler.state()}
+            if reconciler is not None
+            else {"socket": "", "connected": False, "last_error": "containerd.socket is off"}
+        )
+        return document
+
+    status = StatusServer(config.status_socket, full_snapshot)
     await status.start()
+    try:
+        await local_api.start()
+    except BaseException:
+        await status.close()
+        close()
+        raise
+    following = (
+        asyncio.create_task(reconciler.run(), name="containerd-reconciler")
+        if reconciler is not None
+        else None
+    )
     loop = asyncio.get_running_loop()
     stopping: list[asyncio.Task[None]] = []  # keep the task referenced until it ends
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, lambda: stopping.append(loop.create_task(stub.stop())))
     log.info(
-        "nri-gpushare: %d GPU(s), NRI socket %s, status socket %s",
+        "nri-gpushare: %d GPU(s), NRI socket %s, status socket %s, local API %s, containerd %s",
         len(service.gpus),
         stub.socket_path or "fd 3 (pre-launched by the runtime)",
         config.status_socket,
+        config.api_socket,
+        config.containerd_socket or "off",
     )
     try:
         await stub.run()
@@ -378,7 +462,13 @@ async def run_daemon(
         log.error("nri-gpushare: the runtime connection is lost (%s); exiting", exc)
         return 1
     finally:
+        if following is not None:
+            following.cancel()
+            await asyncio.gather(following, return_exceptions=True)
+        await local_api.close()
         await status.close()
+        if labels is not None:
+            labels.close()
         close()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)

@@ -17,6 +17,8 @@ ASSIGNED = PREFIX + "assigned"
 PLACEMENTS = ("binpack", "spread")
 PRIORITIES = ("normal", "high")
 ISOLATIONS = ("full", "memory", "none")
+ORIGINS = ("", "cdi", "runc")
+"""How a share was asked for: "" NRI, "cdi" the CDI hook, "runc" gpushare-runc."""
 KMOD_MODES = ("required", "optional", "off")
 UNSERVED_ACTIONS = ("warn", "deny")
 PRELOAD_MODES = ("ld.so.preload", "env")
@@ -234,6 +236,20 @@ class Allocation:
     priority: str = "normal"
     isolation: str = "full"
     interposer: bool = False  # libgpushare.so was injected (recorded; not in the annotation)
+    #: How it was asked for: "" through NRI (a Kubernetes pod), "cdi" (the CDI
+    #: hook) or "runc" (gpushare-runc) for containers NRI does not see.
+    origin: str = ""
+    namespace: str = ""  # the containerd namespace of a container asked for outside NRI
+
+    @property
+    def local(self) -> bool:
+        """Asked for through the local API (ctr, nerdctl, docker), not NRI."""
+        return bool(self.origin)
+
+    @property
+    def where(self) -> str:
+        """'nri', or 'runc:<namespace>' / 'cdi:<namespace>' for status."""
+        return f"{self.origin}:{self.namespace}" if self.origin else "nri"
 
     @property
     def high_priority(self) -> bool:

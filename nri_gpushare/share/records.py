@@ -24,7 +24,9 @@ write cut short) is logged and skipped::
     {"del":"..."}
 
 ``interposer`` (whether libgpushare.so was injected) is left out when false,
-and read as false when absent (records of earlier versions).
+and read as false when absent (records of earlier versions).  A container
+asked for outside NRI (`Allocation.local`) also has ``origin`` ("cdi" or
+"runc") and its containerd ``namespace``; NRI's have neither.
 
 This module is pure: text in, text out; the store does the I/O.
 """
@@ -39,7 +41,16 @@ from typing import Any, Protocol
 from ..kmod.client import Registration
 from .assigned import assigned_annotation, share_json
 from .kmod_link import registered_as
-from .model import ASSIGNED, ISOLATIONS, PRIORITIES, Allocation, ContainerInfo, Gpu, GpuShare
+from .model import (
+    ASSIGNED,
+    ISOLATIONS,
+    ORIGINS,
+    PRIORITIES,
+    Allocation,
+    ContainerInfo,
+    Gpu,
+    GpuShare,
+)
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +108,9 @@ def added(a: Allocation) -> str:
     }
     if a.interposer:
         entry["interposer"] = True
+    if a.origin:
+        entry["origin"] = a.origin
+        entry["namespace"] = a.namespace
     return _line({"add": entry})
 
 
@@ -166,8 +180,20 @@ def _allocation(entry: Any, by_uuid: Mapping[str, Gpu]) -> Allocation:
     interposer = entry.get("interposer", False)
     if type(interposer) is not bool:
         raise TypeError("interposer is not true or false")
+    origin = entry.get("origin", "")
+    if origin not in ORIGINS:
+        raise ValueError("bad origin")
+    namespace = text("namespace") if origin else ""
     return Allocation(
-        cid, text("name"), text("pod"), tuple(shares), priority, isolation, interposer
+        cid,
+        text("name"),
+        text("pod"),
+        tuple(shares),
+        priority,
+        isolation,
+        interposer,
+        origin,
+        namespace,
     )
 
 

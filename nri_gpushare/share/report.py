@@ -130,6 +130,7 @@ def status_document(
                 "isolation": a.isolation,
                 "registered": is_registered,
                 "interposer": a.interposer,
+                "origin": a.where,
                 "guards": on,
                 "unguarded": why,
                 "gpus": shares,

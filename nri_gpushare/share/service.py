@@ -24,7 +24,9 @@ is asked, so nothing placed meanwhile can take its room; a refusal frees it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +35,7 @@ from ..kmod.client import KernelModule
 from . import records
 from .assigned import assigned_annotation
 from .interposer import LibraryCheck, missing_message, wants_interposer
-from .kmod_link import KernelLink
+from .kmod_link import KernelLink, registered_as
 from .limits import LimitLink, MemoryLimits
 from .model import (
     ASSIGNED,
@@ -57,6 +59,25 @@ log = logging.getLogger(__name__)
 __all__ = ["ShareService", "Unserved", "assigned_annotation"]
 
 _STRIP_ASSIGNED = InjectionPlan(devices=(), env={}, annotations={}, remove_annotations=(ASSIGNED,))
+
+
+@dataclass
+class LocalState:
+    """What the service knows of a container asked for outside NRI (not recorded)."""
+
+    pid: int = 0  # its first process; 0 until started (or after a daemon restart)
+    since: float = 0.0  # time.time() when placed; 0 for one recovered after a restart
+    cgroups_path: str = ""
+
+
+@dataclass(frozen=True)
+class LocalRef:
+    """A local allocation as the containerd reconciler sees it."""
+
+    namespace: str
+    container_id: str
+    pid: int
+    since: float
 
 
 @dataclass
@@ -111,6 +132,7 @@ class ShareService:
         self._pod_containers: dict[str, set[str]] = {}  # pod UID -> container names seen
         self._creating: set[str] = set()  # waiting for the module
         self._generation = 0  # bumped when synchronize replaces the table
+        self.local: dict[str, LocalState] = {}  # container ID -> state, local allocations
 
     @property
     def registered(self) -> set[str]:
@@ -123,16 +145,33 @@ class ShareService:
 
     # -- container lifecycle -------------------------------------------------------
 
-    async def create_container(self, c: ContainerInfo) -> InjectionPlan | None:
+    async def create_container(
+        self,
+        c: ContainerInfo,
+        *,
+        origin: str = "",
+        namespace: str = "",
+        gpus: tuple[int, ...] | None = None,
+    ) -> InjectionPlan | None:
         """The plan for a new container, or None when it asks for no share.
 
+        `origin` and `namespace`: how a container NRI does not see asked (see
+        `Allocation.origin`); `gpus`: the GPU indexes it must be placed on
+        (the CDI devices it was given), None to let placement choose.
         Raises ShareRefused; a refusal leaves nothing reserved.
         """
         who = c.describe()
         if c.id in self._creating:
             raise ShareRefused(f"gpushare: {who} is already being created", "conflict")
-        if c.id in self.allocations:  # asked again: same answer
-            return self._plan(self.allocations[c.id], c)
+        if (held := self.allocations.get(c.id)) is not None:  # asked again: same answer
+            if (held.origin, held.namespace) != (origin, namespace):
+                raise ShareRefused(
+                    f"gpushare: cannot create {who}: container ID {quote(c.id)} already holds "
+                    f"a share on this node (asked through {held.where}); container IDs must "
+                    f"be unique across containerd namespaces to get a GPU share",
+                    "conflict",
+                )
+            return self._plan(held, c)
         if c.pod_uid:
             self._pod_containers.setdefault(c.pod_uid, set()).add(c.name)
         if not_allowed := ignored(c, self.policy.sources_for(c)):
@@ -148,9 +187,23 @@ class ShareService:
         req = parse_request(c, self.gpus, self.policy)
         if req is None:
             return _STRIP_ASSIGNED if forged else None
+        if gpus is not None:
+            req = _on_given_gpus(req, gpus, who)
+        if origin == "cdi" and req.isolation != "none" and self.link.mode == "off":
+            raise ShareRefused(_cdi_needs_module(who, "kmod: off"), "kmod")
         shares = self.ledger.place(req, who)  # reserves nothing yet
         interposer = self._interposer_for(req, who)
-        alloc = Allocation(c.id, c.name, c.pod, shares, req.priority, req.isolation, interposer)
+        alloc = Allocation(
+            c.id,
+            c.name,
+            c.pod,
+            shares,
+            req.priority,
+            req.isolation,
+            interposer,
+            origin,
+            namespace,
+        )
         # Reserved before the module is asked: what is placed meanwhile sees it.
         self.ledger.add(alloc)
         self.allocations[c.id] = alloc
@@ -172,6 +225,14 @@ class ShareService:
                 f"registered it",
                 "conflict",
             )
+        if origin == "cdi" and req.isolation != "none" and not registered:
+            # The CDI hook cannot hand the container its quota in the environment:
+            # only the module can tell the interposer.
+            await self._undo(alloc, generation, registered)
+            problem = self.link.problem or "did not register it"
+            raise ShareRefused(_cdi_needs_module(who, f"the kernel module {problem}"), "kmod")
+        if origin:
+            self.local[c.id] = LocalState(c.pid, time.time(), c.cgroups_path)
         try:
             self._record(records.added(alloc))
         except OSError as e:
@@ -225,6 +286,7 @@ class ShareService:
         """
         alloc = self.allocations.pop(container_id, None)
         self.unserved.pop(container_id, None)
+        self.local.pop(container_id, None)
         if alloc is not None:
             self.ledger.remove(alloc)
             log.info("container %s: released %s", container_id, alloc.describe_shares())
@@ -267,13 +329,25 @@ class ShareService:
         text = self.store.load()
         saved = records.decode(text, self.gpus) if text is not None else {}
         # From here to resync nothing is awaited: the table is replaced at once.
+        # Shares asked for outside NRI are not in `live`: they are kept as they are.
+        kept = {cid: a for cid, a in self.allocations.items() if a.local}
         self._generation += 1
         self.ledger = Ledger(self.gpus, self.policy)
         self.allocations = {}
         self.link.forget()
         self.limits.forget()
         self._pod_containers = {}
+        for cid, held in kept.items():
+            self.ledger.add(held)
+            self.allocations[cid] = held
         for c in live:
+            if c.id in kept:
+                log.warning(
+                    "%s: its ID is held by a container asked for through %s; not recovered",
+                    c.describe(),
+                    kept[c.id].where,
+                )
+                continue
             if c.pod_uid:
                 self._pod_containers.setdefault(c.pod_uid, set()).add(c.name)
             try:
@@ -291,9 +365,121 @@ class ShareService:
         self._or_log(self._snapshot)
         self._find_unserved(live)
         recovered = dict(self.allocations)
-        await self.link.resync(module, recovered, {c.id: c.cgroups_path for c in live})
-        dropped = {cid: saved[cid] for cid in forgotten}
-        await self.limits.resync(recovered, {c.id: c for c in live}, dropped)
+        running = {c.id: c for c in live} | self._local_containers()
+        await self.link.resync(
+            module, recovered, {cid: c.cgroups_path for cid, c in running.items()}
+        )
+        dropped = {cid: saved[cid] for cid in forgotten if not saved[cid].local}
+        await self.limits.resync(recovered, running, dropped)
+
+    # -- containers asked for outside NRI (the local API) ---------------------------------
+
+    def _local_containers(self) -> dict[str, ContainerInfo]:
+        """The local allocations as containers (for the module's and limits' resync)."""
+        out = {}
+        for cid, state in self.local.items():
+            alloc = self.allocations.get(cid)
+            if alloc is not None:
+                out[cid] = ContainerInfo(
+                    id=cid, name=alloc.name, cgroups_path=state.cgroups_path, pid=state.pid
+                )
+        return out
+
+    def _local_alloc(self, namespace: str, container_id: str) -> Allocation | None:
+        alloc = self.allocations.get(container_id)
+        if alloc is None or not alloc.local or alloc.namespace != namespace:
+            return None
+        return alloc
+
+    async def start_local(self, namespace: str, container_id: str, pid: int) -> bool:
+        """The local container's first process `pid` exists: bind its
+        registration to its cgroup and set the driver's limits.  False when no
+        local share of that namespace and ID is held."""
+        alloc = self._local_alloc(namespace, container_id)
+        state = self.local.get(container_id)
+        if alloc is None or state is None:
+            return False
+        state.pid = pid
+        c = ContainerInfo(
+            id=container_id, name=alloc.name, cgroups_path=state.cgroups_path, pid=pid
+        )
+        await self.start_container(c)
+        return True
+
+    async def release_local(self, namespace: str, container_id: str, why: str) -> bool:
+        """Release a share asked for outside NRI (never an NRI one); True when
+        one was freed."""
+        if self._local_alloc(namespace, container_id) is None:
+            return False
+        log.info("container %s/%s: %s", namespace, container_id, why)
+        return await self.release(container_id)
+
+    def local_allocations(self) -> list[LocalRef]:
+        """The local allocations, for the containerd reconciler."""
+        return [
+            LocalRef(a.namespace, cid, state.pid, state.since)
+            for cid, a in self.allocations.items()
+            if a.local and (state := self.local.get(cid)) is not None
+        ]
+
+    async def recover_local(self) -> None:
+        """After a daemon restart: take back the shares asked for outside NRI
+        from the daemon's records, checked against the module's registry (its
+        registration wins; a share it lost is registered again).  Whether each
+        container still exists is for the containerd reconciler to say.
+        Never raises for what it reads."""
+        text = self.store.load()
+        saved = records.decode(text, self.gpus) if text is not None else {}
+        wanted = {cid: a for cid, a in saved.items() if a.local and cid not in self.allocations}
+        if not wanted:
+            return
+        module = await self.link.registrations()
+        for cid, alloc in wanted.items():
+            registration = (module or {}).get(cid)
+            if registration is not None and not registered_as(alloc, registration):
+                c = ContainerInfo(id=cid, name=alloc.name)
+                by_module = records.from_registration(c, registration, self.gpus)
+                if by_module is not None:
+                    log.warning(
+                        "container %s/%s: the daemon's record (%s) differs from the kernel "
+                        "module's registration (%s); the module's wins",
+                        alloc.namespace,
+                        cid,
+                        alloc.describe_shares(),
+                        by_module.describe_shares(),
+                    )
+                    alloc = dataclasses.replace(
+                        by_module,
+                        isolation=alloc.isolation,
+                        interposer=alloc.interposer,
+                        origin=alloc.origin,
+                        namespace=alloc.namespace,
+                    )
+            try:
+                for note in self.ledger.add(alloc):
+                    log.warning("container %s: recovered share: %s", cid, note)
+            except Exception:
+                log.exception("container %s: cannot recover its share", cid)
+                continue
+            self.allocations[cid] = alloc
+            self.local[cid] = LocalState()
+            log.info(
+                "container %s/%s: recovered %s (asked through %s)",
+                alloc.namespace,
+                cid,
+                alloc.describe_shares(),
+                alloc.origin,
+            )
+        recovered = {cid: self.allocations[cid] for cid in wanted if cid in self.allocations}
+        if module is not None:
+            for cid, alloc in recovered.items():
+                registration = module.get(cid)
+                if alloc.isolation == "none":
+                    continue
+                if registration is not None and registered_as(alloc, registration):
+                    self.link.registered.add(cid)
+                else:
+                    await self.link.register(alloc, f"container {cid}")
 
     def _find_unserved(self, live: Sequence[ContainerInfo]) -> None:
         """Live containers that ask for a share and hold none (fail-open); the
@@ -425,3 +611,36 @@ class ShareService:
                     s.index,
                     total / GiB,
                 )
+
+
+def _on_given_gpus(req: ShareRequest, gpus: tuple[int, ...], who: str) -> ShareRequest:
+    """`req` placed on exactly `gpus` (the CDI devices the container was given)."""
+    named = ", ".join(str(i) for i in gpus)
+    if req.devices is not None and sorted(req.devices) != sorted(gpus):
+        raise ShareRefused(
+            f"gpushare: cannot create {who}: its CDI devices give it GPU(s) {named}, but "
+            f"{req.keys.get('devices', 'gpu-devices')} asks for GPU(s) "
+            f"{', '.join(str(i) for i in req.devices)}; ask for the same GPUs in both",
+            "conflict",
+            req.keys.get("devices"),
+        )
+    if req.count != len(gpus):
+        raise ShareRefused(
+            f"gpushare: cannot create {who}: its CDI devices give it {len(gpus)} GPU(s) "
+            f"({named}) but it asks for a share of {req.count}; ask for "
+            f"gpushare.io/gpu-count={len(gpus)} or request {req.count} device(s) "
+            f"(one CDI device: a GPU's index or UUID, or all)",
+            "conflict",
+            req.keys.get("count"),
+        )
+    return dataclasses.replace(req, devices=gpus)
+
+
+def _cdi_needs_module(who: str, problem: str) -> str:
+    return (
+        f"gpushare: cannot create {who}: a share with isolation full|memory through a CDI "
+        f"device is enforced by the gpushare kernel module (the CDI hook cannot put the "
+        f"quota in the container's environment), and {problem}; load gpushare.ko, or "
+        f"start the container with the gpushare-runc runtime, or ask for "
+        f"gpushare.io/isolation=none"
+    )

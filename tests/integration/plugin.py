@@ -34,9 +34,13 @@ class PluginProcess:
         workdir.mkdir(mode=0o750, parents=True, exist_ok=True)  # the status socket's dir
         self.workdir = workdir
         self.status_socket = str(workdir / "status.sock")
+        self.api_socket = str(workdir / "api.sock")
         config = {
             "nri": {"socket": str(nri_socket), "plugin_index": "10"},
             "status_socket": self.status_socket,
+            "api_socket": self.api_socket,
+            # The test bed's containerd serves gRPC next to its NRI socket.
+            "containerd": {"socket": str(Path(nri_socket).parent / "containerd.sock")},
             "log_level": "debug",
             "kmod": "off",
             "use_nvml": False,

@@ -168,6 +168,8 @@ async def test_plugin_launched_by_containerd_uses_fd3(tmp_path):
         yaml.safe_dump(
             {
                 "status_socket": str(tmp_path / "status.sock"),
+                "api_socket": str(tmp_path / "api.sock"),
+                "containerd": {"socket": str(bed.grpc_address)},
                 "kmod": "off",
                 "use_nvml": False,
                 "inventory": gpu_inventory(1, "8Gi"),

@@ -1,0 +1,129 @@
+"""The local API's server in the daemon: a unix socket only root can use.
+
+The socket is created mode 0600 in the daemon's runtime directory (checked
+as the status socket's is), and every connection's peer credentials
+(SO_PEERCRED) are checked too: only uid 0 or the daemon's own uid is
+answered, so a socket made reachable by mistake (a bind mount into a
+container) still grants nothing.  One request per connection, read until
+the client shuts its side or `MAX_MESSAGE` bytes, under a deadline; a
+client that stalls or sends garbage gets an error and costs nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import struct
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from ..config import ConfigError
+from ..status import _prepare_directory
+from .protocol import MAX_MESSAGE, ProtocolError, Reply, Request, decode_request, encode_reply
+
+log = logging.getLogger(__name__)
+
+SOCKET_MODE = 0o600
+READ_WITHIN = 5.0
+"""Seconds a client has to send its request."""
+
+Handler = Callable[[Request], Awaitable[Reply]]
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a unix socket."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return int(uid)
+
+
+class LocalApiServer:
+    def __init__(self, path: str, handler: Handler) -> None:
+        self.path = path
+        self._handler = handler
+        self._server: asyncio.AbstractServer | None = None
+        self.requests = 0
+        self.refused_peers = 0
+
+    async def start(self) -> None:
+        """Listen on `path`; ConfigError (saying what to do) when it cannot."""
+        try:
+            _prepare_directory(Path(self.path).parent)
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                old = os.umask(0o777 & ~SOCKET_MODE)
+                try:
+                    sock.bind(self.path)
+                finally:
+                    os.umask(old)
+                os.chmod(self.path, SOCKET_MODE)
+            except BaseException:
+                sock.close()
+                raise
+        except ConfigError as e:
+            raise ConfigError(f"api_socket {self.path}: {e}") from None
+        except OSError as e:
+            raise ConfigError(f"api_socket {self.path}: cannot create it: {e.strerror}") from e
+        self._server = await asyncio.start_unix_server(
+            self._serve, sock=sock, limit=MAX_MESSAGE + 1
+        )
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            sock = writer.get_extra_info("socket")
+            uid = peer_uid(sock) if sock is not None else -1
+            if uid not in (0, os.geteuid()):
+                self.refused_peers += 1
+                log.warning("local API: refused a connection from uid %d (root only)", uid)
+                reply = Reply.refused("gpushare: the local API answers root only", "forbidden")
+            else:
+                reply = await self._answer(reader)
+            writer.write(encode_reply(reply))
+            await writer.drain()
+        except (ConnectionError, ProtocolError) as e:
+            log.debug("local API: client went away: %s", e)
+        finally:
+            writer.close()
+
+    async def _answer(self, reader: asyncio.StreamReader) -> Reply:
+        try:
+            async with asyncio.timeout(READ_WITHIN):
+                data = await reader.read(MAX_MESSAGE + 1)
+                while data and not reader.at_eof() and len(data) <= MAX_MESSAGE:
+                    more = await reader.read(MAX_MESSAGE + 1 - len(data))
+                    if not more:
+                        break
+                    data += more
+        except TimeoutError:
+            return Reply.refused(f"gpushare: no request within {READ_WITHIN:g} s", "protocol")
+        try:
+            request = decode_request(data)
+        except ProtocolError as e:
+            log.warning("local API: a request that is not one: %s", e)
+            return Reply.refused(f"gpushare: bad request: {e}", "protocol")
+        self.requests += 1
+        try:
+            return await self._handler(request)
+        except Exception as e:  # a bug must not leave the caller without an answer
+            log.exception("local API: %s %s/%s failed", request.op, request.namespace, request.id)
+            return Reply.refused(
+                f"gpushare: internal error handling {request.op} ({type(e).__name__}); "
+                f"see the nri-gpushare log",
+                "internal",
+            )
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,148 @@
+"""The daemon's side of the local API: requests from the CDI hook and
+gpushare-runc meet the share domain here, as NRI messages do in `daemon`.
+
+A container asked for this way is one that NRI never sees (ctr, nerdctl,
+docker).  Its request is read from the same places as a pod's: its
+``gpushare.io/*`` annotations (the bundle's config.json, as the hook or the
+wrapper sent them), its containerd **labels** (read here, from containerd,
+never from the caller: `nerdctl run --label` puts them nowhere else) and its
+environment (cGPU/eGPU variables), under the node's `sources.standalone`.
+The share goes into the same table as the pods' shares, so the two can never
+be given the same memory.
+
+A container in a Kubernetes (CRI) namespace carrying CRI's annotations is
+NRI's: it is answered with no share here, so that a CRI runtime configured
+with gpushare-runc or a CDI device is never counted twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Protocol
+
+from nri_gpushare.local.protocol import Reply, Request
+from nri_gpushare.share.model import ContainerInfo, Gpu, InjectionPlan, ShareRefused
+from nri_gpushare.share.service import ShareService
+
+log = logging.getLogger(__name__)
+
+CRI_CONTAINER_TYPE = "io.kubernetes.cri.container-type"
+NAME_KEYS = ("nerdctl/name", "io.containerd.container.name")
+"""Labels or annotations that name a hand-started container (nerdctl's)."""
+
+
+class LabelSource(Protocol):
+    async def labels(self, namespace: str, container_id: str) -> dict[str, str]:
+        """The container's containerd labels; raises when it cannot say."""
+
+
+class LabelsUnavailable(Exception):
+    """The labels cannot be read; str() says why, for a person."""
+
+
+def plan_json(plan: InjectionPlan) -> dict[str, object]:
+    """The PLAN of the local protocol."""
+    return {
+        "devices": [
+            {"path": d.path, "type": d.type, "major": d.major, "minor": d.minor, "mode": d.mode}
+            for d in plan.devices
+        ],
+        "env": dict(plan.env),
+        "mounts": [
+            {
+                "destination": m.destination,
+                "type": m.type,
+                "source": m.source,
+                "options": list(m.options),
+            }
+            for m in plan.mounts
+        ],
+        "annotations": dict(plan.annotations),
+        "remove_annotations": list(plan.remove_annotations),
+    }
+
+
+class LocalApiHandler:
+    """Local API requests -> share service."""
+
+    def __init__(
+        self,
+        service: ShareService,
+        labels: LabelSource | None,
+        containerd_socket: str = "",
+    ) -> None:
+        self.service = service
+        self.labels = labels
+        self.containerd_socket = containerd_socket
+        self.by_minor: Mapping[int, Gpu] = {g.minor: g for g in service.gpus}
+
+    async def __call__(self, request: Request) -> Reply:
+        if request.op == "release":
+            released = await self.service.release_local(
+                request.namespace, request.id, f"released ({request.via or 'hook'} asked)"
+            )
+            return Reply(True, released=released)
+        if request.op == "start":
+            await self.service.start_local(request.namespace, request.id, request.pid)
+            return Reply(True)
+        return await self._create(request)
+
+    async def _create(self, r: Request) -> Reply:
+        where = f"{r.namespace}/{r.id}" if r.namespace else r.id
+        if CRI_CONTAINER_TYPE in r.annotations:
+            log.info("container %s: a CRI container, served through NRI; nothing to do", where)
+            return Reply(True)
+        try:
+            labels = await self._labels(r)
+        except LabelsUnavailable as e:
+            return Reply.refused(f"gpushare: cannot create container {where}: {e}", "unavailable")
+        gpus = None
+        if r.gpu_minors is not None:
+            unknown = [m for m in r.gpu_minors if m not in self.by_minor]
+            if unknown:
+                return Reply.refused(
+                    f"gpushare: cannot create container {where}: it was given /dev/nvidia"
+                    f"{unknown[0]}, which is not a GPU of this node's inventory; regenerate "
+                    f"the CDI spec (nri-gpushare cdi generate)",
+                    "invalid",
+                )
+            gpus = tuple(dict.fromkeys(self.by_minor[m].index for m in r.gpu_minors))
+        name = next((v for k in NAME_KEYS if (v := labels.get(k) or r.annotations.get(k))), "")
+        info = ContainerInfo(
+            id=r.id,
+            name=name or r.id,
+            annotations=r.annotations,
+            labels=labels,
+            env=r.env,
+            cgroups_path=r.cgroups_path,
+            pid=r.pid,
+        )
+        try:
+            plan = await self.service.create_container(
+                info, origin=r.via or "runc", namespace=r.namespace, gpus=gpus
+            )
+        except ShareRefused as e:
+            log.warning("refused container %s (%s): %s", where, r.via, e)
+            return Reply.refused(str(e), e.reason)
+        if plan is None:
+            return Reply(True)
+        if r.pid and plan.devices:  # the hook runs once the cgroup exists: bind now
+            await self.service.start_local(r.namespace, r.id, r.pid)
+        return Reply(True, plan=plan_json(plan))
+
+    async def _labels(self, r: Request) -> dict[str, str]:
+        if not r.namespace or self.labels is None:
+            return {}
+        from nri_gpushare.containerd.client import ContainerdError, ContainerNotFound
+
+        try:
+            return await self.labels.labels(r.namespace, r.id)
+        except ContainerNotFound:
+            raise LabelsUnavailable(
+                f"containerd at {self.containerd_socket} has no container {r.id} in namespace "
+                f"{r.namespace}, so its labels cannot be read; point the node config's "
+                f"containerd.socket at the containerd that runs it"
+            ) from None
+        except ContainerdError as e:
+            raise LabelsUnavailable(f"cannot read its labels from containerd: {e}") from None
