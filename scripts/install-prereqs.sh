@@ -2,8 +2,10 @@
 # Installs what the demo and the test suite need on a Debian bookworm machine:
 # bookworm packages (runc, busybox-static, protoc, qemu, a kernel to boot under
 # qemu and its headers) and, from Debian trixie, containerd 1.7.24 plus the
-# NRI and CRI API protos -- those are only downloaded and extracted into
-# .cache/trixie, never installed over bookworm.  Idempotent; safe to re-run.
+# NRI and CRI API protos, and Docker 26.1 (dockerd, the CLI, tini as
+# docker-init) for the Docker test bed -- those are only downloaded and
+# extracted into .cache/trixie, never installed over bookworm.  Idempotent;
+# safe to re-run.
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -61,8 +63,11 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # --- trixie packages, extracted only ---
+# docker.io's usr/bin/docker-init is a link to tini's tini-static.  dockerd
+# needs nothing else at run time that bookworm lacks (libc >= 2.34 is there;
+# the test bed runs it without iptables, bridge or userland proxy).
 trixie_pkgs=(containerd golang-github-containerd-nri-dev golang-github-kubernetes-cri-api-dev
-            golang-github-containerd-containerd-dev libprotobuf-dev)
+            golang-github-containerd-containerd-dev libprotobuf-dev docker.io docker-cli tini)
 for p in "${trixie_pkgs[@]}"; do
 	if [ ! -f "$trixie/.$p.done" ]; then
 		(cd "$trixie" && rm -f "${p}"_*.deb && apt-get download -q -t trixie "$p")

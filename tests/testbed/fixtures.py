@@ -6,6 +6,10 @@
   settings (NRI timeouts, log level, nri=False); all are stopped after the test.
 - cri (function scope): a ready CriClient on `containerd`; every pod it
   started is stopped and removed after the test.
+- dockerd (function scope): a started private Dockerd (Debian trixie's
+  dockerd 26.1) on `containerd`, test images loaded; stopped after the test.
+- make_dockerd (function scope): factory Dockerd(containerd, **kwargs) for
+  runtimes= and cdi_spec_dirs=; all are stopped after the test.
 
 Missing prerequisites fail the test, unless GPUSHARE_ALLOW_SKIP=1 (and CI is
 not "true"), which turns them into skips.  GPUSHARE_KEEP_TESTBED=1 keeps the
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -23,6 +28,8 @@ import pytest_asyncio
 from tests import prereqs
 from tests.testbed.containerd import Containerd, missing_prerequisites
 from tests.testbed.cri import CriClient
+from tests.testbed.docker import Dockerd
+from tests.testbed.docker import missing_prerequisites as missing_docker_prerequisites
 
 
 def require_testbed() -> None:
@@ -31,6 +38,14 @@ def require_testbed() -> None:
     if not missing:
         return
     prereqs.missing("containerd test bed prerequisites missing: " + "; ".join(missing))
+
+
+def require_docker() -> None:
+    """require_testbed(), and Docker's own binaries."""
+    require_testbed()
+    missing = missing_docker_prerequisites()
+    if missing:
+        prereqs.missing("Docker test bed prerequisites missing: " + "; ".join(missing))
 
 
 def _keep() -> bool:
@@ -71,9 +86,33 @@ async def cri(containerd: Containerd) -> AsyncIterator[CriClient]:
         yield client
 
 
+@pytest.fixture
+def make_dockerd(containerd: Containerd) -> Iterator[Callable[..., Dockerd]]:
+    started: list[Dockerd] = []
+
+    def make(**kwargs: Any) -> Dockerd:
+        require_docker()
+        if not containerd.running:
+            containerd.start()
+        bed = Dockerd(containerd, **kwargs)
+        started.append(bed)
+        return bed.start()
+
+    make.started = started  # type: ignore[attr-defined]
+    yield make
+    for bed in started:
+        bed.stop(remove=not _keep())
+
+
+@pytest.fixture
+def dockerd(make_dockerd: Callable[..., Dockerd]) -> Dockerd:
+    return make_dockerd()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
-    """Attach the tail of every test-bed containerd log to a failed test's report."""
+    """Attach the tail of every test-bed containerd and dockerd log to a failed
+    test's report."""
     outcome = yield
     report = outcome.get_result()
     if report.failed:
