@@ -7,6 +7,7 @@ programs run in every container start.
 from __future__ import annotations
 
 import socket
+import time
 
 from .protocol import MAX_MESSAGE, ProtocolError, Reply, Request, decode_reply, encode_request
 
@@ -22,6 +23,7 @@ def ask(request: Request, path: str = DEFAULT_SOCKET, timeout: float = DEFAULT_T
     """Send `request`, wait for the reply.  Unavailable when the daemon cannot
     be reached or does not answer; ProtocolError when it answers nonsense."""
     data = encode_request(request)
+    deadline = time.monotonic() + timeout
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(timeout)
@@ -29,7 +31,11 @@ def ask(request: Request, path: str = DEFAULT_SOCKET, timeout: float = DEFAULT_T
             sock.sendall(data)
             sock.shutdown(socket.SHUT_WR)
             chunks, size = [], 0
-            while chunk := sock.recv(65536):
+            while True:
+                # `timeout` bounds the whole exchange, not each read of it.
+                sock.settimeout(max(deadline - time.monotonic(), 1e-3))
+                if not (chunk := sock.recv(65536)):
+                    break
                 chunks.append(chunk)
                 size += len(chunk)
                 if size > MAX_MESSAGE:

@@ -96,6 +96,8 @@ def _line(obj: dict[str, Any]) -> bytes:
 
 
 def encode_request(r: Request) -> bytes:
+    """The request's line; ProtocolError when the daemon would refuse it (a
+    field of the wrong type or too big), saying which."""
     obj: dict[str, Any] = {"v": VERSION, "op": r.op, "namespace": r.namespace, "id": r.id}
     if r.op == "create":
         obj.update(
@@ -109,6 +111,7 @@ def encode_request(r: Request) -> bytes:
         )
     elif r.op == "start":
         obj.update(pid=r.pid)
+    _request(obj)  # the daemon's checks, here: a clear error before sending
     return _line(obj)
 
 
@@ -130,6 +133,8 @@ def _load(data: bytes) -> dict[str, Any]:
         obj = json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:
         raise ProtocolError(f"not JSON: {e}") from None
+    except RecursionError:
+        raise ProtocolError("not JSON: nested too deeply") from None
     if not isinstance(obj, dict):
         raise ProtocolError("not a JSON object")
     return obj
@@ -152,20 +157,33 @@ def _name(obj: dict[str, Any], key: str, *, required: bool = True) -> str:
 
 
 def _mapping(obj: dict[str, Any], key: str) -> dict[str, str]:
-    value = obj.get(key) or {}
+    value = obj.get(key)
+    if value is None:
+        return {}
     if not isinstance(value, dict) or len(value) > MAX_ENTRIES:
         raise ProtocolError(f"{key}: not an object of at most {MAX_ENTRIES} entries")
     for k, v in value.items():
-        if not isinstance(v, str) or len(k) > MAX_TEXT or len(v) > MAX_TEXT:
-            raise ProtocolError(f"{key}: entries must be strings of at most {MAX_TEXT} bytes")
+        if (
+            not isinstance(k, str)
+            or not isinstance(v, str)
+            or len(k) > MAX_TEXT
+            or len(v) > MAX_TEXT
+        ):
+            raise ProtocolError(
+                f"{key}: {str(k)[:40]!r}: entries must be strings of at most {MAX_TEXT} bytes"
+            )
     return dict(value)
 
 
 def decode_request(data: bytes) -> Request:
     """The request in `data` (one line, newline optional); ProtocolError if it is not one."""
-    obj = _load(data)
-    if obj.get("v") != VERSION:
-        raise ProtocolError(f"protocol version {obj.get('v')!r:.20}; this daemon speaks {VERSION}")
+    return _request(_load(data))
+
+
+def _request(obj: dict[str, Any]) -> Request:
+    version = obj.get("v")
+    if type(version) is not int or version != VERSION:
+        raise ProtocolError(f"protocol version {version!r:.20}; this daemon speaks {VERSION}")
     op = obj.get("op")
     if op not in OPS:
         raise ProtocolError(f"op {op!r:.40}: not one of {', '.join(OPS)}")
