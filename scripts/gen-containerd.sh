@@ -3,10 +3,11 @@
 # generated/) from containerd's own protos as shipped in Debian trixie's
 # golang-github-containerd-containerd-dev (extracted into .cache/trixie by
 # scripts/install-prereqs.sh).  Only what the client needs: the containers,
-# namespaces and events services and the container/task event payloads (plus
-# the types they import).  Needs bookworm's protoc and the venv's betterproto
-# 2.0.0b7 plugin (formatting with the pinned black and isort, so the output is
-# byte-identical on regeneration).
+# namespaces, events and tasks services and the container/task event payloads
+# (plus the types they import: tasks.proto's task/task.proto lands in package
+# containerd.v1.types, hence generated/containerd/v1/).  Needs bookworm's
+# protoc and the venv's betterproto 2.0.0b7 plugin (formatting with the pinned
+# black and isort, so the output is byte-identical on regeneration).
 # Usage: scripts/gen-containerd.sh [OUTPUT_DIR]
 # (default nri_gpushare/containerd/generated; the unit test generates into a
 # temporary directory and compares).  The google/protobuf/*.proto imports come
@@ -26,12 +27,16 @@ protos=(
 	"$api/services/containers/v1/containers.proto"
 	"$api/services/namespaces/v1/namespace.proto"
 	"$api/services/events/v1/events.proto"
+	"$api/services/tasks/v1/tasks.proto"
 	"$api/events/container.proto"
 	"$api/events/task.proto"
 	"$api/types/fieldpath.proto"
 	"$api/types/mount.proto"
+	"$api/types/metrics.proto"
+	"$api/types/descriptor.proto"
+	"$api/types/task/task.proto"
 )
-for p in "${protos[@]/#/$src/}" "$include/google/protobuf/any.proto"; do
+for p in "${protos[@]/#/$src/}" "$include/google/protobuf/"{any,empty,timestamp}.proto; do
 	if [ ! -f "$p" ]; then
 		echo "gen-containerd: $p missing; run scripts/install-prereqs.sh" >&2
 		exit 1

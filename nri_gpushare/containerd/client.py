@@ -1,19 +1,21 @@
 """A thin asyncio client of containerd's gRPC API (grpclib + the betterproto
-bindings in generated/): a container's labels, the containers and namespaces
-that exist, and the event stream.
+bindings in generated/): a container's labels, the containers, tasks and
+namespaces that exist, and the event stream.
 
     async with ContainerdClient("/run/containerd/containerd.sock") as cd:
         labels = await cd.labels("default", "my-container")
         topics = ContainerdClient.topic_filters([TASK_EXIT, TASK_DELETE, CONTAINER_DELETE])
-        async with contextlib.aclosing(cd.events(topics)) as events:
+        async with cd.subscribe(topics) as events:   # the request is sent here
+            tasks = await cd.tasks("default")         # ... so nothing after it is missed
             async for event in events:
                 ...
 
-Namespaced requests (Containers.Get/List) carry the ``containerd-namespace``
-gRPC metadata header, as containerd's own client does.  Errors are
-ContainerdError subclasses: the socket is missing or refuses, or containerd
-went away or did not answer in time (ContainerdUnavailable); the peer does not
-speak containerd's API (NotContainerd); no such container (ContainerNotFound).
+Namespaced requests (Containers.Get/List, Tasks.List) carry the
+``containerd-namespace`` gRPC metadata header, as containerd's own client
+does.  Errors are ContainerdError subclasses: the socket is missing or
+refuses, or containerd went away or did not answer in time
+(ContainerdUnavailable); the peer does not speak containerd's API
+(NotContainerd); no such container (ContainerNotFound).
 """
 
 from __future__ import annotations
@@ -28,14 +30,15 @@ from datetime import datetime
 from typing import Any
 
 import h2.exceptions
-from grpclib.client import Channel
-from grpclib.const import Status
+from grpclib.client import Channel, Stream
+from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from .generated.containerd import events as _ev
 from .generated.containerd.services.containers import v1 as _containers
 from .generated.containerd.services.events import v1 as _events
 from .generated.containerd.services.namespaces import v1 as _namespaces
+from .generated.containerd.services.tasks import v1 as _tasks
 
 __all__ = [
     "CONTAINER_DELETE",
@@ -50,6 +53,8 @@ __all__ = [
     "ContainerdUnavailable",
     "Event",
     "NotContainerd",
+    "Subscription",
+    "TaskInfo",
     "decode_envelope",
 ]
 
@@ -58,6 +63,7 @@ NAMESPACE_HEADER = "containerd-namespace"
 TASK_EXIT = "/tasks/exit"
 TASK_DELETE = "/tasks/delete"
 CONTAINER_DELETE = "/containers/delete"
+_SUBSCRIBE = "/containerd.services.events.v1.Events/Subscribe"
 
 # The payload message of each decoded topic, by its protobuf full name (the
 # Any's type_url, with or without a "type.googleapis.com/"-style prefix).
@@ -98,10 +104,26 @@ class ContainerInfo:
 
 
 @dataclass(frozen=True)
+class TaskInfo:
+    """One task (a container's init process) as Tasks.List reports it.  status
+    is "created", "running", "stopped", "paused", "pausing" or "unknown"; pid
+    is 0 where containerd could not ask the shim (status "unknown" then)."""
+
+    id: str
+    pid: int
+    status: str
+
+
+# containerd.v1.types.Status (api/types/task/task.proto) by number.
+_TASK_STATUS = {1: "created", 2: "running", 3: "stopped", 4: "paused", 5: "pausing"}
+
+
+@dataclass(frozen=True)
 class Event:
     """One containerd event.  container_id, pid, exit_status and process_id
     (the exec ID; containerd gives the init process the container's ID) are
-    set where the topic's payload has them, else None."""
+    set where the topic's payload has them, else None.  timestamp is when
+    containerd published it (the envelope's; the Unix epoch if it had none)."""
 
     namespace: str
     topic: str
@@ -119,13 +141,17 @@ def _type_name(type_url: str) -> str:
 def decode_envelope(envelope: Any) -> Event:
     """An Event from an events.v1 Envelope: the payloads of /tasks/exit,
     /tasks/delete and /containers/delete are decoded, other topics (or a
-    payload of an unexpected type) give the topic only."""
+    payload of an unexpected type, or one that does not parse: anyone with the
+    socket can Publish) give the topic only."""
     namespace, topic = str(envelope.namespace), str(envelope.topic)
     timestamp: datetime | None = envelope.timestamp
     expected = _PAYLOADS.get(topic)
     if expected is None or _type_name(str(envelope.event.type_url)) != expected[0]:
         return Event(namespace, topic, timestamp=timestamp)
-    payload = expected[1]().parse(bytes(envelope.event.value))
+    try:
+        payload = expected[1]().parse(bytes(envelope.event.value))
+    except Exception:  # betterproto raises anything from EOFError to KeyError on bad bytes
+        return Event(namespace, topic, timestamp=timestamp)
     if topic == CONTAINER_DELETE:
         return Event(namespace, topic, container_id=str(payload.id), timestamp=timestamp)
     return Event(
@@ -224,6 +250,39 @@ async def _translated(socket_path: str, what: str, timeout: float) -> AsyncItera
         raise ContainerdUnavailable(f"{socket_path}: {what}: {exc}") from exc
 
 
+class _Abandoned(Exception):
+    """Tells grpclib's Stream.__aexit__ that the caller left mid-stream."""
+
+
+class Subscription:
+    """An open Events.Subscribe stream (ContainerdClient.subscribe): an async
+    iterator of Events that never ends by itself: when containerd ends the
+    stream or the connection, the next step raises ContainerdUnavailable (or
+    the ContainerdError of the status containerd ended it with)."""
+
+    def __init__(
+        self,
+        socket_path: str,
+        timeout: float,
+        stream: Stream[_events.SubscribeRequest, _events.Envelope],
+    ) -> None:
+        self._socket_path = socket_path
+        self._timeout = timeout
+        self._stream = stream
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> Event:
+        async with _translated(self._socket_path, "Events.Subscribe", self._timeout):
+            envelope = await self._stream.recv_message()
+            if envelope is None:
+                await self._stream.recv_trailing_metadata()  # raises for an error status
+        if envelope is None:
+            raise ContainerdUnavailable(f"{self._socket_path}: containerd ended the event stream")
+        return decode_envelope(envelope)
+
+
 class ContainerdClient:
     """An async context manager holding one HTTP/2 connection to containerd."""
 
@@ -305,20 +364,58 @@ class ContainerdClient:
             reply = await stub.list(_namespaces.ListNamespacesRequest(), timeout=self.timeout)
         return sorted(str(n.name) for n in reply.namespaces)
 
+    async def tasks(self, namespace: str) -> list[TaskInfo]:
+        """The tasks of a namespace (one per container that has one), as
+        Tasks.List reports them.  containerd leaves out a task whose shim is
+        gone or does not answer with NotFound/Unavailable."""
+        stub = _tasks.TasksStub(self._chan())
+        async with _translated(self.socket_path, "Tasks.List", self.timeout):
+            reply = await stub.list(
+                _tasks.ListTasksRequest(), timeout=self.timeout, metadata=self._ns(namespace)
+            )
+        return [
+            TaskInfo(
+                # containerd fills in id (the container's ID), not container_id.
+                id=str(p.id) or str(p.container_id),
+                pid=int(p.pid),
+                status=_TASK_STATUS.get(int(p.status), "unknown"),
+            )
+            for p in reply.tasks
+        ]
+
+    @contextlib.asynccontextmanager
+    async def subscribe(self, filters: Iterable[str] = ()) -> AsyncIterator[Subscription]:
+        """Subscribe to containerd's events in every namespace (containerd's
+        Subscribe ignores the namespace header; filter with ``namespace==NAME``).
+        On entry the request has been written to containerd, so what is asked
+        after it (a listing to reconcile with) is not older than the stream;
+        iterate the Subscription for the events.  Filters use containerd's
+        syntax, ORed: ``topic=="/tasks/exit"``, ``namespace==default``.  Leaving
+        the block ends the subscription."""
+        request = _events.SubscribeRequest(filters=list(filters))
+        stream: Stream[_events.SubscribeRequest, _events.Envelope] = self._chan().request(
+            _SUBSCRIBE, Cardinality.UNARY_STREAM, _events.SubscribeRequest, _events.Envelope
+        )
+        await stream.__aenter__()  # no I/O: sets up grpclib's bookkeeping
+        try:
+            async with _translated(self.socket_path, "Events.Subscribe", self.timeout):
+                await asyncio.wait_for(stream.send_message(request, end=True), self.timeout)
+            yield Subscription(self.socket_path, self.timeout, stream)
+        finally:
+            # As if abandoned mid-stream: reset the HTTP/2 stream, wait for nothing.
+            with contextlib.suppress(Exception):
+                await stream.__aexit__(_Abandoned, _Abandoned(), None)
+
     async def events(self, filters: Iterable[str] = ()) -> AsyncIterator[Event]:
-        """containerd's events in every namespace (containerd's Subscribe
-        ignores the namespace header; filter with ``namespace==NAME``), as they
+        """subscribe() as one async iterator: containerd's events as they
         happen, until the caller stops iterating or the connection ends
         (ContainerdUnavailable: containerd stopped or restarted; subscribe
-        again and reconcile).  Filters use containerd's syntax, ORed:
-        ``topic=="/tasks/exit"``, ``namespace==default``.  Close the iterator
-        (contextlib.aclosing) to end the subscription before the client."""
-        stub = _events.EventsStub(self._chan())
-        request = _events.SubscribeRequest(filters=list(filters))
-        async with _translated(self.socket_path, "Events.Subscribe", self.timeout):
-            async for envelope in stub.subscribe(request):
-                yield decode_envelope(envelope)
-        raise ContainerdUnavailable(f"{self.socket_path}: containerd ended the event stream")
+        again and reconcile).  Close the iterator (contextlib.aclosing) to end
+        the subscription before the client.  The request is sent on the first
+        iteration; use subscribe() to know it has been."""
+        async with self.subscribe(filters) as subscription:
+            async for event in subscription:
+                yield event
 
     @staticmethod
     def topic_filters(topics: Iterable[str]) -> list[str]:

@@ -8,6 +8,7 @@ import contextlib
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,7 @@ from nri_gpushare.containerd.client import (
     ContainerNotFound,
     Event,
     NotContainerd,
+    TaskInfo,
 )
 from tests.testbed.containerd import Containerd
 from tests.testbed.images import BUSYBOX_IMAGE, build_images
@@ -119,6 +121,48 @@ async def test_list_and_namespaces(bed: Containerd, cid: str) -> None:
         ctr(bed, "containers", "rm", other, check=False)
 
 
+async def ctr_run_sleep(bed: Containerd, name: str) -> None:
+    """`ctr run -d` a busybox `sleep 600` (its runc state under the bed's runc
+    root, so that the bed can clean it up)."""
+    await actr(
+        bed,
+        "run",
+        "-d",
+        "--net-host",
+        "--runc-root",
+        str(bed.runc_root / NS),
+        BUSYBOX_IMAGE,
+        name,
+        "sleep",
+        "600",
+    )
+
+
+async def test_tasks_of_a_ctr_container(bed: Containerd, cid: str) -> None:
+    await ctr_run_sleep(bed, cid)
+    async with client(bed) as cd:
+
+        async def task() -> TaskInfo | None:
+            return next((t for t in await cd.tasks(NS) if t.id == cid), None)
+
+        running = await task()
+        assert running is not None and running.status == "running"
+        assert running.pid > 1
+        cmdline = Path(f"/proc/{running.pid}/cmdline").read_bytes().split(b"\0")
+        assert b"sleep" in cmdline[0] and cmdline[1] == b"600"  # the container's init
+        assert cid not in {t.id for t in await cd.tasks("k8s.io")}
+
+        await actr(bed, "tasks", "kill", "-s", "SIGKILL", cid)
+        deadline = asyncio.get_running_loop().time() + STUCK
+        while (stopped := await task()) is not None and stopped.status != "stopped":
+            assert asyncio.get_running_loop().time() < deadline, f"still {stopped}"
+            await asyncio.sleep(0.05)
+        assert stopped == TaskInfo(cid, running.pid, "stopped")
+
+        await actr(bed, "tasks", "rm", cid)
+        assert await task() is None
+
+
 async def test_events_of_a_ctr_task(bed: Containerd, cid: str) -> None:
     topics = (TASK_EXIT, TASK_DELETE, CONTAINER_DELETE)
     filters = [f'namespace=="{NS}",topic=="{t}"' for t in topics]
@@ -155,20 +199,7 @@ async def test_events_of_a_ctr_task(bed: Containerd, cid: str) -> None:
                 probe += 1
                 assert probe < STUCK / 2, "the event subscription never delivered anything"
 
-            await actr(
-                bed,
-                "run",
-                "-d",
-                "--net-host",
-                "--runc-root",
-                str(bed.runc_root / NS),
-                "--label",
-                f"{LABEL}=2Gi",
-                BUSYBOX_IMAGE,
-                cid,
-                "sleep",
-                "600",
-            )
+            await ctr_run_sleep(bed, cid)
             await actr(bed, "tasks", "kill", "-s", "SIGKILL", cid)
             exit_ = await next_of_cid()
             await actr(bed, "tasks", "rm", cid)

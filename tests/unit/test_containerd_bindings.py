@@ -13,6 +13,8 @@ from pathlib import Path
 from nri_gpushare.containerd.generated.containerd import events as ev
 from nri_gpushare.containerd.generated.containerd.services.containers import v1 as containers
 from nri_gpushare.containerd.generated.containerd.services.events import v1 as events
+from nri_gpushare.containerd.generated.containerd.services.tasks import v1 as tasks
+from nri_gpushare.containerd.generated.containerd.v1 import types as task_types
 from tests.prereqs import missing
 
 TOP = Path(__file__).resolve().parents[2]
@@ -89,3 +91,14 @@ def test_task_event_field_numbers() -> None:
         b"\x0a\x01a\x10\x01\x18\x02\x2a\x01b"
     )
     assert bytes(ev.ContainerDelete(id="a")) == b"\x0a\x01a"
+
+
+def test_list_tasks_numbers() -> None:
+    # ListTasksRequest: filter = 1; ListTasksResponse: tasks = 1 (Process: container_id 1,
+    # id 2, pid 3, status 4 = containerd.v1.types.Status, RUNNING = 2, STOPPED = 3).
+    assert bytes(tasks.ListTasksRequest(filter="x")) == b"\x0a\x01x"
+    data = b"\x0a\x07\x12\x01c\x18\x64\x20\x02" + b"\x0a\x05\x12\x01d\x20\x03"
+    running, stopped = tasks.ListTasksResponse().parse(data).tasks
+    assert (running.id, running.pid, running.status) == ("c", 100, task_types.Status.RUNNING)
+    assert (stopped.id, stopped.status) == ("d", task_types.Status.STOPPED)
+    assert [s.value for s in task_types.Status] == [0, 1, 2, 3, 4, 5]
