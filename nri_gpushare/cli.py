@@ -28,6 +28,8 @@ def _run(args: argparse.Namespace) -> int:
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    for chatty in ("hpack", "h2", "grpclib"):  # every HTTP/2 frame of the containerd client
+        logging.getLogger(chatty).setLevel(max(logging.INFO, logging.getLogger().level))
     prelaunched = os.environ.get("NRI_PLUGIN_SOCKET") == "3" and not args.socket
     try:
         return asyncio.run(run_daemon(config, socket_path=args.socket, prelaunched=prelaunched))

@@ -44,10 +44,11 @@ from tests.guest.kmod_support import (
 from tests.integration.plugin import PluginProcess, gpu_inventory
 from tests.testbed.containerd import Containerd
 from tests.testbed.cri import CriClient, GRPCError, cri
-from tests.testbed.images import BUSYBOX_IMAGE
+from tests.testbed.images import BUSYBOX_IMAGE, build_images
 
 GiB = 1 << 30
 P = "gpushare.io/"
+REPO = Path(__file__).resolve().parents[2]
 BASE = Path("/tmp/gs-e2e")  # short: unix socket paths
 QUERY_EXE = os.environ.get("GPUSHARE_E2E_QUERY", "")
 CUDA_PROBE = os.environ.get("GPUSHARE_E2E_CUDA_PROBE", "")
@@ -464,6 +465,49 @@ async def test_a_pod_is_held_to_its_memory_quota_by_the_interposer_and_the_ledge
     await client.stop_pod(pod)
     assert registered() == [] and refcount() == 0
     await client.remove_pod(pod)
+
+
+async def test_a_ctr_container_is_registered_bound_and_released_like_a_pod(bed, plugin, client):
+    """`ctr run` through gpushare-runc: registered with the module at create,
+    bound to its cgroup once runc created it, released at `ctr task rm`."""
+    wrapper = plugin.workdir / "gpushare-runc"
+    wrapper.write_text(
+        f"#!/bin/sh\nGPUSHARE_API_SOCKET={plugin.api_socket} "
+        f'exec {REPO / ".venv" / "bin" / "gpushare-runc"} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+
+    def ctr(*args: str) -> str:
+        argv = [str(bed.ctr), "-a", str(bed.grpc_address), "-n", "default", *args]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=SLOW)
+        assert done.returncode == 0, f"ctr {' '.join(args)}: {done.stderr}"
+        return done.stdout
+
+    ctr("images", "import", str(build_images()))
+    cid = "gs-ctr-e2e"
+    ctr(
+        "run", "-d", "--runc-binary", str(wrapper), "--runc-root", str(bed.runc_root),
+        "--label", P + "gpu-memory=2Gi", "--label", P + "gpu-core=30",
+        BUSYBOX_IMAGE, cid, "sleep", "3600",
+    )  # fmt: skip
+    try:
+        assert registered() == [cid]
+        d = ROOT / "0" / cid
+        assert value(d / "memsize") == 2 * GiB and value(d / "weight") == 30
+        cgroup = CGROUP2 / "default" / cid
+        ino = os.stat(cgroup).st_ino
+        assert value(d / "cgroup") == ino  # bound once runc created the cgroup
+        assert in_child(py_query, cgroup=cgroup) == [cid, ino, [[0, 2 * GiB, 30, False]]]
+        assert refcount() == 1
+        [alloc] = plugin.status()["allocations"]
+        assert (alloc["container_id"], alloc["origin"]) == (cid, "runc:default")
+        assert alloc["registered"] is True
+    finally:
+        ctr("task", "kill", "-s", "SIGKILL", cid)
+        ctr("task", "rm", cid)
+    assert registered() == [] and refcount() == 0
+    assert plugin.status()["allocations"] == []
+    ctr("containers", "rm", cid)
 
 
 async def test_uninstall_refuses_then_unloads(bed, plugin, client):
