@@ -1,0 +1,512 @@
+"""`gpushare-runc`: a drop-in runc that gives containers started by ctr,
+nerdctl or docker (which never reach NRI) their GPU share.
+
+Install it as the runtime binary (containerd: the runc runtime's
+``BinaryName``; docker: ``--add-runtime``/``default-runtime``), or as ``runc``
+ahead of the real one on PATH.  The real runc is ``$GPUSHARE_RUNC``, else the
+first ``runc`` on PATH that is not this program, else /usr/sbin/runc or
+/usr/bin/runc.
+
+Every subcommand but two is the real runc: ``os.execv`` with the arguments
+untouched, decided from the arguments alone (no socket, no file read), so
+``state``, ``start``, ``kill``, ``exec``, ``ps`` ... cost one Python start.
+``run`` and ``restore`` are passed through as well: containerd's shims never
+use ``run`` (they create, then start), and a restored checkpoint is not
+placed again.  (argv[0] becomes the real runc's path: runc re-executes
+itself through /proc/self/exe, not argv[0].)  Note that ``exec`` is passed
+through untouched too, so a process exec'd into the container (``ctr task
+exec``, ``docker exec``) runs with the process spec its caller built from
+containerd's copy of the spec: it has the injected devices and mounts (they
+belong to the container) but not the injected environment.
+
+``create``: read the bundle's config.json, ask the daemon (``create``,
+via "runc").  A refusal fails the create (``gpushare: <why>`` on stderr and,
+when runc was given ``--log``, as an error entry in that log, which is where
+containerd's shim takes the message it shows: "OCI runtime create failed:
+gpushare: ...") and leaves config.json alone.  No share (plan null): exec the
+real runc untouched.  A share: write the plan into config.json (devices with
+their cgroup rules, env, mounts, annotations; a new file renamed over the old
+one), then run the real runc create **as a child** rather than exec it, for
+two reasons: (1) after it succeeds the container's first process exists in
+its new cgroup, and its pid (from ``--pid-file``, else ``runc state``) is sent
+as ``start`` so the daemon binds the registration to that cgroup; (2) when it
+fails, the share is released at once instead of staying booked for a
+container that does not exist.  The child gets the same arguments,
+environment, stdio and inherited file descriptors (``--console-socket``,
+``--preserve-fds``), and the signals the wrapper gets are passed on to it.
+
+``delete``: run the real runc delete as a child; when it succeeds, send
+``release`` (problems are only told) and exit with runc's status.
+
+Daemon unreachable at create: a container that asks for no share by its
+environment or annotations is created as if the wrapper were not there
+(its containerd labels cannot be read without the daemon, which is said in
+the runc log); one that asks for one is refused with a message saying so.
+
+The socket is ``$GPUSHARE_API_SOCKET``, else
+`nri_gpushare.local.client.DEFAULT_SOCKET`.  Only the standard library and
+`nri_gpushare.local` are imported, and those only for create and delete.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+TYPE_CHECKING = False  # typing is not imported: it costs a container start milliseconds
+if TYPE_CHECKING:
+    from nri_gpushare.local.protocol import Reply, Request
+
+SOCKET_ENV = "GPUSHARE_API_SOCKET"
+RUNC_ENV = "GPUSHARE_RUNC"
+FALLBACK_RUNC = ("/usr/sbin/runc", "/usr/bin/runc")
+
+# runc's global options (`runc --help`, 1.1 and 1.2), by whether they take a value.
+GLOBAL_VALUE = frozenset({"log", "log-format", "root", "criu", "rootless"})
+GLOBAL_BOOL = frozenset({"debug", "systemd-cgroup", "help", "h", "version", "v"})
+COMMANDS = frozenset(
+    {
+        "checkpoint",
+        "create",
+        "delete",
+        "events",
+        "exec",
+        "features",
+        "init",
+        "kill",
+        "list",
+        "pause",
+        "ps",
+        "restore",
+        "resume",
+        "run",
+        "spec",
+        "start",
+        "state",
+        "update",
+        "help",
+        "h",
+    }
+)
+CREATE_VALUE = frozenset({"bundle", "b", "console-socket", "pid-file", "preserve-fds"})
+CREATE_BOOL = frozenset({"no-pivot", "no-new-keyring", "help", "h"})
+DELETE_BOOL = frozenset({"force", "f", "help", "h"})
+ALIASES = {"b": "bundle", "f": "force", "h": "help", "v": "version"}
+
+# What asks for a share, for when the daemon cannot be asked.  Copied from
+# nri_gpushare.share (model.PREFIX/ASSIGNED, request/cgpu.py, request/egpu.py,
+# request/sources.REQUEST_ENV), not imported: that package pulls in the whole
+# share domain, and this runs in every container start.  Broader than what
+# the daemon honours (any ALIYUN_COM_GPU_* or GPUSHARE_* variable), so that
+# a container is never started unguarded by mistake.
+ANNOTATION_PREFIX = "gpushare.io/"
+ASSIGNED_ANNOTATION = "gpushare.io/assigned"
+ENV_PREFIXES = ("ALIYUN_COM_GPU_", "GPUSHARE_")
+ENV_NAMES = ("EGPU",)
+
+START_DAEMON = "start it (`systemctl start nri-gpushare`, or `nri-gpushare run --config FILE`)"
+
+
+def _flag(token: str) -> tuple[str, str | None] | None:
+    """(name, value after '=' or None) of a Go flag token; None for an argument."""
+    if len(token) < 2 or token[0] != "-":
+        return None
+    name, eq, value = token[2 if token[1] == "-" else 1 :].partition("=")
+    return ALIASES.get(name, name), value if eq else None
+
+
+def parse_globals(args: list[str]) -> tuple[dict[str, str], int]:
+    """runc's global options (by long name, the last one given wins) and the
+    index in `args` of the subcommand (len(args) when there is none).  An
+    option runc 1.1/1.2 does not have takes the next word as its value unless
+    that word is a subcommand."""
+    options: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        if args[i] == "--":
+            return options, i + 1
+        flag = _flag(args[i])
+        if flag is None:
+            break
+        name, value = flag
+        if value is None:
+            following = args[i + 1] if i + 1 < len(args) else None
+            takes_value = name in GLOBAL_VALUE or (
+                name not in GLOBAL_BOOL
+                and following is not None
+                and following not in COMMANDS
+                and _flag(following) is None
+            )
+            if takes_value and following is not None:
+                value, i = following, i + 1
+            else:
+                value = "" if takes_value else "true"
+        options[name] = value
+        i += 1
+    return options, i
+
+
+def parse_command(
+    args: list[str], values: frozenset[str], bools: frozenset[str]
+) -> tuple[dict[str, str], list[str]] | None:
+    """A subcommand's options (by long name) and arguments, options anywhere
+    (runc reorders them before the arguments).  Unknown options (a newer
+    runc's) are taken as switches, or, when that leaves more than one
+    argument, all as taking the next word: whichever of the two readings
+    leaves one argument is the only reading that does.  None when neither
+    does (then the container ID is not known)."""
+    first = _parse_command(args, values, bools, unknown_takes_value=False)
+    if first is None:
+        return None
+    options, arguments, unknown = first
+    if unknown and len(arguments) != 1:
+        second = _parse_command(args, values, bools, unknown_takes_value=True)
+        if second is None or len(second[1]) != 1:
+            return None
+        options, arguments, unknown = second
+    return options, arguments
+
+
+def _parse_command(
+    args: list[str], values: frozenset[str], bools: frozenset[str], *, unknown_takes_value: bool
+) -> tuple[dict[str, str], list[str], bool] | None:
+    options: dict[str, str] = {}
+    arguments: list[str] = []
+    unknown = False
+    i = 0
+    while i < len(args):
+        if args[i] == "--":
+            arguments += args[i + 1 :]
+            break
+        flag = _flag(args[i])
+        if flag is None:
+            arguments.append(args[i])
+            i += 1
+            continue
+        name, value = flag
+        if value is None:
+            if name in values:
+                if i + 1 >= len(args):
+                    return {}, [], False  # runc says what is missing
+                value, i = args[i + 1], i + 1
+            elif name in bools:
+                value = "true"
+            else:
+                unknown = True
+                following = args[i + 1] if i + 1 < len(args) else None
+                if unknown_takes_value and following is not None and _flag(following) is None:
+                    value, i = following, i + 1
+                else:
+                    value = "true"
+        elif name not in values and name not in bools:
+            unknown = True
+        options[name] = value
+        i += 1
+    return options, arguments, unknown
+
+
+def _same_file(a: os.stat_result, path: str) -> bool:
+    try:
+        b = os.stat(path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def find_runc(self_path: str) -> str | None:
+    """The real runc: $GPUSHARE_RUNC, else the first executable `runc` on PATH
+    that is not `self_path` (this program), else /usr/sbin/runc, /usr/bin/runc."""
+    chosen = os.environ.get(RUNC_ENV)
+    if chosen:
+        return chosen
+    try:
+        me: os.stat_result | None = os.stat(self_path) if "/" in self_path else None
+    except OSError:
+        me = None
+    directories = [d for d in os.environ.get("PATH", "").split(os.pathsep) if d]
+    candidates = [os.path.join(d, "runc") for d in directories] + list(FALLBACK_RUNC)
+    for path in candidates:
+        if not os.path.isfile(path) or not os.access(path, os.X_OK):
+            continue
+        if me is not None and _same_file(me, path):
+            continue
+        return path
+    return None
+
+
+def _tell(message: str, level: str, log: tuple[str, str] | None, *, stderr: bool = True) -> None:
+    """``gpushare: message`` on stderr and, with runc's --log, in that log in
+    runc's format (json: what containerd's shim reads the failure from).  The
+    daemon's refusals come prefixed already."""
+    text = message if message.startswith("gpushare:") else f"gpushare: {message}"
+    if stderr:
+        try:
+            sys.stderr.write(text + "\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+    if not log or not log[0]:
+        return
+    import json
+    import time
+
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if log[1] == "json":
+        line = json.dumps({"level": level, "msg": text, "time": now})
+    else:
+        line = f"time={json.dumps(now)} level={level} msg={json.dumps(text)}"
+    try:
+        fd = os.open(log[0], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def _exec(real: str | None, argv: list[str]) -> int:
+    """Become the real runc with argv[1:] untouched (returns only on failure)."""
+    if real is None:
+        sys.stderr.write(
+            f"gpushare: no real runc found (not on PATH, not in {' or '.join(FALLBACK_RUNC)}); "
+            f"set {RUNC_ENV}\n"
+        )
+        return 127
+    import signal
+
+    # Python ignores these; an exec'd program would inherit that.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+    try:
+        os.execv(real, [real, *argv[1:]])
+    except OSError as e:
+        sys.stderr.write(f"gpushare: cannot run {real}: {e.strerror or e}\n")
+    return 127
+
+
+def _run(real: str, argv: list[str]) -> int:
+    """Run the real runc with argv[1:] as a child (stdio, environment and
+    inheritable descriptors shared; our signals passed on); its exit status
+    (128 + N when killed by signal N)."""
+    import signal
+
+    child = os.posix_spawn(
+        real, [real, *argv[1:]], os.environ, setsigdef=(signal.SIGPIPE, signal.SIGXFSZ)
+    )
+
+    def forward(signum: int, frame: object) -> None:
+        try:
+            os.kill(child, signum)
+        except OSError:
+            pass
+
+    passed = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+    before = {s: signal.signal(s, forward) for s in passed}
+    try:
+        _, status = os.waitpid(child, 0)
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+    code = os.waitstatus_to_exitcode(status)
+    return code if code >= 0 else 128 - code
+
+
+def share_hints(env: dict[str, str], annotations: dict[str, str]) -> list[str]:
+    """What in a container's env and annotations may ask for a share (names
+    only, quoted short: the container chose them)."""
+    found = [
+        f"annotation {k[:64]!r}"
+        for k in annotations
+        if k.startswith(ANNOTATION_PREFIX) and k != ASSIGNED_ANNOTATION
+    ]
+    found += [
+        f"environment {k[:64]!r}"
+        for k, v in env.items()
+        if (k in ENV_NAMES or k.startswith(ENV_PREFIXES)) and v.strip()
+    ]
+    return sorted(found)
+
+
+class _Wrapper:
+    """One create or delete: the arguments, the real runc and where to tell things."""
+
+    def __init__(self, argv: list[str], options: dict[str, str], at: int, real: str) -> None:
+        self.argv = argv
+        self.globals = argv[1 : 1 + at]  # runc's global options, as given
+        self.root = options.get("root", "")
+        log = options.get("log", "")
+        self.log = (log, options.get("log-format", "text")) if log else None
+        self.real = real
+        self.socket = os.environ.get(SOCKET_ENV) or ""
+
+    def error(self, message: str) -> None:
+        _tell(message, "error", self.log)
+
+    def warn(self, message: str) -> None:
+        # On success runc's stderr is the container's: warnings go to the log when there is one.
+        _tell(message, "warning", self.log, stderr=self.log is None)
+
+    def run(self) -> int:
+        """The real runc's exit status, run as a child with our arguments."""
+        try:
+            return _run(self.real, self.argv)
+        except OSError as e:
+            self.error(f"cannot run {self.real}: {e.strerror or e}")
+            return 127
+
+    def ask(self, request: Request) -> Reply:
+        from nri_gpushare.local.client import DEFAULT_SOCKET, ask
+
+        return ask(request, self.socket or DEFAULT_SOCKET)
+
+    def release(self, namespace: str, cid: str) -> None:
+        from nri_gpushare.local.client import Unavailable
+        from nri_gpushare.local.protocol import ProtocolError, Request
+
+        try:
+            reply = self.ask(Request("release", namespace, cid))
+        except (Unavailable, ProtocolError) as e:
+            self.warn(f"could not release container {cid}'s GPU share: {e}")
+            return
+        if not reply.ok:
+            self.warn(f"could not release container {cid}'s GPU share: {reply.error}")
+
+    def create(self, args: list[str]) -> int:
+        from nri_gpushare.local import oci
+        from nri_gpushare.local.client import Unavailable
+        from nri_gpushare.local.protocol import ProtocolError, Request
+
+        parsed = parse_command(args, CREATE_VALUE, CREATE_BOOL)
+        if parsed is None:
+            self.error(f"cannot tell the container ID from `create {' '.join(args)[:300]}`")
+            return 1
+        options, arguments = parsed
+        if "help" in options or len(arguments) != 1:
+            return _exec(self.real, self.argv)  # runc prints its help or its complaint
+        cid = arguments[0]
+        bundle = os.path.abspath(options.get("bundle") or ".")
+        try:
+            config = oci.read_config(bundle)
+            info = oci.bundle_info(config)
+        except oci.OciError as e:
+            self.error(str(e))
+            return 1
+        namespace = oci.namespace_of(bundle, cid, self.root)
+        request = Request(
+            "create",
+            namespace,
+            cid,
+            via="runc",
+            bundle=bundle,
+            cgroups_path=info.cgroups_path,
+            env=info.env,
+            annotations=info.annotations,
+        )
+        try:
+            reply = self.ask(request)
+        except Unavailable as e:
+            hints = share_hints(info.env, info.annotations)
+            if not hints:
+                self.warn(
+                    f"{e}; container {cid} asks for no GPU share by its environment or "
+                    "annotations and is created without one (its containerd labels are "
+                    "not known without the daemon)"
+                )
+                return _exec(self.real, self.argv)
+            shown = ", ".join(hints[:4]) + (", ..." if len(hints) > 4 else "")
+            self.error(
+                f"{e}; container {cid} asks for a GPU share ({shown}) and is not created "
+                f"without the daemon: {START_DAEMON}, or start the container without the "
+                "request (its containerd labels are not known without the daemon either)"
+            )
+            return 1
+        except ProtocolError as e:
+            self.error(f"cannot ask the nri-gpushare daemon about container {cid}: {e}")
+            return 1
+        if not reply.ok:
+            self.error(reply.error or f"the nri-gpushare daemon refused container {cid}")
+            return 1
+        if reply.plan is None:
+            return _exec(self.real, self.argv)
+        try:
+            oci.write_config(bundle, oci.apply_plan(config, reply.plan))
+        except (oci.OciError, oci.PlanError, OSError) as e:
+            self.error(f"cannot give container {cid} its GPU share in {bundle}/config.json: {e}")
+            self.release(namespace, cid)
+            return 1
+        code = self.run()
+        if code != 0:
+            self.release(namespace, cid)
+            return code
+        self.bind(namespace, cid, options.get("pid-file", ""))
+        return 0
+
+    def bind(self, namespace: str, cid: str, pid_file: str) -> None:
+        """Tell the daemon the created container's pid (``start``)."""
+        from nri_gpushare.local import oci
+        from nri_gpushare.local.client import Unavailable
+        from nri_gpushare.local.protocol import ProtocolError, Request
+
+        try:
+            pid = oci.read_pid_file(pid_file) if pid_file else self.state_pid(cid)
+            reply = self.ask(Request("start", namespace, cid, pid=pid))
+        except (oci.OciError, Unavailable, ProtocolError) as e:
+            self.warn(f"container {cid}'s GPU share is not bound to its cgroup: {e}")
+            return
+        if not reply.ok:
+            self.warn(f"container {cid}'s GPU share is not bound to its cgroup: {reply.error}")
+
+    def state_pid(self, cid: str) -> int:
+        """The container's pid from ``runc state`` (when create had no --pid-file)."""
+        import json
+        import subprocess
+
+        from nri_gpushare.local.oci import OciError
+
+        command = [self.real, *self.globals, "state", cid]
+        try:
+            done = subprocess.run(command, capture_output=True, timeout=30, check=False)
+            pid = json.loads(done.stdout).get("pid") if done.returncode == 0 else None
+        except (OSError, ValueError, AttributeError, subprocess.TimeoutExpired):
+            pid = None
+        if type(pid) is not int or pid <= 0:
+            raise OciError("runc state did not tell the container's pid")
+        return pid
+
+    def delete(self, args: list[str]) -> int:
+        parsed = parse_command(args, frozenset(), DELETE_BOOL)
+        if parsed is None or "help" in parsed[0] or len(parsed[1]) != 1:
+            return _exec(self.real, self.argv)
+        cid = parsed[1][0]
+        code = self.run()
+        if code == 0:
+            from nri_gpushare.local.oci import namespace_of
+
+            self.release(namespace_of("", cid, self.root), cid)
+        return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """gpushare-runc with `argv` (sys.argv: the program, then runc's arguments)."""
+    argv = sys.argv if argv is None else argv
+    args = argv[1:]
+    options, at = parse_globals(args)
+    command = args[at] if at < len(args) else ""
+    real = find_runc(argv[0] if argv else "")
+    if command not in ("create", "delete") or options.keys() & {"help", "version"}:
+        return _exec(real, argv)
+    if real is None:
+        return _exec(real, argv)  # says so
+    wrapper = _Wrapper(argv, options, at, real)
+    try:
+        if command == "create":
+            return wrapper.create(args[at + 1 :])
+        return wrapper.delete(args[at + 1 :])
+    except Exception as e:  # never a traceback in runc's error message
+        wrapper.error(f"{command}: unexpected error: {type(e).__name__}: {e}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
