@@ -24,3 +24,4 @@ test: prereqs
 bench: prereqs
 	$(PYTHON) bench/create_latency.py
 	$(PYTHON) bench/interposer_overhead.py
+	$(PYTHON) bench/container_start.py

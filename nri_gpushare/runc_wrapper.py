@@ -7,17 +7,24 @@ ahead of the real one on PATH.  The real runc is ``$GPUSHARE_RUNC``, else the
 first ``runc`` on PATH that is not this program, else /usr/sbin/runc or
 /usr/bin/runc.
 
-Every subcommand but two is the real runc: ``os.execv`` with the arguments
-untouched, decided from the arguments alone (no socket, no file read), so
-``state``, ``start``, ``kill``, ``exec``, ``ps`` ... cost one Python start.
+Every subcommand but create, delete and exec is the real runc: ``os.execv``
+with the arguments untouched, decided from the arguments alone (no socket,
+no file read), so ``state``, ``start``, ``kill``, ``ps`` ... cost one Python
+start.
 ``run`` and ``restore`` are passed through as well: containerd's shims never
 use ``run`` (they create, then start), and a restored checkpoint is not
 placed again.  (argv[0] becomes the real runc's path: runc re-executes
-itself through /proc/self/exe, not argv[0].)  Note that ``exec`` is passed
-through untouched too, so a process exec'd into the container (``ctr task
-exec``, ``docker exec``) runs with the process spec its caller built from
-containerd's copy of the spec: it has the injected devices and mounts (they
-belong to the container) but not the injected environment.
+itself through /proc/self/exe, not argv[0].)
+
+``exec --process FILE``: a process exec'd into the container (``ctr task
+exec``, ``docker exec``) is described by its caller from containerd's (or
+docker's) copy of the spec, which never saw what create wrote into
+config.json.  When the container carries ``gpushare.io/assigned`` in its
+bundle's config.json (found through ``runc state``), the variables create
+injected (`INJECTED_ENV`, `INJECTED_PREFIX`) are copied from config.json
+into FILE, so the exec'd process is held to the share as the first one is
+(without them the interposer cannot find its quota).  A failure to do so is
+said in the runc log and the process is exec'd as it was asked.
 
 ``create``: read the bundle's config.json, ask the daemon (``create``,
 via "runc").  A refusal fails the create (``gpushare: <why>`` on stderr and,
@@ -457,19 +464,24 @@ class _Wrapper:
         if not reply.ok:
             self.warn(f"container {cid}'s GPU share is not bound to its cgroup: {reply.error}")
 
-    def state_pid(self, cid: str) -> int:
-        """The container's pid from ``runc state`` (when create had no --pid-file)."""
+    def state(self, cid: str) -> dict[str, object]:
+        """``runc state``'s JSON ({} when it does not answer)."""
         import json
         import subprocess
-
-        from nri_gpushare.local.oci import OciError
 
         command = [self.real, *self.globals, "state", cid]
         try:
             done = subprocess.run(command, capture_output=True, timeout=30, check=False)
-            pid = json.loads(done.stdout).get("pid") if done.returncode == 0 else None
-        except (OSError, ValueError, AttributeError, subprocess.TimeoutExpired):
-            pid = None
+            state = json.loads(done.stdout) if done.returncode == 0 else {}
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            state = {}
+        return state if isinstance(state, dict) else {}
+
+    def state_pid(self, cid: str) -> int:
+        """The container's pid from ``runc state`` (when create had no --pid-file)."""
+        from nri_gpushare.local.oci import OciError
+
+        pid = self.state(cid).get("pid")
         if type(pid) is not int or pid <= 0:
             raise OciError("runc state did not tell the container's pid")
         return pid
@@ -487,6 +499,68 @@ class _Wrapper:
         return code
 
 
+INJECTED_ENV = ("NVIDIA_VISIBLE_DEVICES", "LD_PRELOAD")
+INJECTED_PREFIX = "GPUSHARE_"
+EXEC_VALUE = frozenset(
+    {
+        "process", "p", "console-socket", "cwd", "env", "e", "user", "u", "additional-gids",
+        "g", "process-label", "apparmor", "cap", "c", "preserve-fds", "cgroup", "pid-file",
+    }
+)  # fmt: skip
+EXEC_BOOL = frozenset({"tty", "t", "detach", "d", "no-new-privs", "ignore-paused", "help", "h"})
+
+
+def share_env(config: dict[str, object]) -> dict[str, str]:
+    """The variables create injected, from a bundle's config.json; {} when
+    the container holds no share."""
+    annotations = config.get("annotations")
+    if not isinstance(annotations, dict) or ASSIGNED_ANNOTATION not in annotations:
+        return {}
+    process = config.get("process")
+    env = process.get("env") if isinstance(process, dict) else None
+    out = {}
+    for entry in env if isinstance(env, list) else []:
+        if isinstance(entry, str):
+            key, _, value = entry.partition("=")
+            if key in INJECTED_ENV or key.startswith(INJECTED_PREFIX):
+                out[key] = value
+    return out
+
+
+def _with_share_env(wrapper: _Wrapper, args: list[str]) -> None:
+    """Give the process of ``exec --process FILE`` the share's variables."""
+    import json
+
+    from nri_gpushare.local import oci
+
+    parsed = parse_command(args, EXEC_VALUE, EXEC_BOOL)
+    if parsed is None or len(parsed[1]) < 1 or not parsed[0].get("process"):
+        return  # runc reads the process from its arguments: nothing to edit
+    options, arguments = parsed
+    cid, path = arguments[0], options["process"]
+    try:
+        bundle = wrapper.state(cid).get("bundle")
+        if not isinstance(bundle, str):
+            raise oci.OciError("runc state did not tell the bundle")
+        wanted = share_env(oci.read_config(bundle))
+        if not wanted:
+            return
+        with open(path, "rb") as f:
+            process = json.loads(f.read(oci.MAX_CONFIG + 1))
+        env = process.get("env") if isinstance(process, dict) else None
+        if not isinstance(env, list):
+            env = []
+        kept = [e for e in env if not (isinstance(e, str) and e.partition("=")[0] in wanted)]
+        process["env"] = kept + [f"{k}={v}" for k, v in wanted.items()]
+        data = json.dumps(process, separators=(",", ":")).encode()
+        tmp = f"{path}.gpushare-{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except (OSError, ValueError, oci.OciError) as e:
+        wrapper.warn(f"exec into container {cid}: the GPU share's variables not given: {e}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """gpushare-runc with `argv` (sys.argv: the program, then runc's arguments)."""
     argv = sys.argv if argv is None else argv
@@ -494,12 +568,18 @@ def main(argv: list[str] | None = None) -> int:
     options, at = parse_globals(args)
     command = args[at] if at < len(args) else ""
     real = find_runc(argv[0] if argv else "")
-    if command not in ("create", "delete") or options.keys() & {"help", "version"}:
+    if command not in ("create", "delete", "exec") or options.keys() & {"help", "version"}:
         return _exec(real, argv)
     if real is None:
         return _exec(real, argv)  # says so
     wrapper = _Wrapper(argv, options, at, real)
     try:
+        if command == "exec":
+            try:
+                _with_share_env(wrapper, args[at + 1 :])
+            except Exception as e:  # the exec itself must still happen
+                wrapper.warn(f"exec: the GPU share's variables not given: {type(e).__name__}")
+            return _exec(real, argv)
         if command == "create":
             return wrapper.create(args[at + 1 :])
         return wrapper.delete(args[at + 1 :])

@@ -119,6 +119,10 @@ async def test_ctr_run_with_a_label_gets_its_share_next_to_a_pod(bed, start_plug
     ctr_run(bed, runtime, cid, ["sleep", "3600"], "-d", "--label", P + "gpu-memory=2Gi")
     env = init_env(task_pid(bed, cid))
     assert env["GPUSHARE_MEMORY_LIMIT"] == str(2 * GiB)
+    # A process exec'd into it is given the share's variables too.
+    execd = env_of(ctr(bed, "task", "exec", "--exec-id", "e", cid, "env").stdout.splitlines())
+    assert execd["GPUSHARE_MEMORY_LIMIT"] == str(2 * GiB)
+    assert execd["GPUSHARE_GPU_UUIDS"] == env["GPUSHARE_GPU_UUIDS"]
     assert env["GPUSHARE_GPU_UUIDS"] == plugin.status()["gpus"][0]["uuid"]
     shown = local(plugin)[cid]
     assert shown["origin"] == "runc:" + NS
@@ -243,6 +247,8 @@ async def test_docker_run_with_the_gpushare_runtime_gets_the_cgpu_share(
     pid = int(docker.docker("inspect", "--format", "{{.State.Pid}}", cid).stdout)
     env = init_env(pid)
     assert env["GPUSHARE_MEMORY_LIMIT"] == str(6 * GiB)
+    execd = env_of(docker.docker("exec", cid, "env").stdout.splitlines())
+    assert execd["GPUSHARE_MEMORY_LIMIT"] == str(6 * GiB)
     shown = local(plugin)[cid]
     assert shown["origin"] == "runc:moby" and [s["memory"] for s in shown["gpus"]] == [6 * GiB]
     docker.docker("rm", "-f", cid)

@@ -50,7 +50,8 @@ case "$cmd" in
     fi
     if [ -n "$FAKE_RUNC_SIGNAL" ]; then kill -"$FAKE_RUNC_SIGNAL" $$; fi
     if [ "${FAKE_RUNC_EXIT:-0}" = 0 ] && [ -n "$pidfile" ]; then echo 4242 > "$pidfile"; fi ;;
-  state) echo '{"ociVersion":"1.0.2","id":"c1","pid":4343,"status":"created"}' ;;
+  state) printf '{"ociVersion":"1.0.2","id":"c1","pid":4343,"status":"created",'
+         printf '"bundle":"%s"}\n' "${FAKE_RUNC_BUNDLE:-}" ;;
   --version) echo "runc version fake" ;;
 esac
 exit "${FAKE_RUNC_EXIT:-0}"
@@ -184,7 +185,6 @@ ODD_GLOBALS = [
         ["state", "c1"],
         ["start", "c1"],
         ["kill", "c1", "9"],
-        ["exec", "--process", "/tmp/p.json", "--detach", "c1"],
         ["ps", "--format", "json", "c1"],
         ["run", "--bundle", "/b", "c1"],
         ["features"],
@@ -645,3 +645,57 @@ def test_create_with_a_runc_that_cannot_run_releases(bed, daemon):
     assert daemon.ops() == ["create", "release"]
     done, _ = bed.run(["state", "c1"], env={"GPUSHARE_RUNC": missing})
     assert done.returncode == 127 and b"cannot run" in done.stderr
+
+
+def _exec_args(process: Path) -> list[str]:
+    return ["--root", ROOT, "exec", "--process", str(process), "--detach", "c1"]
+
+
+def test_exec_gives_the_process_the_shares_variables(bed, daemon, tmp_path):
+    config = json.loads(json.dumps(CONFIG))
+    config["annotations"]["gpushare.io/assigned"] = "GPU 0 1Gi"
+    config["process"]["env"] += [
+        "GPUSHARE_MEMORY_LIMIT=1073741824",
+        "NVIDIA_VISIBLE_DEVICES=GPU-x",
+        "LD_PRELOAD=/usr/lib/gpushare/libgpushare.so",
+    ]
+    bed.write_config(config)
+    process = tmp_path / "process.json"
+    process.write_text(
+        json.dumps({"args": ["env"], "env": ["PATH=/bin", "GPUSHARE_MEMORY_LIMIT=9"]})
+    )
+    done, pid = bed.run(_exec_args(process), env={"FAKE_RUNC_BUNDLE": str(bed.bundle)})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(process.read_text())["env"] == [
+        "PATH=/bin",
+        "GPUSHARE_MEMORY_LIMIT=1073741824",
+        "NVIDIA_VISIBLE_DEVICES=GPU-x",
+        "LD_PRELOAD=/usr/lib/gpushare/libgpushare.so",
+    ]
+    assert bed.calls()[-1] == _exec_args(process)  # then runc, argv untouched
+    assert bed.runc_pid() == pid  # exec'd
+    assert daemon.connections == 0
+
+
+def test_exec_into_a_container_without_a_share_changes_nothing(bed, daemon, tmp_path):
+    process = tmp_path / "process.json"
+    original = json.dumps({"args": ["env"], "env": ["PATH=/bin"]})
+    process.write_text(original)
+    done, _ = bed.run(_exec_args(process), env={"FAKE_RUNC_BUNDLE": str(bed.bundle)})
+    assert done.returncode == 0 and process.read_text() == original
+    # runc state cannot tell the bundle: the exec still happens, as asked.
+    done, _ = bed.run(_exec_args(process))
+    assert done.returncode == 0 and process.read_text() == original
+    assert bed.calls()[-1] == _exec_args(process)
+
+
+def test_share_env_reads_only_what_create_injected():
+    assert runc_wrapper.share_env({"process": {"env": ["GPUSHARE_X=1"]}}) == {}
+    config = {
+        "annotations": {"gpushare.io/assigned": "a"},
+        "process": {"env": ["GPUSHARE_X=1", "HOME=/root", 7, "NVIDIA_VISIBLE_DEVICES=u"]},
+    }
+    assert runc_wrapper.share_env(config) == {"GPUSHARE_X": "1", "NVIDIA_VISIBLE_DEVICES": "u"}
+    assert (
+        runc_wrapper.share_env({"annotations": {"gpushare.io/assigned": "a"}, "process": 3}) == {}
+    )
