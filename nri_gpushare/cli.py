@@ -47,6 +47,14 @@ def _used(share: dict[str, Any]) -> str:
     return "?" if used is None else format_bytes(used)
 
 
+def _owner(alloc: dict[str, Any]) -> str:
+    """The pod, or for a container started by hand how it asked and its name."""
+    origin = alloc.get("origin", "nri")
+    if origin == "nri":
+        return str(alloc["pod"] or "-")
+    return f"{origin} {alloc['name']}"
+
+
 def _print_guards(status: dict[str, Any]) -> None:
     interposer = status.get("interposer")
     if interposer:
@@ -97,15 +105,15 @@ def _print_status(status: dict[str, Any]) -> None:
         print("no allocations")
     else:
         print(
-            f"{'CONTAINER':14} {'POD':30} {'GPU':>3} {'USED':>9} {'MEMORY':>9} {'CORE':>5} "
-            f"{'PRIORITY':8} GUARDS"
+            f"{'CONTAINER':14} {'POD / ORIGIN NAME':30} {'GPU':>3} {'USED':>9} "
+            f"{'MEMORY':>9} {'CORE':>5} {'PRIORITY':8} GUARDS"
         )
     for alloc in allocations:
         guards = ",".join(alloc.get("guards", []))
         for share in alloc["gpus"]:
             core = f"{share['core']}%" if share["core"] else "-"
             print(
-                f"{alloc['container_id'][:13]:14} {(alloc['pod'] or '-')[:30]:30} "
+                f"{alloc['container_id'][:13]:14} {_owner(alloc)[:30]:30} "
                 f"{share['index']:>3} {_used(share):>9} {format_bytes(share['memory']):>9} "
                 f"{core:>5} {alloc['priority']:8} {guards}"
             )

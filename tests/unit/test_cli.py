@@ -80,6 +80,16 @@ def test_status_text_shows_guards_and_used_next_to_quota(capsys):
                 "unguarded": {"none": "isolation none: the share is accounted, not enforced"},
                 "gpus": [{**share, "memory_used": None, "memory_used_why": "unknown: kmod: off"}],
             },
+            {
+                "container_id": "d3",
+                "name": "web",
+                "pod": "",
+                "origin": "runc:default",
+                "priority": "normal",
+                "guards": ["interposer"],
+                "unguarded": {},
+                "gpus": [{**share, "memory_used": None, "memory_used_why": ""}],
+            },
         ],
     }
     _print_status(status)
@@ -91,3 +101,4 @@ def test_status_text_shows_guards_and_used_next_to_quota(capsys):
     assert "512Mi" in out and "interposer,kernel-ledger,nvml-limit" in out
     assert "c2: unguarded: isolation none" in out
     assert "c2: used unknown: kmod: off" in out
+    assert "runc:default web" in out  # a container started by hand: how it asked, its name
