@@ -177,7 +177,15 @@ class GpuShareHandler(Plugin):
             entry.container = container_info(pod, container)
             self._deny(entry)
 
+    def _hand_started(self, container_id: str) -> bool:
+        """The ID holds a share asked for outside NRI: NRI events about a
+        container of the same ID (another namespace) must not touch it."""
+        held = self.service.allocations.get(container_id)
+        return held is not None and held.local
+
     async def start_container(self, pod: PodSandboxView, container: ContainerView) -> None:
+        if self._hand_started(container.id):
+            return
         try:
             await self.service.start_container(container_info(pod, container))
         except ShareRefused as exc:
@@ -186,11 +194,13 @@ class GpuShareHandler(Plugin):
     async def stop_container(
         self, pod: PodSandboxView, container: ContainerView
     ) -> list[nri.ContainerUpdate]:
-        await self.service.release(container.id)
+        if not self._hand_started(container.id):
+            await self.service.release(container.id)
         return []
 
     async def remove_container(self, pod: PodSandboxView, container: ContainerView) -> None:
-        await self.service.release(container.id)
+        if not self._hand_started(container.id):
+            await self.service.release(container.id)
 
     async def stop_pod_sandbox(self, pod: PodSandboxView) -> None:
         self.service.pod_stopped(pod.uid, f"{pod.namespace}/{pod.name}", pod.annotations)
@@ -314,7 +324,8 @@ class ContainerdLabels:
         from nri_gpushare.containerd.client import ContainerdClient, ContainerdUnavailable
 
         if self._client is None:
-            client = ContainerdClient(self.socket_path)
+            # Shorter than the hook's and the wrapper's wait for the daemon.
+            client = ContainerdClient(self.socket_path, timeout=3.0)
             await client.__aenter__()
             self._client = client
         try:
@@ -410,9 +421,8 @@ async def run_daemon(
 
     handler.request_timeout = lambda: stub.request_timeout
     labels = ContainerdLabels(config.containerd_socket) if config.containerd_socket else None
-    local_api = LocalApiServer(
-        config.api_socket, LocalApiHandler(service, labels, config.containerd_socket)
-    )
+    local_handler = LocalApiHandler(service, labels, config.containerd_socket)
+    local_api = LocalApiServer(config.api_socket, local_handler, local_handler.undelivered)
     reconciler: Any = None
     if config.containerd_socket:
         from nri_gpushare.containerd.reconcile import Reconciler

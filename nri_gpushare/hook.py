@@ -168,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     if "--help" in argv or "-h" in argv:
         sys.stdout.write(USAGE.format(socket=DEFAULT_SOCKET, timeout=DEFAULT_TIMEOUT))
         return 0
-    stopping = "poststop" in argv
+    # A usage error in a poststop hook must not fail the delete; any other
+    # must fail the container (a broken spec must not let a GPU run unguarded).
+    stopping = [a for a in argv if not a.startswith("-")][:1] == ["poststop"]
     try:
         action, socket, timeout = parse_args(argv)
     except _Usage as e:

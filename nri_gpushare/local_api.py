@@ -10,13 +10,23 @@ environment (cGPU/eGPU variables), under the node's `sources.standalone`.
 The share goes into the same table as the pods' shares, so the two can never
 be given the same memory.
 
-A container in a Kubernetes (CRI) namespace carrying CRI's annotations is
-NRI's: it is answered with no share here, so that a CRI runtime configured
-with gpushare-runc or a CDI device is never counted twice.
+A container in the Kubernetes (CRI) namespace ``k8s.io`` carrying CRI's
+annotations is NRI's: it is answered with no share here, so that a CRI
+runtime configured with gpushare-runc or a CDI device is never counted twice.
+
+A CDI device gives a GPU, so the hook is never answered "no share": a
+container that asks for none through its CDI device is refused (a
+Kubernetes one unless NRI placed a share for it), or it would use the GPU
+with nothing booked.
+
+Answers come within `ANSWER_WITHIN` seconds, before the callers give up
+(`nri_gpushare.local.client.DEFAULT_TIMEOUT`); a create that would answer
+later is refused and leaves nothing reserved.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from typing import Protocol
@@ -28,6 +38,9 @@ from nri_gpushare.share.service import ShareService
 log = logging.getLogger(__name__)
 
 CRI_CONTAINER_TYPE = "io.kubernetes.cri.container-type"
+CRI_NAMESPACE = "k8s.io"
+ANSWER_WITHIN = 8.0
+"""Seconds a create may take (the hook and the wrapper wait 10)."""
 NAME_KEYS = ("nerdctl/name", "io.containerd.container.name")
 """Labels or annotations that name a hand-started container (nerdctl's)."""
 
@@ -84,13 +97,42 @@ class LocalApiHandler:
             )
             return Reply(True, released=released)
         if request.op == "start":
-            await self.service.start_local(request.namespace, request.id, request.pid)
+            try:
+                await self.service.start_local(request.namespace, request.id, request.pid)
+            except ShareRefused as e:
+                return Reply.refused(str(e), e.reason)
             return Reply(True)
-        return await self._create(request)
+        try:
+            async with asyncio.timeout(ANSWER_WITHIN):
+                return await self._create(request)
+        except TimeoutError:
+            # Cancelled inside the service, which undoes what it had reserved.
+            await self.service.release_local(request.namespace, request.id, "placed too late")
+            where = f"{request.namespace}/{request.id}" if request.namespace else request.id
+            log.error("container %s: not placed within %g s; refused", where, ANSWER_WITHIN)
+            return Reply.refused(
+                f"gpushare: cannot create container {where}: not placed within "
+                f"{ANSWER_WITHIN:g} s (containerd or the kernel module is slow to answer); "
+                f"nothing was reserved, retry",
+                "unavailable",
+            )
+
+    async def undelivered(self, request: Request, reply: Reply) -> None:
+        """The caller went away before it had the answer: a share it did not
+        learn of must not stay booked."""
+        if request.op == "create" and reply.ok and reply.plan is not None:
+            await self.service.release_local(
+                request.namespace, request.id, "its creator went away before the answer"
+            )
 
     async def _create(self, r: Request) -> Reply:
         where = f"{r.namespace}/{r.id}" if r.namespace else r.id
-        if CRI_CONTAINER_TYPE in r.annotations:
+        if r.namespace == CRI_NAMESPACE and CRI_CONTAINER_TYPE in r.annotations:
+            held = self.service.allocations.get(r.id)
+            if r.via == "cdi" and r.gpu_minors and (held is None or held.local):
+                return Reply.refused(
+                    _cdi_without_share(where, "NRI placed no share for it"), "invalid"
+                )
             log.info("container %s: a CRI container, served through NRI; nothing to do", where)
             return Reply(True)
         try:
@@ -125,10 +167,17 @@ class LocalApiHandler:
         except ShareRefused as e:
             log.warning("refused container %s (%s): %s", where, r.via, e)
             return Reply.refused(str(e), e.reason)
-        if plan is None:
-            return Reply(True)
-        if r.pid and plan.devices:  # the hook runs once the cgroup exists: bind now
-            await self.service.start_local(r.namespace, r.id, r.pid)
+        if plan is None or not plan.devices:
+            if r.via == "cdi" and r.gpu_minors:
+                await self.service.release_local(r.namespace, r.id, "no share asked")
+                return Reply.refused(_cdi_without_share(where, "it asks for none"), "invalid")
+            return Reply(True) if plan is None else Reply(True, plan=plan_json(plan))
+        if r.pid:  # the hook runs once the cgroup exists: bind now
+            try:
+                await self.service.start_local(r.namespace, r.id, r.pid)
+            except ShareRefused as e:
+                await self.service.release_local(r.namespace, r.id, "its cgroup cannot be bound")
+                return Reply.refused(str(e), e.reason)
         return Reply(True, plan=plan_json(plan))
 
     async def _labels(self, r: Request) -> dict[str, str]:
@@ -146,3 +195,12 @@ class LocalApiHandler:
             ) from None
         except ContainerdError as e:
             raise LabelsUnavailable(f"cannot read its labels from containerd: {e}") from None
+
+
+def _cdi_without_share(where: str, why: str) -> str:
+    return (
+        f"gpushare: cannot create container {where}: it was given a gpushare.io/gpu CDI "
+        f"device, but {why}, and a GPU must not be used with nothing booked; ask for a share "
+        f"(e.g. the label or annotation gpushare.io/gpu-memory=2Gi, or "
+        f"ALIYUN_COM_GPU_MEM_CONTAINER), or start the container without the device"
+    )

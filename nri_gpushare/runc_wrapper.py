@@ -429,6 +429,10 @@ class _Wrapper:
             )
             return 1
         except ProtocolError as e:
+            if not share_hints(info.env, info.annotations):
+                # e.g. an ID runc takes and the API does not: it asks for nothing we can see
+                self.warn(f"container {cid} created without asking for a GPU share: {e}")
+                return _exec(self.real, self.argv)
             self.error(f"cannot ask the nri-gpushare daemon about container {cid}: {e}")
             return 1
         if not reply.ok:
@@ -493,9 +497,9 @@ class _Wrapper:
         cid = parsed[1][0]
         code = self.run()
         if code == 0:
-            from nri_gpushare.local.oci import namespace_of
+            from nri_gpushare.local.oci import namespace_from_root
 
-            self.release(namespace_of("", cid, self.root), cid)
+            self.release(namespace_from_root(self.root), cid)
         return code
 
 

@@ -252,10 +252,11 @@ def _is_namespace(name: str) -> bool:
 def namespace_of(bundle: str, container_id: str, root: str = "") -> str:
     """The containerd namespace of a container: from its bundle path
     (``.../io.containerd.runtime.v2.task/<ns>/<id>``, when <id> is the
-    container's), else from runc's ``--root`` (its last component, as the shims
-    use ``<runc root>/<ns>``: ``/run/containerd/runc/default``,
-    ``/var/run/docker/runtime-runc/moby``); "" when neither says (runc run by
-    hand, podman)."""
+    container's: containerd's shims, for ctr, nerdctl and docker alike); ""
+    when it does not say (runc run by hand, CRI-O, podman).  runc's ``--root``
+    is not asked: its last component is a namespace only under containerd's
+    shims, and elsewhere (``/run/runc``, ``/run/user/1000/runc``) it would
+    name one that does not exist.  `root` is kept for callers; unused."""
     parts = [p for p in bundle.split("/") if p and p != "."]
     if (
         len(parts) >= 3
@@ -264,10 +265,17 @@ def namespace_of(bundle: str, container_id: str, root: str = "") -> str:
         and _is_namespace(parts[-2])
     ):
         return parts[-2]
-    parts = [p for p in root.split("/") if p and p != "."]
-    if parts and _is_namespace(parts[-1]):
-        return parts[-1]
     return ""
+
+
+def namespace_from_root(root: str) -> str:
+    """The namespace a containerd shim's runc ``--root`` ends with
+    (``<runc root>/<ns>``: ``/run/containerd/runc/default``,
+    ``/var/run/docker/runtime-runc/moby``); "" when it is not a name.  Only
+    for ``delete``, which has no bundle: a wrong guess releases nothing (the
+    daemon matches namespace and ID)."""
+    parts = [p for p in root.split("/") if p and p != "."]
+    return parts[-1] if parts and _is_namespace(parts[-1]) else ""
 
 
 # -- plans ----------------------------------------------------------------------

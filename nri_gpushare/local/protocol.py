@@ -1,6 +1,10 @@
 """The local API's messages (sans-IO): one request, one reply, each one JSON
 object on one line, then the connection closes.
 
+The client writes its request and shuts its side of the connection (the
+server reads to end of file, at most `MAX_MESSAGE` bytes), then reads the
+reply.
+
 Request::
 
     {"v": 1, "op": "create", "namespace": "default", "id": "c1",
@@ -27,7 +31,7 @@ only its poststop hook releases it.
 
 A refusal is ``{"ok": false, "error": "<a message for a person>",
 "reason": "capacity|invalid|conflict|forbidden|kmod|state|interposer|
-unavailable|protocol"}``.
+unavailable|protocol|internal"}``.
 
 PLAN: ``{"devices": [{"path", "type", "major", "minor", "mode"}], "env":
 {...}, "mounts": [{"destination", "type", "source", "options": [...]}],

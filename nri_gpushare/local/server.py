@@ -30,6 +30,7 @@ READ_WITHIN = 5.0
 """Seconds a client has to send its request."""
 
 Handler = Callable[[Request], Awaitable[Reply]]
+Undelivered = Callable[[Request, Reply], Awaitable[None]]
 
 
 def peer_uid(sock: socket.socket) -> int:
@@ -40,9 +41,11 @@ def peer_uid(sock: socket.socket) -> int:
 
 
 class LocalApiServer:
-    def __init__(self, path: str, handler: Handler) -> None:
+    def __init__(self, path: str, handler: Handler, undelivered: Undelivered | None = None) -> None:
         self.path = path
         self._handler = handler
+        #: Told of a reply that could not be written (its caller went away).
+        self._undelivered = undelivered
         self._server: asyncio.AbstractServer | None = None
         self.requests = 0
         self.refused_peers = 0
@@ -83,7 +86,15 @@ class LocalApiServer:
                 log.warning("local API: refused a connection from uid %d (root only)", uid)
                 reply = Reply.refused("gpushare: the local API answers root only", "forbidden")
             else:
-                reply = await self._answer(reader)
+                request, reply = await self._answer(reader)
+                try:
+                    writer.write(encode_reply(reply))
+                    await writer.drain()
+                except (ConnectionError, ProtocolError):
+                    if request is not None and self._undelivered is not None:
+                        await self._undelivered(request, reply)
+                    raise
+                return
             writer.write(encode_reply(reply))
             await writer.drain()
         except (ConnectionError, ProtocolError) as e:
@@ -91,7 +102,7 @@ class LocalApiServer:
         finally:
             writer.close()
 
-    async def _answer(self, reader: asyncio.StreamReader) -> Reply:
+    async def _answer(self, reader: asyncio.StreamReader) -> tuple[Request | None, Reply]:
         try:
             async with asyncio.timeout(READ_WITHIN):
                 data = await reader.read(MAX_MESSAGE + 1)
@@ -101,18 +112,18 @@ class LocalApiServer:
                         break
                     data += more
         except TimeoutError:
-            return Reply.refused(f"gpushare: no request within {READ_WITHIN:g} s", "protocol")
+            return None, Reply.refused(f"gpushare: no request within {READ_WITHIN:g} s", "protocol")
         try:
             request = decode_request(data)
         except ProtocolError as e:
             log.warning("local API: a request that is not one: %s", e)
-            return Reply.refused(f"gpushare: bad request: {e}", "protocol")
+            return None, Reply.refused(f"gpushare: bad request: {e}", "protocol")
         self.requests += 1
         try:
-            return await self._handler(request)
+            return request, await self._handler(request)
         except Exception as e:  # a bug must not leave the caller without an answer
             log.exception("local API: %s %s/%s failed", request.op, request.namespace, request.id)
-            return Reply.refused(
+            return request, Reply.refused(
                 f"gpushare: internal error handling {request.op} ({type(e).__name__}); "
                 f"see the nri-gpushare log",
                 "internal",

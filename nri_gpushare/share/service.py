@@ -165,12 +165,17 @@ class ShareService:
             raise ShareRefused(f"gpushare: {who} is already being created", "conflict")
         if (held := self.allocations.get(c.id)) is not None:  # asked again: same answer
             if (held.origin, held.namespace) != (origin, namespace):
+                if held.namespace == namespace and held.local and origin:
+                    why = "give a container gpushare-runc or a gpushare.io/gpu CDI device, not both"
+                else:
+                    why = "container IDs must be unique across containerd namespaces"
                 raise ShareRefused(
                     f"gpushare: cannot create {who}: container ID {quote(c.id)} already holds "
-                    f"a share on this node (asked through {held.where}); container IDs must "
-                    f"be unique across containerd namespaces to get a GPU share",
+                    f"a share on this node (asked through {held.where}); {why}",
                     "conflict",
                 )
+            if (state := self.local.get(c.id)) is not None:
+                state.since = time.time()  # a new incarnation: the reconciler's grace again
             return self._plan(held, c)
         if c.pod_uid:
             self._pod_containers.setdefault(c.pod_uid, set()).add(c.name)

@@ -224,6 +224,10 @@ def test_usage(capsys):
     assert hook.main(["create-runtime", "extra"]) == 2
     err = capsys.readouterr().err
     assert "unexpected argument 'extra'" in err and "usage:" in err
+    # A broken create-runtime hook fails the container even if "poststop" is in it;
+    # a broken poststop never fails a delete.
+    assert hook.main(["create-runtime", "poststop"]) == 2
+    assert hook.main(["poststop", "--verbose"]) == 0
 
 
 def test_a_terminal_is_not_a_state(monkeypatch, capsys):

@@ -415,3 +415,109 @@ async def test_another_uid_is_refused():
     finally:
         await server.close()
         shutil.rmtree(top)
+
+
+# -- what the hostile review found ----------------------------------------------------------
+
+
+async def test_a_cdi_device_without_a_request_is_refused_not_left_unbooked():
+    svc, _ = await make()
+    reply = await LocalApiHandler(svc, Labels({("default", "c1"): {}}))(
+        create(via="cdi", pid=9, gpu_minors=(0,))
+    )
+    assert not reply.ok and "nothing booked" in reply.error
+    assert "gpushare.io/gpu-memory" in reply.error
+    assert svc.allocations == {}
+
+
+async def test_the_cri_annotation_outside_k8s_io_does_not_dodge_accounting():
+    svc, _ = await make()
+    labels = Labels({("default", "c1"): {P + "gpu-memory": "1Gi"}})
+    annotations = {"io.kubernetes.cri.container-type": "container"}
+    reply = await LocalApiHandler(svc, labels)(create(annotations=annotations))
+    assert reply.ok and reply.plan is not None
+    assert svc.allocations["c1"].origin == "runc"
+
+
+async def test_a_kubernetes_container_with_a_cdi_device_needs_its_nri_share():
+    svc, _ = await make()
+    annotations = {"io.kubernetes.cri.container-type": "container"}
+    handler = LocalApiHandler(svc, Labels({("k8s.io", "k1"): {}}))
+    refused = await handler(
+        create("k1", "k8s.io", via="cdi", pid=9, gpu_minors=(0,), annotations=annotations)
+    )
+    assert not refused.ok and "NRI placed no share" in refused.error
+    pod = ContainerInfo(
+        id="k1",
+        name="m",
+        pod_name="p",
+        pod_namespace="n",
+        pod_uid="u",
+        pod_annotations={P + "gpu-memory": "1Gi"},
+    )
+    await svc.create_container(pod)
+    again = await handler(
+        create("k1", "k8s.io", via="cdi", pid=9, gpu_minors=(0,), annotations=annotations)
+    )
+    assert again == Reply(True)
+
+
+class SlowLabels(Labels):
+    async def labels(self, namespace: str, container_id: str) -> dict[str, str]:
+        await asyncio.sleep(3600)
+        return {}
+
+
+async def test_a_create_that_cannot_answer_in_time_is_refused_and_reserves_nothing(monkeypatch):
+    monkeypatch.setattr("nri_gpushare.local_api.ANSWER_WITHIN", 0.05)
+    svc, _ = await make()
+    reply = await LocalApiHandler(svc, SlowLabels())(create())
+    assert not reply.ok and "not placed within" in reply.error
+    assert svc.allocations == {}
+
+
+async def test_a_share_whose_creator_went_away_is_released():
+    svc, _ = await make()
+    handler = LocalApiHandler(svc, Labels({("default", "c1"): {P + "gpu-memory": "1Gi"}}))
+    request = create()
+    reply = await handler(request)
+    assert "c1" in svc.allocations
+    await handler.undelivered(request, reply)
+    assert svc.allocations == {}
+
+
+async def test_a_bind_the_module_refuses_fails_the_cdi_create_and_frees_the_share():
+    from nri_gpushare.kmod.client import KmodError
+
+    kmod = FakeKernelModule()
+    svc, _ = await make(kmod_mode="required", kmod=kmod)
+    kmod.fail_next["bind_cgroup"] = KmodError("no such cgroup", 2)
+    labels = Labels({("default", "c1"): {P + "gpu-memory": "1Gi"}})
+    reply = await LocalApiHandler(svc, labels)(create(via="cdi", pid=9, gpu_minors=(0,)))
+    assert not reply.ok and reply.reason == "kmod" and "bind" in reply.error
+    assert svc.allocations == {} and kmod.regs == {}
+
+
+async def test_nri_events_for_the_same_id_leave_a_hand_started_share_alone():
+    from nri_gpushare.api import lite, nri
+    from nri_gpushare.daemon import GpuShareHandler
+
+    svc, kmod = await make()
+    await LocalApiHandler(svc, Labels({("default", "c1"): {P + "gpu-memory": "1Gi"}}))(create())
+    handler = GpuShareHandler(svc)
+    pod = lite.decode_pod_sandbox(bytes(nri.PodSandbox(id="p", name="p", namespace="n", uid="u")))
+    twin = lite.decode_container(
+        bytes(
+            nri.Container(
+                id="c1",
+                pod_sandbox_id="p",
+                name="m",
+                linux=nri.LinuxContainer(cgroups_path="/k8s.io/c1"),
+            )
+        )
+    )
+    await handler.start_container(pod, twin)
+    await handler.stop_container(pod, twin)
+    await handler.remove_container(pod, twin)
+    assert "c1" in svc.allocations and "c1" in kmod.regs
+    assert "c1" not in kmod.cgroups  # never bound to the twin's cgroup

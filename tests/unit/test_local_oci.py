@@ -20,6 +20,7 @@ from nri_gpushare.local.oci import (
     dump_config,
     gpu_minors,
     load_config,
+    namespace_from_root,
     namespace_of,
     parse_env,
     parse_state,
@@ -256,21 +257,32 @@ def test_read_config_follows_a_symlink_as_runc_does(tmp_path):
         ("/run/containerd/io.containerd.runtime.v2.task/k8s.io/c1/", "c1", "", "k8s.io"),
         ("/run/containerd/io.containerd.runtime.v2.task/moby/abc", "abc", "/x/other", "moby"),
         ("/run/containerd/io.containerd.runtime.v2.task/default/c2", "c1", "", ""),
-        ("/run/containerd/io.containerd.runtime.v2.task/default/c2", "c1", "/r/ns", "ns"),
+        ("/run/containerd/io.containerd.runtime.v2.task/default/c2", "c1", "/r/ns", ""),
         ("/run/containerd/io.containerd.runtime.v2.task/bad..ns/c1", "c1", "", ""),
         ("/run/containerd/io.containerd.runtime.v2.task/c1", "c1", "", ""),
         ("/var/lib/containers/storage/overlay-containers/c1/userdata", "c1", "", ""),
-        ("", "c1", "/run/containerd/runc/default", "default"),
-        ("", "c1", "/var/run/docker/runtime-runc/moby", "moby"),
-        ("", "c1", "/run/containerd/runc/k8s.io/", "k8s.io"),
-        ("", "c1", "/run/containerd/runc/-bad", ""),
-        ("", "c1", "/", ""),
-        ("", "c1", "", ""),
-        ("/bundle", "c1", "relative/ns", "ns"),
+        ("", "c1", "/run/containerd/runc/default", ""),  # only the bundle says
+        ("", "c1", "/run/runc", ""),  # CRI-O's / runc's own root is no namespace
+        ("/bundle", "c1", "relative/ns", ""),
     ],
 )
 def test_namespace_of(bundle, cid, root, ns):
     assert namespace_of(bundle, cid, root) == ns
+
+
+@pytest.mark.parametrize(
+    ("root", "ns"),
+    [
+        ("/run/containerd/runc/default", "default"),
+        ("/var/run/docker/runtime-runc/moby", "moby"),
+        ("/run/containerd/runc/k8s.io/", "k8s.io"),
+        ("/run/containerd/runc/-bad", ""),
+        ("/", ""),
+        ("", ""),
+    ],
+)
+def test_namespace_from_root(root, ns):
+    assert namespace_from_root(root) == ns
 
 
 # -- plans ---------------------------------------------------------------------------
