@@ -27,13 +27,17 @@ DIRECTORY_MODE = 0o750
 Snapshot = Callable[[], dict[str, Any] | Awaitable[dict[str, Any]]]
 
 
-class StatusServer:
-    """`snapshot` gives the document, or an awaitable of it (e.g. when part of
-    it is read from the kernel module off the event loop)."""
+class UnixServer:
+    """A unix-socket server whose socket has its final mode from the moment
+    it exists, in a directory checked as `_prepare_directory` says.
+    Subclasses set `MODE` and `KEY` (the config key, for messages) and serve
+    connections in `_serve`."""
 
-    def __init__(self, path: str, snapshot: Snapshot) -> None:
+    MODE = SOCKET_MODE
+    KEY = "status_socket"
+
+    def __init__(self, path: str) -> None:
         self.path = path
-        self._snapshot = snapshot
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:
@@ -44,25 +48,18 @@ class StatusServer:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
-            sock = _bind(self.path)
+            sock = _bind(self.path, self.MODE)
         except ConfigError as e:
-            raise ConfigError(f"status_socket {self.path}: {e}") from None
+            raise ConfigError(f"{self.KEY} {self.path}: {e}") from None
         except OSError as e:
             where = f" ({e.filename})" if e.filename else ""
             raise ConfigError(
-                f"status_socket {self.path}: cannot create it: {e.strerror}{where}"
+                f"{self.KEY} {self.path}: cannot create it: {e.strerror}{where}"
             ) from e
         self._server = await asyncio.start_unix_server(self._serve, sock=sock)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            document = self._snapshot()
-            if inspect.isawaitable(document):
-                document = await document
-            writer.write(json.dumps(document).encode() + b"\n")
-            await writer.drain()
-        finally:
-            writer.close()
+        raise NotImplementedError
 
     async def close(self) -> None:
         if self._server is not None:
@@ -73,6 +70,25 @@ class StatusServer:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+
+
+class StatusServer(UnixServer):
+    """`snapshot` gives the document, or an awaitable of it (e.g. when part of
+    it is read from the kernel module off the event loop)."""
+
+    def __init__(self, path: str, snapshot: Snapshot) -> None:
+        super().__init__(path)
+        self._snapshot = snapshot
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            document = self._snapshot()
+            if inspect.isawaitable(document):
+                document = await document
+            writer.write(json.dumps(document).encode() + b"\n")
+            await writer.drain()
+        finally:
+            writer.close()
 
 
 def _prepare_directory(directory: Path) -> None:
@@ -100,18 +116,18 @@ def _prepare_directory(directory: Path) -> None:
         )
 
 
-def _bind(path: str) -> socket.socket:
-    """A unix socket bound to `path` with mode 0660, not yet listening."""
+def _bind(path: str, mode: int = SOCKET_MODE) -> socket.socket:
+    """A unix socket bound to `path` with `mode`, not yet listening."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         # bind() creates the file with the umask's mode: take away what 0660 does
         # not give (for this instant the umask is the process's, hence no await).
-        old = os.umask(0o777 & ~SOCKET_MODE)
+        old = os.umask(0o777 & ~mode)
         try:
             sock.bind(path)
         finally:
             os.umask(old)
-        os.chmod(path, SOCKET_MODE)  # exactly, before listen() lets anyone connect
+        os.chmod(path, mode)  # exactly, before listen() lets anyone connect
     except BaseException:
         sock.close()
         raise

@@ -17,10 +17,8 @@ import os
 import socket
 import struct
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
-from ..config import ConfigError
-from ..status import _prepare_directory
+from ..status import UnixServer
 from .protocol import MAX_MESSAGE, ProtocolError, Reply, Request, decode_request, encode_reply
 
 log = logging.getLogger(__name__)
@@ -40,69 +38,44 @@ def peer_uid(sock: socket.socket) -> int:
     return int(uid)
 
 
-class LocalApiServer:
+class LocalApiServer(UnixServer):
+    MODE = SOCKET_MODE
+    KEY = "api_socket"
+
     def __init__(self, path: str, handler: Handler, undelivered: Undelivered | None = None) -> None:
-        self.path = path
+        super().__init__(path)
         self._handler = handler
         #: Told of a reply that could not be written (its caller went away).
         self._undelivered = undelivered
-        self._server: asyncio.AbstractServer | None = None
         self.requests = 0
         self.refused_peers = 0
-
-    async def start(self) -> None:
-        """Listen on `path`; ConfigError (saying what to do) when it cannot."""
-        try:
-            _prepare_directory(Path(self.path).parent)
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                old = os.umask(0o777 & ~SOCKET_MODE)
-                try:
-                    sock.bind(self.path)
-                finally:
-                    os.umask(old)
-                os.chmod(self.path, SOCKET_MODE)
-            except BaseException:
-                sock.close()
-                raise
-        except ConfigError as e:
-            raise ConfigError(f"api_socket {self.path}: {e}") from None
-        except OSError as e:
-            raise ConfigError(f"api_socket {self.path}: cannot create it: {e.strerror}") from e
-        self._server = await asyncio.start_unix_server(
-            self._serve, sock=sock, limit=MAX_MESSAGE + 1
-        )
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             sock = writer.get_extra_info("socket")
             uid = peer_uid(sock) if sock is not None else -1
-            if uid not in (0, os.geteuid()):
+            allowed = uid in (0, os.geteuid())
+            if not allowed:
                 self.refused_peers += 1
                 log.warning("local API: refused a connection from uid %d (root only)", uid)
-                reply = Reply.refused("gpushare: the local API answers root only", "forbidden")
-            else:
-                request, reply = await self._answer(reader)
-                try:
-                    writer.write(encode_reply(reply))
-                    await writer.drain()
-                except (ConnectionError, ProtocolError):
-                    if request is not None and self._undelivered is not None:
-                        await self._undelivered(request, reply)
-                    raise
-                return
-            writer.write(encode_reply(reply))
-            await writer.drain()
+            # The request is read even from a refused peer: closing with it
+            # unread would reset the connection before the peer reads why.
+            request, reply = await self._answer(reader, allowed)
+            try:
+                writer.write(encode_reply(reply))
+                await writer.drain()
+            except (ConnectionError, ProtocolError):
+                if request is not None and self._undelivered is not None:
+                    await self._undelivered(request, reply)
+                raise
         except (ConnectionError, ProtocolError) as e:
             log.debug("local API: client went away: %s", e)
         finally:
             writer.close()
 
-    async def _answer(self, reader: asyncio.StreamReader) -> tuple[Request | None, Reply]:
+    async def _answer(
+        self, reader: asyncio.StreamReader, allowed: bool = True
+    ) -> tuple[Request | None, Reply]:
         try:
             async with asyncio.timeout(READ_WITHIN):
                 data = await reader.read(MAX_MESSAGE + 1)
@@ -113,6 +86,8 @@ class LocalApiServer:
                     data += more
         except TimeoutError:
             return None, Reply.refused(f"gpushare: no request within {READ_WITHIN:g} s", "protocol")
+        if not allowed:
+            return None, Reply.refused("gpushare: the local API answers root only", "forbidden")
         try:
             request = decode_request(data)
         except ProtocolError as e:
@@ -128,13 +103,3 @@ class LocalApiServer:
                 f"see the nri-gpushare log",
                 "internal",
             )
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
