@@ -24,6 +24,8 @@ from typing import Any
 from nri_gpushare.api import nri
 from nri_gpushare.api.lite import Adjustment, ContainerView, Device, MountSpec, PodSandboxView
 from nri_gpushare.config import Config, ConfigError
+from nri_gpushare.containerd.client import ContainerdClient, ContainerdUnavailable
+from nri_gpushare.containerd.reconcile import LocalRef, Reconciler
 from nri_gpushare.host import (
     BlockingWorker,
     HostDevices,
@@ -318,22 +320,19 @@ class ContainerdLabels:
 
     def __init__(self, socket_path: str) -> None:
         self.socket_path = socket_path
-        self._client: Any = None
+        self._client: ContainerdClient | None = None
 
     async def labels(self, namespace: str, container_id: str) -> dict[str, str]:
-        from nri_gpushare.containerd.client import ContainerdClient, ContainerdUnavailable
-
         if self._client is None:
             # Shorter than the hook's and the wrapper's wait for the daemon.
             client = ContainerdClient(self.socket_path, timeout=3.0)
             await client.__aenter__()
             self._client = client
         try:
-            labels: dict[str, str] = await self._client.labels(namespace, container_id)
+            return await self._client.labels(namespace, container_id)
         except ContainerdUnavailable:
             self.close()
             raise
-        return labels
 
     def close(self) -> None:
         if self._client is not None:
@@ -347,9 +346,7 @@ class ReconcileOwner:
     def __init__(self, service: ShareService) -> None:
         self.service = service
 
-    def local_allocations(self) -> list[Any]:
-        from nri_gpushare.containerd.reconcile import LocalRef
-
+    def local_allocations(self) -> list[LocalRef]:
         return [
             LocalRef(r.namespace, r.container_id, r.pid, r.since)
             for r in self.service.local_allocations()
@@ -407,6 +404,16 @@ async def run_daemon(
             registration_timeout=config.registration_timeout,
         )
 
+    handler.request_timeout = lambda: stub.request_timeout
+    labels = ContainerdLabels(config.containerd_socket) if config.containerd_socket else None
+    local_handler = LocalApiHandler(service, labels, config.containerd_socket)
+    local_api = LocalApiServer(config.api_socket, local_handler, local_handler.undelivered)
+    reconciler = (
+        Reconciler(config.containerd_socket, ReconcileOwner(service))
+        if config.containerd_socket
+        else None
+    )
+
     async def snapshot() -> dict[str, Any]:
         memory = await service.read_usage()
         nri_state = {
@@ -417,29 +424,19 @@ async def run_daemon(
                 method: _summary(samples) for method, samples in stub.handler_seconds.items()
             },
         }
-        return {**service.status(memory), "nri": nri_state}
-
-    handler.request_timeout = lambda: stub.request_timeout
-    labels = ContainerdLabels(config.containerd_socket) if config.containerd_socket else None
-    local_handler = LocalApiHandler(service, labels, config.containerd_socket)
-    local_api = LocalApiServer(config.api_socket, local_handler, local_handler.undelivered)
-    reconciler: Any = None
-    if config.containerd_socket:
-        from nri_gpushare.containerd.reconcile import Reconciler
-
-        reconciler = Reconciler(config.containerd_socket, ReconcileOwner(service))
-
-    async def full_snapshot() -> dict[str, Any]:
-        document = await snapshot()
-        document["local_api"] = {"socket": config.api_socket, "requests": local_api.requests}
-        document["containerd"] = (
+        containerd = (
             {"socket": config.containerd_socket, **reconciler.state()}
             if reconciler is not None
             else {"socket": "", "connected": False, "last_error": "containerd.socket is off"}
         )
-        return document
+        return {
+            **service.status(memory),
+            "nri": nri_state,
+            "local_api": {"socket": config.api_socket, "requests": local_api.requests},
+            "containerd": containerd,
+        }
 
-    status = StatusServer(config.status_socket, full_snapshot)
+    status = StatusServer(config.status_socket, snapshot)
     await status.start()
     try:
         await local_api.start()

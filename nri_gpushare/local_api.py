@@ -31,6 +31,7 @@ import logging
 from collections.abc import Mapping
 from typing import Protocol
 
+from nri_gpushare.containerd.client import ContainerdError, ContainerNotFound
 from nri_gpushare.local.protocol import Reply, Request
 from nri_gpushare.share.model import ContainerInfo, Gpu, InjectionPlan, ShareRefused
 from nri_gpushare.share.service import ShareService
@@ -183,8 +184,6 @@ class LocalApiHandler:
     async def _labels(self, r: Request) -> dict[str, str]:
         if not r.namespace or self.labels is None:
             return {}
-        from nri_gpushare.containerd.client import ContainerdError, ContainerNotFound
-
         try:
             return await self.labels.labels(r.namespace, r.id)
         except ContainerNotFound:

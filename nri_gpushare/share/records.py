@@ -252,14 +252,21 @@ def recover(
             "%s: does not carry the share recorded for it; the record is ignored", c.describe()
         )
         record = None
-    if registration is None:
+    if record is None:
+        return None if registration is None else from_registration(c, registration, gpus)
+    return module_wins(c, record, registration, gpus)
+
+
+def module_wins(
+    c: ContainerInfo, record: Allocation, registration: Registration | None, gpus: Sequence[Gpu]
+) -> Allocation:
+    """`record` checked against the module's registration of container `c`:
+    where the two differ, the registration's shares win (one naming GPUs this
+    node does not have is ignored)."""
+    if registration is None or registered_as(record, registration):
         return record
     module = from_registration(c, registration, gpus)
     if module is None:
-        return record
-    if record is None:
-        return module
-    if registered_as(record, registration):
         return record
     log.warning(
         "%s: the daemon's record (%s) differs from the kernel module's registration (%s); "

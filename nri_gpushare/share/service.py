@@ -440,26 +440,16 @@ class ShareService:
             return
         module = await self.link.registrations()
         for cid, alloc in wanted.items():
-            registration = (module or {}).get(cid)
-            if registration is not None and not registered_as(alloc, registration):
-                c = ContainerInfo(id=cid, name=alloc.name)
-                by_module = records.from_registration(c, registration, self.gpus)
-                if by_module is not None:
-                    log.warning(
-                        "container %s/%s: the daemon's record (%s) differs from the kernel "
-                        "module's registration (%s); the module's wins",
-                        alloc.namespace,
-                        cid,
-                        alloc.describe_shares(),
-                        by_module.describe_shares(),
-                    )
-                    alloc = dataclasses.replace(
-                        by_module,
-                        isolation=alloc.isolation,
-                        interposer=alloc.interposer,
-                        origin=alloc.origin,
-                        namespace=alloc.namespace,
-                    )
+            c = ContainerInfo(id=cid, name=alloc.name)
+            by_module = records.module_wins(c, alloc, (module or {}).get(cid), self.gpus)
+            if by_module is not alloc:  # what the module does not keep stays the record's
+                alloc = dataclasses.replace(
+                    by_module,
+                    isolation=alloc.isolation,
+                    interposer=alloc.interposer,
+                    origin=alloc.origin,
+                    namespace=alloc.namespace,
+                )
             try:
                 for note in self.ledger.add(alloc):
                     log.warning("container %s: recovered share: %s", cid, note)
