@@ -60,12 +60,7 @@ def main() -> int:
             bed.nri_socket, work / "plugin", inventory=gpu_inventory(1, "16Gi")
         ).start()
         try:
-            wrapper = work / "gpushare-runc"
-            wrapper.write_text(
-                f"#!/bin/sh\nGPUSHARE_API_SOCKET={plugin.api_socket} "
-                f'exec {ROOT / ".venv" / "bin" / "gpushare-runc"} "$@"\n'
-            )
-            wrapper.chmod(0o755)
+            wrapper = plugin.runc_wrapper()
             lean = work / "gpushare-runc-lean"
             lean.write_text(
                 f"#!/bin/sh\nGPUSHARE_API_SOCKET={plugin.api_socket} PYTHONPATH={ROOT} "

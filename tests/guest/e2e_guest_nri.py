@@ -48,7 +48,6 @@ from tests.testbed.images import BUSYBOX_IMAGE, build_images
 
 GiB = 1 << 30
 P = "gpushare.io/"
-REPO = Path(__file__).resolve().parents[2]
 BASE = Path("/tmp/gs-e2e")  # short: unix socket paths
 QUERY_EXE = os.environ.get("GPUSHARE_E2E_QUERY", "")
 CUDA_PROBE = os.environ.get("GPUSHARE_E2E_CUDA_PROBE", "")
@@ -470,12 +469,7 @@ async def test_a_pod_is_held_to_its_memory_quota_by_the_interposer_and_the_ledge
 async def test_a_ctr_container_is_registered_bound_and_released_like_a_pod(bed, plugin, client):
     """`ctr run` through gpushare-runc: registered with the module at create,
     bound to its cgroup once runc created it, released at `ctr task rm`."""
-    wrapper = plugin.workdir / "gpushare-runc"
-    wrapper.write_text(
-        f"#!/bin/sh\nGPUSHARE_API_SOCKET={plugin.api_socket} "
-        f'exec {REPO / ".venv" / "bin" / "gpushare-runc"} "$@"\n'
-    )
-    wrapper.chmod(0o755)
+    wrapper = plugin.runc_wrapper()
 
     def ctr(*args: str) -> str:
         argv = [str(bed.ctr), "-a", str(bed.grpc_address), "-n", "default", *args]

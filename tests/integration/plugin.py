@@ -73,6 +73,17 @@ class PluginProcess:
     def status(self) -> dict[str, Any]:
         return query_status(self.status_socket)
 
+    def runc_wrapper(self) -> Path:
+        """gpushare-runc asking this plugin: a runtime binary for ctr's
+        --runc-binary or dockerd's --add-runtime."""
+        script = self.workdir / "gpushare-runc"
+        script.write_text(
+            f"#!/bin/sh\nGPUSHARE_API_SOCKET={self.api_socket} "
+            f'exec {ROOT / ".venv" / "bin" / "gpushare-runc"} "$@"\n'
+        )
+        script.chmod(0o755)
+        return script
+
     def wait_connected(self, timeout: float = 15.0, sessions: int = 1) -> float:
         """Wait until the plugin has synchronized `sessions` times; returns when."""
         deadline = time.monotonic() + timeout

@@ -23,17 +23,8 @@ pytestmark = pytest.mark.containerd
 P = "gpushare.io/"
 NS = "default"
 GiB = 1 << 30
-WRAPPER = ROOT / ".venv" / "bin" / "gpushare-runc"
 # Bounds a wait that normally ends at once (a broken path fails instead of hanging).
 STUCK = 60.0
-
-
-def wrapper_for(plugin: PluginProcess) -> Path:
-    """gpushare-runc asking `plugin` (the runtime binary ctr hands the shim)."""
-    script = plugin.workdir / "gpushare-runc"
-    script.write_text(f'#!/bin/sh\nGPUSHARE_API_SOCKET={plugin.api_socket} exec {WRAPPER} "$@"\n')
-    script.chmod(0o755)
-    return script
 
 
 def ctr(bed: Containerd, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -113,7 +104,7 @@ def local(plugin: PluginProcess) -> dict[str, dict]:
 
 async def test_ctr_run_with_a_label_gets_its_share_next_to_a_pod(bed, start_plugin, cri):
     plugin = start_plugin(bed, inventory=gpu_inventory(1, "8Gi"))
-    runtime = wrapper_for(plugin)
+    runtime = plugin.runc_wrapper()
     pod = await run_sleeper(cri, "pod", {P + "gpu-memory": "3Gi"})
     cid = name()
     ctr_run(bed, runtime, cid, ["sleep", "3600"], "-d", "--label", P + "gpu-memory=2Gi")
@@ -141,7 +132,7 @@ async def test_ctr_run_with_a_label_gets_its_share_next_to_a_pod(bed, start_plug
 
 async def test_ctr_run_rm_shows_the_share_and_gives_it_back(bed, start_plugin):
     plugin = start_plugin(bed, inventory=gpu_inventory(1, "8Gi"))
-    runtime = wrapper_for(plugin)
+    runtime = plugin.runc_wrapper()
     cid = name()
     env = ["ALIYUN_COM_GPU_MEM_CONTAINER=6"]
     done = ctr_run(bed, runtime, cid, ["env"], "--rm", "--env", env[0])
@@ -153,7 +144,7 @@ async def test_ctr_run_rm_shows_the_share_and_gives_it_back(bed, start_plugin):
 
 async def test_a_request_that_does_not_fit_fails_ctr_run_with_the_reason(bed, start_plugin):
     plugin = start_plugin(bed, inventory=gpu_inventory(1, "8Gi"))
-    runtime = wrapper_for(plugin)
+    runtime = plugin.runc_wrapper()
     cid = name()
     done = ctr_run(
         bed, runtime, cid, ["true"], "--rm", "--label", P + "gpu-memory=12Gi", check=False
@@ -171,14 +162,14 @@ async def test_a_request_that_does_not_fit_fails_ctr_run_with_the_reason(bed, st
 
 async def test_a_container_without_a_request_runs_untouched(bed, start_plugin):
     plugin = start_plugin(bed, inventory=gpu_inventory(1, "8Gi"))
-    done = ctr_run(bed, wrapper_for(plugin), name(), ["env"], "--rm")
+    done = ctr_run(bed, plugin.runc_wrapper(), name(), ["env"], "--rm")
     assert "GPUSHARE_" not in done.stdout
     assert local(plugin) == {}
 
 
 async def test_a_pod_and_a_ctr_container_compete_for_the_last_memory(bed, start_plugin, cri):
     plugin = start_plugin(bed, inventory=gpu_inventory(1, "8Gi"))
-    runtime = wrapper_for(plugin)
+    runtime = plugin.runc_wrapper()
     cid = name()
 
     async def pod() -> bool:
@@ -212,7 +203,7 @@ async def test_a_task_deleted_behind_the_daemons_back_is_reconciled(bed, start_p
     back, releases the share from what containerd says."""
     settings = {"inventory": gpu_inventory(1, "8Gi")}
     plugin = start_plugin(bed, **settings)
-    runtime = wrapper_for(plugin)
+    runtime = plugin.runc_wrapper()
     gone, alive = name(), name()
     for cid in (gone, alive):
         ctr_run(bed, runtime, cid, ["sleep", "3600"], "-d", "--label", P + "gpu-memory=2Gi")
@@ -237,7 +228,7 @@ async def test_docker_run_with_the_gpushare_runtime_gets_the_cgpu_share(
     """As the cGPU documents show it: ALIYUN_COM_GPU_MEM_CONTAINER=6 on a 16 GiB
     GPU gets 6 GiB; `docker rm -f` gives it back."""
     plugin = start_plugin(bed, inventory=gpu_inventory(1, "16Gi"))
-    docker = make_dockerd(runtimes={"gpushare": wrapper_for(plugin)})
+    docker = make_dockerd(runtimes={"gpushare": plugin.runc_wrapper()})
     cgpu = ["-e", "ALIYUN_COM_GPU_MEM_CONTAINER=6", "-e", "ALIYUN_COM_GPU_MEM_DEV=16"]
     run = docker.docker(
         "run", "-d", "--network", "none", "--runtime", "gpushare", *cgpu,
