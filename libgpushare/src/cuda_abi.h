@@ -21,6 +21,12 @@ typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef struct CUarray_st *CUarray;
 typedef struct CUmipmappedArray_st *CUmipmappedArray;
 typedef struct { unsigned char bytes[16]; } CUuuid;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUevent_st *CUevent;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphNode_st *CUgraphNode;
+typedef struct CUgraphExec_st *CUgraphExec;
+typedef void (*CUhostFn)(void *userData);
 
 enum {
 	CUDA_SUCCESS = 0,
@@ -31,6 +37,7 @@ enum {
 	CUDA_ERROR_INVALID_CONTEXT = 201,
 	CUDA_ERROR_INVALID_HANDLE = 400,
 	CUDA_ERROR_NOT_FOUND = 500,
+	CUDA_ERROR_NOT_READY = 600,
 	CUDA_ERROR_NOT_SUPPORTED = 801,
 };
 
@@ -114,5 +121,71 @@ typedef struct {
 	unsigned int NumChannels;
 	unsigned int Flags;
 } CUDA_ARRAY3D_DESCRIPTOR;
+
+/* ---- launches, events, graphs (the compute scheduler) ---- */
+
+/* cuEventCreate flags */
+#define CU_EVENT_DEFAULT		0x0
+#define CU_EVENT_BLOCKING_SYNC		0x1
+#define CU_EVENT_DISABLE_TIMING		0x2
+
+/* CUstreamCaptureStatus (cuStreamIsCapturing) */
+enum {
+	CU_STREAM_CAPTURE_STATUS_NONE = 0,
+	CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
+	CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2,
+};
+
+typedef struct CUlaunchAttribute_st CUlaunchAttribute;	/* not read */
+
+/* cuLaunchKernelEx's configuration. */
+typedef struct {
+	unsigned int gridDimX, gridDimY, gridDimZ;
+	unsigned int blockDimX, blockDimY, blockDimZ;
+	unsigned int sharedMemBytes;
+	CUstream hStream;
+	CUlaunchAttribute *attrs;
+	unsigned int numAttrs;
+} CUlaunchConfig;
+
+/* One device's launch in cuLaunchCooperativeKernelMultiDevice. */
+typedef struct {
+	CUfunction function;
+	unsigned int gridDimX, gridDimY, gridDimZ;
+	unsigned int blockDimX, blockDimY, blockDimZ;
+	unsigned int sharedMemBytes;
+	CUstream hStream;
+	void **kernelParams;
+} CUDA_LAUNCH_PARAMS;
+
+/*
+ * A graph's kernel node (cuGraphAddKernelNode): version 1's fields; the
+ * _v2 structure adds a CUkernel and a CUcontext after them.
+ */
+typedef struct {
+	CUfunction func;
+	unsigned int gridDimX, gridDimY, gridDimZ;
+	unsigned int blockDimX, blockDimY, blockDimZ;
+	unsigned int sharedMemBytes;
+	void **kernelParams;
+	void **extra;
+} CUDA_KERNEL_NODE_PARAMS;
+
+typedef CUresult (*cuLaunchKernel_t)(CUfunction f, unsigned int gx, unsigned int gy,
+				     unsigned int gz, unsigned int bx, unsigned int by,
+				     unsigned int bz, unsigned int shared, CUstream s,
+				     void **params, void **extra);
+typedef CUresult (*cuLaunchKernelEx_t)(const CUlaunchConfig *config, CUfunction f,
+				       void **params, void **extra);
+typedef CUresult (*cuLaunchCooperativeKernel_t)(CUfunction f, unsigned int gx,
+						unsigned int gy, unsigned int gz,
+						unsigned int bx, unsigned int by,
+						unsigned int bz, unsigned int shared,
+						CUstream s, void **params);
+typedef CUresult (*cuLaunchCooperativeKernelMultiDevice_t)(CUDA_LAUNCH_PARAMS *list,
+							   unsigned int n,
+							   unsigned int flags);
+typedef CUresult (*cuGraphLaunch_t)(CUgraphExec exec, CUstream s);
+typedef CUresult (*cuLaunchHostFunc_t)(CUstream s, CUhostFn fn, void *data);
 
 #endif /* GPUSHARE_CUDA_ABI_H */

@@ -13,9 +13,9 @@
 
 /*
  * 1: GPUSHARE_IOC_QUERY.  2: GPUSHARE_IOC_MEM too (a version-1 module
- * answers it with ENOTTY).
+ * answers it with ENOTTY).  3: GPUSHARE_IOC_SCHED too.
  */
-#define GPUSHARE_ABI_VERSION	2
+#define GPUSHARE_ABI_VERSION	3
 
 #define GPUSHARE_DEV_NAME	"gpushare"	/* the misc device's name */
 
@@ -32,6 +32,9 @@
 #define GPUSHARE_PRIO_RATIO_MIN	20
 #define GPUSHARE_PRIO_RATIO_MAX	99
 #define GPUSHARE_PRIO_RATIO_DEFAULT 80
+#define GPUSHARE_SLICE_US_MIN	1000	/* a GPU's scheduling slice, us */
+#define GPUSHARE_SLICE_US_MAX	1000000
+#define GPUSHARE_SLICE_US_DEFAULT 10000
 
 /*
  * The structures are extensible (the convention of clone3() and
@@ -131,8 +134,60 @@ struct gpushare_mem {
 
 #define GPUSHARE_MEM_SIZE_VER0	48	/* sizeof first published */
 
+/*
+ * GPUSHARE_IOC_SCHED: the compute scheduler (kmod/README.md, "The compute
+ * scheduler").  A process asks for the GPU before it submits work there
+ * (ACQUIRE), submits until the grant's end (until), then waits for its
+ * work to finish and gives the GPU back (RELEASE) with the GPU time the
+ * work took, measured on the GPU.  The container is charged for the time
+ * it held the GPU, and for reported time beyond that; a report can never
+ * make the charge smaller.  As for MEM, a descriptor acts for the
+ * container its opener was in, and what it holds (a slice, its place in
+ * the queue) is given up when the file is released, however the process
+ * ends.
+ *
+ * ACQUIRE blocks (interruptibly: EINTR, then call again) until the
+ * container's turn; with GPUSHARE_SCHED_NOWAIT it answers EAGAIN instead,
+ * with until set to when to ask again.  A process already in its
+ * container's slice renews it when the slice is over and nobody is due
+ * before it (no need to wait for its work then); if somebody is, it gets
+ * EAGAIN (NOWAIT) and should wait for its work, RELEASE, then ACQUIRE.
+ * Under policy 5 (native) every ACQUIRE is granted at once, with flags
+ * GPUSHARE_SCHED_NATIVE: nothing needs to be measured or released.
+ * INFO changes nothing.  Every op fills in the outputs.
+ *
+ * Errors: ENOENT the descriptor acts for no container, or its container
+ * was deleted, ENXIO no quota on that GPU, EINVAL an unknown op or flag,
+ * size below GPUSHARE_SCHED_SIZE_VER0, E2BIG as for MEM, EAGAIN (NOWAIT)
+ * not now, EINTR a signal came while waiting, EFAULT a bad pointer.
+ */
+#define GPUSHARE_SCHED_INFO	0	/* change nothing */
+#define GPUSHARE_SCHED_ACQUIRE	1	/* wait for (or renew) a slice */
+#define GPUSHARE_SCHED_RELEASE	2	/* work done: leave the slice */
+
+#define GPUSHARE_SCHED_NOWAIT	0x1u	/* in flags: ACQUIRE does not block */
+#define GPUSHARE_SCHED_NATIVE	0x1u	/* out flags: policy 5, no schedule */
+
+struct gpushare_sched {
+	__u32 size;		/* in: sizeof(struct gpushare_sched) */
+	__u32 op;		/* in: GPUSHARE_SCHED_* */
+	__u32 gpu;		/* in: GPU index, as in the container's quota */
+	__u32 flags;		/* in: GPUSHARE_SCHED_NOWAIT or 0 */
+	__u64 used_ns;		/* in (RELEASE): GPU time since the last report */
+	__u64 until;		/* out: CLOCK_MONOTONIC ns, grant's end / retry */
+	__u64 slice_ns;		/* out: the GPU's slice */
+	__u64 gputime_ns;	/* out: the container's charged GPU time there */
+	__u32 policy;		/* out: the GPU's policy */
+	__u32 weight;		/* out: the container's weight there */
+	__u32 highprio;		/* out */
+	__u32 out_flags;	/* out: GPUSHARE_SCHED_NATIVE */
+};
+
+#define GPUSHARE_SCHED_SIZE_VER0 64	/* sizeof first published */
+
 #define GPUSHARE_IOC_MAGIC	0xE7
 #define GPUSHARE_IOC_QUERY	_IO(GPUSHARE_IOC_MAGIC, 0x01)
 #define GPUSHARE_IOC_MEM	_IO(GPUSHARE_IOC_MAGIC, 0x02)
+#define GPUSHARE_IOC_SCHED	_IO(GPUSHARE_IOC_MAGIC, 0x03)
 
 #endif /* _UAPI_GPUSHARE_H */
