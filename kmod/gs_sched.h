@@ -94,6 +94,8 @@ struct gs_sched_ent {
 	u64 used_ns;		/* everything it was charged, ns */
 	u64 last_grant;		/* when it last got a slice (round robin) */
 	bool added;		/* in its gs_sched */
+	u32 frac;		/* tokens' fraction, ns * ppm */
+	bool stale;		/* offered the free GPU, did not come: skipped */
 };
 
 /* One process's (one open /dev/gpushare file's) use of one GPU. */
@@ -102,6 +104,13 @@ struct gs_sched_client {
 	u64 slice;		/* the slice it is in (its number), 0: none */
 	u64 granted;		/* when it joined that slice */
 	bool waiting;
+};
+
+/* Slices taken away (late reports are charged past their end). */
+#define GS_SCHED_FORCED		8
+struct gs_sched_forced {
+	u64 slice;
+	u64 end;
 };
 
 /* One GPU. */
@@ -115,6 +124,11 @@ struct gs_sched {
 	u64 hold_start;		/* when holder got it */
 	u64 hold_until;		/* its slice ends */
 	u64 slice;		/* number of the current (or last) slice */
+	bool hold_free;		/* a free slice: charged without tokens */
+	struct gs_sched_ent *offer;	/* due for the free GPU, since: */
+	u64 offer_at;
+	struct gs_sched_forced forced[GS_SCHED_FORCED];
+	u32 forced_next;
 	u32 nents;
 	struct gs_sched_ent *ents[GS_SCHED_MAX];
 };

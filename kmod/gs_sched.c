@@ -1,0 +1,616 @@
+// SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
+/*
+ * gpushare compute scheduler core (gs_sched.h has the model).
+ *
+ * Time never goes backwards here: a call whose @now is older than the
+ * newest one seen acts at the newest one (no time passes).  Every sum of
+ * times saturates, every debt is bounded, so no input overflows.
+ */
+#include "gs_sched.h"
+
+#ifdef __KERNEL__
+#include <linux/math64.h>
+#include <linux/stddef.h>
+
+static inline u64 gs_div(u64 a, u64 b)
+{
+	return div64_u64(a, b);
+}
+
+static inline u64 gs_div_rem(u64 a, u32 b, u32 *rem)
+{
+	return div_u64_rem(a, b, rem);
+}
+#else
+#include <stddef.h>
+
+static inline u64 gs_div(u64 a, u64 b)
+{
+	return a / b;
+}
+
+static inline u64 gs_div_rem(u64 a, u32 b, u32 *rem)
+{
+	*rem = a % b;
+	return a / b;
+}
+#endif
+
+#define GS_U64_MAX		(~0ull)
+#define GS_SLICE_MIN_NS		1000ull
+#define GS_SLICE_MAX_NS		(10ull * 1000 * 1000 * 1000)
+#define GS_POLICY_NATIVE	5
+#define GS_POLICY_WEAK		4
+
+static inline u64 gs_add(u64 a, u64 b)
+{
+	return a + b < a ? GS_U64_MAX : a + b;
+}
+
+static inline u64 gs_sub0(u64 a, u64 b)
+{
+	return a > b ? a - b : 0;
+}
+
+static inline u64 gs_grace(const struct gs_sched *s)
+{
+	return GS_SCHED_GRACE(s);
+}
+
+/* The deepest debt: a second and a few slices, whatever was reported. */
+static inline s64 gs_floor(const struct gs_sched *s)
+{
+	return -(s64)(GS_SCHED_NATIVE_NS + 4 * s->slice_ns);
+}
+
+static inline bool gs_native(const struct gs_sched *s)
+{
+	return s->policy == GS_POLICY_NATIVE;
+}
+
+/* Tokens accrue at e->rate ppm, at most one slice ahead. */
+static void gs_accrue(const struct gs_sched *s, struct gs_sched_ent *e,
+		      u64 dt)
+{
+	s64 cap = (s64)s->slice_ns;
+	u64 room, need, acc;
+	u32 rem;
+
+	if (e->tokens >= cap) {
+		e->tokens = cap;
+		e->frac = 0;
+		return;
+	}
+	if (!e->rate || !dt)
+		return;
+	/* room <= slice + floor, so room * PPM fits in 64 bits. */
+	room = (u64)(cap - e->tokens);
+	need = gs_div(gs_sub0(room * GS_SCHED_PPM, e->frac) + e->rate - 1,
+		      e->rate);
+	if (dt >= need) {
+		e->tokens = cap;
+		e->frac = 0;
+		return;
+	}
+	/* dt < need, so dt * rate < room * PPM + rate: no overflow. */
+	acc = dt * e->rate + e->frac;
+	e->tokens += (s64)gs_div_rem(acc, GS_SCHED_PPM, &rem);
+	e->frac = rem;
+}
+
+/* Bring every entity's tokens up to @now; returns the time to act at. */
+static u64 gs_advance(struct gs_sched *s, u64 now)
+{
+	u64 dt;
+	u32 i;
+
+	if (now <= s->now)
+		return s->now;
+	dt = now - s->now;
+	for (i = 0; i < s->nents; i++)
+		gs_accrue(s, s->ents[i], dt);
+	s->now = now;
+	return now;
+}
+
+/*
+ * Charge @e @ns of GPU time.  A @free charge (a slice nobody eligible
+ * wanted: work conservation, or a high-priority entity alone) counts as
+ * used but takes no tokens, so that it costs no share once others want
+ * theirs; best-effort entities have no tokens to take.
+ */
+static void gs_charge(const struct gs_sched *s, struct gs_sched_ent *e,
+		      u64 ns, bool free)
+{
+	s64 floor = gs_floor(s);
+
+	e->used_ns = gs_add(e->used_ns, ns);
+	if (free || !e->rate || !ns)
+		return;
+	if (e->tokens <= floor || ns >= (u64)(e->tokens - floor))
+		e->tokens = floor;
+	else
+		e->tokens -= (s64)ns;
+}
+
+static void gs_rates(struct gs_sched *s)
+{
+	u32 max_inst = s->max_inst ? s->max_inst : 1;
+	u32 ratio = s->prio_ratio < 100 ? s->prio_ratio : 100;
+	u64 wsum = 0, rate;
+	u32 online = 0, i;
+
+	/* High-priority entities do not dilute the others' shares. */
+	for (i = 0; i < s->nents; i++) {
+		struct gs_sched_ent *e = s->ents[i];
+
+		if (e->highprio || !e->clients)
+			continue;
+		online++;
+		wsum += e->weight < 100 ? e->weight : 100;
+	}
+	for (i = 0; i < s->nents; i++) {
+		struct gs_sched_ent *e = s->ents[i];
+		u64 w = e->weight < 100 ? e->weight : 100;
+
+		if (e->highprio) {
+			rate = (u64)ratio * GS_SCHED_PPM / 100;
+		} else {
+			switch (s->policy) {
+			case 0:
+				rate = GS_SCHED_PPM / max_inst;
+				rate = rate ? rate : 1;
+				break;
+			case 1:
+			case GS_POLICY_WEAK:
+				rate = e->clients ? GS_SCHED_PPM / online : 0;
+				break;
+			case 2:
+				rate = e->clients && wsum ?
+					gs_div(w * GS_SCHED_PPM, wsum) : 0;
+				break;
+			case 3:
+				rate = w * GS_SCHED_PPM / 100;
+				break;
+			default:
+				rate = 0;
+				break;
+			}
+		}
+		e->rate = (u32)rate;
+	}
+}
+
+static void gs_wait(struct gs_sched_client *c)
+{
+	if (!c->waiting) {
+		c->waiting = true;
+		c->ent->waiting++;
+	}
+}
+
+static void gs_unwait(struct gs_sched_client *c)
+{
+	if (c->waiting) {
+		c->waiting = false;
+		if (c->ent->waiting)
+			c->ent->waiting--;
+	}
+}
+
+/* The holder's slice is over: it no longer holds the GPU. */
+static void gs_end_slice(struct gs_sched *s, u64 end)
+{
+	struct gs_sched_ent *h = s->holder;
+
+	gs_charge(s, h, gs_sub0(end, s->hold_start), s->hold_free);
+	h->in_slice = 0;
+	s->holder = NULL;
+	s->offer = NULL;
+}
+
+/*
+ * A holder whose clients did not release within the grace loses the GPU
+ * at the grace's end (not later: the GPU was not its own past it).  Its
+ * clients' later reports are charged beyond that end, which is kept.
+ */
+static bool gs_expire(struct gs_sched *s, u64 now)
+{
+	struct gs_sched_forced *f;
+	u64 end;
+
+	if (!s->holder)
+		return false;
+	end = gs_add(s->hold_until, gs_grace(s));
+	if (now < end)
+		return false;
+	f = &s->forced[s->forced_next++ % GS_SCHED_FORCED];
+	f->slice = s->slice;
+	f->end = end;
+	gs_end_slice(s, end);
+	return true;
+}
+
+static inline bool gs_waits(const struct gs_sched_ent *e,
+			    const struct gs_sched_ent *self)
+{
+	return e == self || (e->waiting && !e->stale);
+}
+
+static inline bool gs_before(const struct gs_sched_ent *a,
+			     const struct gs_sched_ent *b)
+{
+	return !b || a->last_grant < b->last_grant;
+}
+
+/*
+ * Who gets the GPU if it is free now, among the waiting entities (@self
+ * counts as waiting)?  *@free: the slice is a free one (see gs_charge()).
+ * NULL: nobody eligible, the GPU stays idle.
+ */
+static struct gs_sched_ent *gs_pick(const struct gs_sched *s,
+				    const struct gs_sched_ent *self,
+				    bool *free)
+{
+	struct gs_sched_ent *best = NULL;
+	u32 nwait = 0, i;
+
+	for (i = 0; i < s->nents; i++)
+		nwait += gs_waits(s->ents[i], self);
+
+	/* 1. High priority: within its rate while others wait. */
+	for (i = 0; i < s->nents; i++) {
+		struct gs_sched_ent *e = s->ents[i];
+
+		if (e->highprio && gs_waits(e, self) &&
+		    (e->tokens >= 0 || nwait == 1) && gs_before(e, best))
+			best = e;
+	}
+	if (best) {
+		*free = nwait == 1;
+		return best;
+	}
+	/* 2. Rate-limited entities with tokens, round robin. */
+	for (i = 0; i < s->nents; i++) {
+		struct gs_sched_ent *e = s->ents[i];
+
+		if (!e->highprio && e->rate && e->tokens >= 0 &&
+		    gs_waits(e, self) && gs_before(e, best))
+			best = e;
+	}
+	if (best) {
+		*free = false;
+		return best;
+	}
+	/* 3. Leftovers: to anyone under policy 4, else to best effort. */
+	for (i = 0; i < s->nents; i++) {
+		struct gs_sched_ent *e = s->ents[i];
+
+		if (gs_waits(e, self) && gs_before(e, best) &&
+		    (s->policy == GS_POLICY_WEAK ||
+		     (!e->rate && !e->highprio)))
+			best = e;
+	}
+	*free = true;
+	return best;
+}
+
+/* When the first waiting entity in debt will have tokens again. */
+static u64 gs_next_eligible(const struct gs_sched *s,
+			    const struct gs_sched_ent *self, u64 now)
+{
+	u64 best = GS_U64_MAX, t, need;
+	u32 i;
+
+	for (i = 0; i < s->nents; i++) {
+		struct gs_sched_ent *e = s->ents[i];
+
+		if (!gs_waits(e, self) || !e->rate || e->tokens >= 0)
+			continue;
+		need = gs_sub0((u64)(-e->tokens) * GS_SCHED_PPM, e->frac);
+		t = gs_add(now, gs_div(need + e->rate - 1, e->rate));
+		if (t < best)
+			best = t;
+	}
+	if (best == GS_U64_MAX)
+		best = gs_add(now, s->slice_ns);
+	return best > now ? best : gs_add(now, 1);
+}
+
+/* @c is in its entity's slice from now on. */
+static void gs_join(struct gs_sched *s, struct gs_sched_client *c, u64 now)
+{
+	if (c->slice != s->slice) {
+		c->slice = s->slice;
+		c->granted = now;
+		c->ent->in_slice++;
+	}
+	gs_unwait(c);
+}
+
+static void gs_grant_slice(struct gs_sched *s, struct gs_sched_ent *e,
+			   bool free, u64 now)
+{
+	if (s->holder != e) {
+		s->holder = e;
+		s->slice++;
+		e->in_slice = 0;
+	}
+	s->hold_start = now;
+	s->hold_until = gs_add(now, s->slice_ns);
+	s->hold_free = free;
+	s->offer = NULL;
+	e->last_grant = now;
+}
+
+void gs_sched_init(struct gs_sched *s, u64 now)
+{
+	*s = (struct gs_sched){
+		.policy = GPUSHARE_POLICY_DEFAULT,
+		.prio_ratio = GPUSHARE_PRIO_RATIO_DEFAULT,
+		.max_inst = GPUSHARE_MAX_INST_DEFAULT,
+		.slice_ns = GS_SCHED_SLICE_NS,
+		.now = now,
+	};
+}
+
+int gs_sched_add(struct gs_sched *s, struct gs_sched_ent *e, u32 weight,
+		 u32 highprio, u64 now)
+{
+	if (e->added)
+		return -EEXIST;
+	if (s->nents >= GS_SCHED_MAX)
+		return -ENOSPC;
+	gs_advance(s, now);
+	*e = (struct gs_sched_ent){
+		.weight = weight,
+		.highprio = highprio,
+		.added = true,
+	};
+	s->ents[s->nents++] = e;
+	gs_rates(s);
+	return 0;
+}
+
+void gs_sched_del(struct gs_sched *s, struct gs_sched_ent *e, u64 now)
+{
+	u32 i, j;
+
+	if (!e->added)
+		return;
+	now = gs_advance(s, now);
+	if (s->holder == e)
+		gs_end_slice(s, now);
+	if (s->offer == e)
+		s->offer = NULL;
+	for (i = 0, j = 0; i < s->nents; i++)
+		if (s->ents[i] != e)
+			s->ents[j++] = s->ents[i];
+	s->nents = j;
+	e->added = false;
+	gs_rates(s);
+}
+
+void gs_sched_set_policy(struct gs_sched *s, u32 policy, u64 now)
+{
+	s64 debt = -(s64)s->slice_ns;
+	u32 i;
+
+	gs_advance(s, now);
+	s->policy = policy;
+	/* Old debts must not delay the new shares by more than a slice. */
+	for (i = 0; i < s->nents; i++)
+		if (s->ents[i]->tokens < debt)
+			s->ents[i]->tokens = debt;
+	gs_rates(s);
+}
+
+void gs_sched_set_prio_ratio(struct gs_sched *s, u32 prio_ratio, u64 now)
+{
+	gs_advance(s, now);
+	s->prio_ratio = prio_ratio;
+	gs_rates(s);
+}
+
+void gs_sched_set_max_inst(struct gs_sched *s, u32 max_inst, u64 now)
+{
+	gs_advance(s, now);
+	s->max_inst = max_inst;
+	gs_rates(s);
+}
+
+void gs_sched_set_slice(struct gs_sched *s, u64 slice_ns, u64 now)
+{
+	s64 floor, cap;
+	u32 i;
+
+	gs_advance(s, now);
+	if (!slice_ns)
+		slice_ns = GS_SCHED_SLICE_NS;
+	if (slice_ns < GS_SLICE_MIN_NS)
+		slice_ns = GS_SLICE_MIN_NS;
+	if (slice_ns > GS_SLICE_MAX_NS)
+		slice_ns = GS_SLICE_MAX_NS;
+	s->slice_ns = slice_ns;
+	floor = gs_floor(s);
+	cap = (s64)slice_ns;
+	for (i = 0; i < s->nents; i++) {
+		struct gs_sched_ent *e = s->ents[i];
+
+		if (e->tokens < floor)
+			e->tokens = floor;
+		if (e->tokens > cap)
+			e->tokens = cap;
+	}
+}
+
+void gs_sched_set_weight(struct gs_sched *s, struct gs_sched_ent *e,
+			 u32 weight, u64 now)
+{
+	gs_advance(s, now);
+	e->weight = weight;
+	gs_rates(s);
+}
+
+void gs_sched_set_highprio(struct gs_sched *s, struct gs_sched_ent *e,
+			   u32 highprio, u64 now)
+{
+	gs_advance(s, now);
+	e->highprio = highprio;
+	gs_rates(s);
+}
+
+void gs_sched_attach(struct gs_sched *s, struct gs_sched_client *c,
+		     struct gs_sched_ent *e, u64 now)
+{
+	gs_advance(s, now);
+	*c = (struct gs_sched_client){ .ent = e };
+	e->clients++;
+	gs_rates(s);
+}
+
+void gs_sched_detach(struct gs_sched *s, struct gs_sched_client *c, u64 now)
+{
+	struct gs_sched_ent *e = c->ent;
+
+	if (!e)
+		return;
+	gs_sched_release(s, c, 0, now);
+	if (e->clients)
+		e->clients--;
+	c->ent = NULL;
+	gs_rates(s);
+}
+
+enum gs_sched_answer gs_sched_acquire(struct gs_sched *s,
+				      struct gs_sched_client *c,
+				      u64 now, u64 *until)
+{
+	struct gs_sched_ent *e = c->ent, *p;
+	bool free;
+
+	now = gs_advance(s, now);
+	gs_expire(s, now);
+	/* Native, or a process of no container: nothing to schedule. */
+	if (gs_native(s) || !e) {
+		if (e)
+			gs_unwait(c);
+		*until = gs_add(now, GS_SCHED_NATIVE_NS);
+		return GS_SCHED_GRANT;
+	}
+	e->stale = false;
+
+	if (s->holder == e) {
+		if (now < s->hold_until) {
+			gs_join(s, c, now);
+			*until = s->hold_until;
+			return GS_SCHED_GRANT;
+		}
+		/* The slice is over: renew it if it is still e's turn. */
+		gs_charge(s, e, now - s->hold_start, s->hold_free);
+		s->hold_start = now;
+		p = gs_pick(s, e, &free);
+		if (p == e) {
+			gs_grant_slice(s, e, free, now);
+			gs_join(s, c, now);
+			*until = s->hold_until;
+			return GS_SCHED_GRANT;
+		}
+		/* e keeps the GPU until its clients release or the grace ends. */
+		gs_wait(c);
+		*until = gs_add(s->hold_until, gs_grace(s));
+		return GS_SCHED_WAIT;
+	}
+
+	gs_wait(c);
+	if (s->holder) {
+		*until = now < s->hold_until ? s->hold_until :
+			 gs_add(s->hold_until, gs_grace(s));
+		return GS_SCHED_WAIT;
+	}
+
+	for (;;) {
+		p = gs_pick(s, e, &free);
+		if (p == e) {
+			gs_grant_slice(s, e, free, now);
+			gs_join(s, c, now);
+			*until = s->hold_until;
+			return GS_SCHED_GRANT;
+		}
+		if (!p) {
+			*until = gs_next_eligible(s, e, now);
+			return GS_SCHED_WAIT;
+		}
+		/*
+		 * p is due: it is woken and takes the GPU.  If it has not come
+		 * within a grace (stopped, or gone without detaching), it is
+		 * passed over until one of its clients asks again.
+		 */
+		if (s->offer != p) {
+			s->offer = p;
+			s->offer_at = now;
+		}
+		if (now < gs_add(s->offer_at, gs_grace(s))) {
+			*until = gs_add(s->offer_at, gs_grace(s));
+			return GS_SCHED_WAIT;
+		}
+		p->stale = true;
+		s->offer = NULL;
+	}
+}
+
+static u64 gs_forced_end(const struct gs_sched *s, u64 slice)
+{
+	u32 i;
+
+	for (i = 0; i < GS_SCHED_FORCED; i++)
+		if (s->forced[i].slice == slice)
+			return s->forced[i].end;
+	return 0;
+}
+
+bool gs_sched_release(struct gs_sched *s, struct gs_sched_client *c,
+		      u64 used_ns, u64 now)
+{
+	struct gs_sched_ent *e = c->ent;
+	bool changed;
+	u64 end;
+
+	if (!e)
+		return false;
+	now = gs_advance(s, now);
+	changed = gs_expire(s, now);
+	gs_unwait(c);
+	if (!c->slice)
+		return changed;
+	if (used_ns > now - c->granted)
+		used_ns = now - c->granted;
+
+	if (c->slice == s->slice && s->holder == e) {
+		/* The hold time covers its work. */
+		if (e->in_slice)
+			e->in_slice--;
+		if (!e->in_slice) {
+			gs_end_slice(s, now);
+			changed = true;
+		}
+	} else {
+		/*
+		 * Its slice was taken away: what ran past the end is charged
+		 * on top (all of it if the end is no longer known).
+		 */
+		end = gs_forced_end(s, c->slice);
+		gs_charge(s, e, gs_sub0(used_ns, gs_sub0(end, c->granted)),
+			  false);
+	}
+	c->slice = 0;
+	return changed;
+}
+
+u64 gs_sched_used(const struct gs_sched *s, const struct gs_sched_ent *e,
+		  u64 now)
+{
+	if (s->holder != e)
+		return e->used_ns;
+	return gs_add(e->used_ns, gs_sub0(now, s->hold_start));
+}
