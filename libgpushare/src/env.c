@@ -71,6 +71,26 @@ int gs_parse_limits(const char *s, uint64_t *out, int max)
 	return n;
 }
 
+int gs_parse_percents(const char *s, uint32_t *out, int max)
+{
+	uint64_t v[GS_MAX_GPUS];
+
+	if (max > GS_MAX_GPUS)
+		max = GS_MAX_GPUS;
+	int n = gs_parse_limits(s, v, max);
+	for (int i = 0; i < n; i++) {
+		if (v[i] > 100)
+			return -1;
+		out[i] = (uint32_t)v[i];
+	}
+	return n;
+}
+
+bool gs_isolation_compute(const char *isolation)
+{
+	return !isolation || (strcasecmp(isolation, "memory") && strcasecmp(isolation, "none"));
+}
+
 int gs_config_parse(struct gs_config *c, const char *uuids, const char *limits,
 		    const char *isolation)
 {

@@ -7,7 +7,10 @@
  *                          GPU order ("GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx")
  *   GPUSHARE_MEMORY_LIMIT  bytes per GPU, comma-separated, in the same order
  *                          (without UUIDs: by CUDA device ordinal)
- *   GPUSHARE_ISOLATION     full | memory | none (none: the interposer is off)
+ *   GPUSHARE_ISOLATION     full | memory | none (none: the interposer is off;
+ *                          memory: launches are not gated)
+ *   GPUSHARE_CORE_LIMIT    percent of each GPU's time, comma-separated, in
+ *                          the same order (standalone compute mode)
  */
 #ifndef GPUSHARE_ENV_H
 #define GPUSHARE_ENV_H
@@ -38,6 +41,15 @@ int gs_config_parse(struct gs_config *c, const char *uuids, const char *limits,
 /* Comma-separated lists; the count, or -1 if malformed or more than @max. */
 int gs_parse_uuids(const char *s, char out[][GS_UUID_MAX], int max);
 int gs_parse_limits(const char *s, uint64_t *out, int max);
+
+/*
+ * GPUSHARE_CORE_LIMIT: integers 0..100, comma-separated, spaces around
+ * them allowed; the count, or -1 if malformed, over 100 or more than @max.
+ */
+int gs_parse_percents(const char *s, uint32_t *out, int max);
+
+/* Whether GPUSHARE_ISOLATION (NULL when unset) asks for launches to be gated. */
+bool gs_isolation_compute(const char *isolation);
 
 /* The NVML form of 16 raw UUID bytes: "GPU-" and 8-4-4-4-12 lowercase hex. */
 void gs_format_uuid(const unsigned char raw[16], char out[GS_UUID_MAX]);

@@ -80,6 +80,34 @@ int main(void)
 	/* Duplicates within the bound parse (the ledger matches the last). */
 	CHECK(gs_parse_uuids("GPU-a,GPU-a", u, GS_MAX_GPUS) == 2);
 
+	/* GPUSHARE_CORE_LIMIT: percents 0..100. */
+	uint32_t pc[GS_MAX_GPUS];
+	CHECK(gs_parse_percents("30", pc, GS_MAX_GPUS) == 1 && pc[0] == 30);
+	CHECK(gs_parse_percents("0, 100 ,50", pc, GS_MAX_GPUS) == 3 && pc[0] == 0 &&
+	      pc[1] == 100 && pc[2] == 50);
+	CHECK(gs_parse_percents("101", pc, GS_MAX_GPUS) == -1);
+	CHECK(gs_parse_percents("50,4294967346", pc, GS_MAX_GPUS) == -1);	/* 2^32 + 50 */
+	CHECK(gs_parse_percents("18446744073709551616", pc, GS_MAX_GPUS) == -1);
+	CHECK(gs_parse_percents("-1", pc, GS_MAX_GPUS) == -1);
+	CHECK(gs_parse_percents("50%", pc, GS_MAX_GPUS) == -1);
+	CHECK(gs_parse_percents("0.5", pc, GS_MAX_GPUS) == -1);
+	CHECK(gs_parse_percents("", pc, GS_MAX_GPUS) == -1);
+	CHECK(gs_parse_percents("10,,20", pc, GS_MAX_GPUS) == -1);
+	CHECK(gs_parse_percents(NULL, pc, GS_MAX_GPUS) == -1);
+	CHECK(gs_parse_percents("1,2,3", pc, 2) == -1);			/* too many */
+	CHECK(gs_parse_percents("1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1", pc, 100) == -1);	/* 17 */
+	CHECK(gs_parse_percents("1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1", pc, 100) == 16);
+	huge = malloc(big + 1);
+	for (size_t i = 0; i + 3 <= big; i += 3)
+		memcpy(huge + i, "50,", 3);
+	huge[big - 1 - big % 3] = 0;
+	CHECK(gs_parse_percents(huge, pc, GS_MAX_GPUS) == -1);
+	free(huge);
+	CHECK(gs_isolation_compute(NULL) && gs_isolation_compute("full") &&
+	      gs_isolation_compute("FULL") && gs_isolation_compute(""));
+	CHECK(!gs_isolation_compute("memory") && !gs_isolation_compute("Memory") &&
+	      !gs_isolation_compute("none"));
+
 	CHECK(gs_env_true("1") && gs_env_true("TRUE") && gs_env_true("yes"));
 	CHECK(!gs_env_true("0") && !gs_env_true("") && !gs_env_true(NULL) && !gs_env_true("2"));
 	return DONE("unit_env");
