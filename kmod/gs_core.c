@@ -17,6 +17,7 @@ const char *const gs_gpu_files[GS_GPU_NFILES] = {
 	[GS_GPU_FREE_MEMSIZE] = "free_memsize",
 	[GS_GPU_NR_INST] = "nr_inst",
 	[GS_GPU_ORPHANED_MEMSIZE] = "orphaned_memsize",
+	[GS_GPU_SLICE_US] = "slice_us",
 };
 
 static bool gs_isdigit(char c)
@@ -90,6 +91,13 @@ int gs_check_prio_ratio(u64 val)
 {
 	return val >= GPUSHARE_PRIO_RATIO_MIN &&
 	       val <= GPUSHARE_PRIO_RATIO_MAX ? 0 : -EINVAL;
+}
+
+/* A GPU's scheduling slice, microseconds. */
+int gs_check_slice_us(u64 val)
+{
+	return val >= GPUSHARE_SLICE_US_MIN &&
+	       val <= GPUSHARE_SLICE_US_MAX ? 0 : -EINVAL;
 }
 
 /* The next word separated by blanks (strsep() leaves empty ones); NULL at the end. */

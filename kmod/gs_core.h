@@ -84,6 +84,7 @@ enum gs_gpu_file {
 	GS_GPU_FREE_MEMSIZE,
 	GS_GPU_NR_INST,
 	GS_GPU_ORPHANED_MEMSIZE,
+	GS_GPU_SLICE_US,
 	GS_GPU_NFILES
 };
 
@@ -98,6 +99,7 @@ int gs_check_weight(u64 val);
 int gs_check_highprio(u64 val);
 int gs_check_policy(u64 val);
 int gs_check_prio_ratio(u64 val);
+int gs_check_slice_us(u64 val);
 
 void gs_acct_init(struct gs_acct *a, u64 total_mem);
 u64 gs_acct_free_mem(const struct gs_acct *a);

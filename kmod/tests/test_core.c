@@ -89,6 +89,8 @@ static void test_ids(void)
 	CHECK(!gs_valid_id("free_weight"));
 	CHECK(!gs_valid_id("max_inst"));
 	CHECK(!gs_valid_id("nr_inst"));
+	CHECK(!gs_valid_id("slice_us"));
+	CHECK(gs_valid_id("slice_us2") && gs_valid_id("gputime"));
 	for (i = 0; i < GS_GPU_NFILES; i++)
 		CHECK(gs_gpu_files[i] && !gs_valid_id(gs_gpu_files[i]));
 }
@@ -207,6 +209,13 @@ static void test_acct(void)
 	CHECK(gs_check_policy(5) == 0 && gs_check_policy(6) == -EINVAL);
 	CHECK(gs_check_prio_ratio(19) == -EINVAL && gs_check_prio_ratio(20) == 0);
 	CHECK(gs_check_prio_ratio(99) == 0 && gs_check_prio_ratio(100) == -EINVAL);
+	CHECK(gs_check_slice_us(GPUSHARE_SLICE_US_MIN - 1) == -EINVAL);
+	CHECK(gs_check_slice_us(GPUSHARE_SLICE_US_MIN) == 0);
+	CHECK(gs_check_slice_us(GPUSHARE_SLICE_US_DEFAULT) == 0);
+	CHECK(gs_check_slice_us(GPUSHARE_SLICE_US_MAX) == 0);
+	CHECK(gs_check_slice_us(GPUSHARE_SLICE_US_MAX + 1) == -EINVAL);
+	CHECK(gs_check_slice_us(U64_MAX) == -EINVAL);
+	CHECK(gs_check_slice_us(0) == -EINVAL);
 }
 
 /* acceptance cases 4, 5 and 7 (docs/acceptance-cases.md): all-or-nothing over several GPUs. */

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from nri_gpushare.kmod.client import GpuQuota
 
 VERSION = "0.1.0"
-ABI_VERSION = 2  # 2: GPUSHARE_IOC_MEM (a version-1 module answers it ENOTTY)
+# 2: GPUSHARE_IOC_MEM (a version-1 module answers it ENOTTY); 3: GPUSHARE_IOC_SCHED
+ABI_VERSION = 3
 
 PROC_ROOT = "/proc/gpushare"
 DEV_NAME = "gpushare"
@@ -39,6 +40,9 @@ POLICY_DEFAULT = 2
 PRIO_RATIO_MIN = 20
 PRIO_RATIO_MAX = 99
 PRIO_RATIO_DEFAULT = 80
+SLICE_US_MIN = 1000  # a GPU's scheduling slice, microseconds
+SLICE_US_MAX = 1_000_000
+SLICE_US_DEFAULT = 10_000
 
 # Container IDs the module accepts (it also refuses ".", ".." and GPU_FILES).
 ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -53,10 +57,20 @@ GPU_FILES = (
     "free_memsize",
     "nr_inst",
     "orphaned_memsize",
+    "slice_us",
 )
 # Bytes still reserved by processes of deleted containers (in GPU_FILES).
 ORPHANED = "orphaned_memsize"
-CONTAINER_FILES = ("id", "memsize", "weight", "highprio", "meminfo", "cgroup", "memused")
+CONTAINER_FILES = (
+    "id",
+    "memsize",
+    "weight",
+    "highprio",
+    "meminfo",
+    "cgroup",
+    "memused",
+    "gputime",
+)
 
 # struct gpushare_quota: __u64 memsize; __u32 gpu, weight, highprio, __reserved
 QUOTA = struct.Struct("=QIIII")
@@ -75,6 +89,16 @@ MEM_RESERVE = 1
 MEM_RELEASE = 2
 _UNSET = (1 << 64) - 1  # mem() presets the out fields to this
 
+# struct gpushare_sched: __u32 size, op, gpu, flags; __u64 used_ns, until,
+# slice_ns, gputime_ns; __u32 policy, weight, highprio, out_flags
+SCHED = struct.Struct("=IIIIQQQQIIII")
+SCHED_SIZE_VER0 = 64
+SCHED_INFO = 0
+SCHED_ACQUIRE = 1
+SCHED_RELEASE = 2
+SCHED_NOWAIT = 0x1  # in flags: ACQUIRE answers EAGAIN instead of blocking
+SCHED_NATIVE = 0x1  # out flags: policy 5, nothing is scheduled
+
 IOC_MAGIC = 0xE7
 
 
@@ -85,6 +109,7 @@ def _io(magic: int, nr: int) -> int:
 
 IOC_QUERY = _io(IOC_MAGIC, 0x01)
 IOC_MEM = _io(IOC_MAGIC, 0x02)
+IOC_SCHED = _io(IOC_MAGIC, 0x03)
 
 
 def valid_id(container_id: str) -> bool:
@@ -214,3 +239,65 @@ def mem(fd: int, op: int, gpu: int, nbytes: int = 0) -> MemState:
             err.state = state
         raise err from None
     return unpack_mem(bytes(buf))
+
+
+@dataclass(frozen=True)
+class SchedState:
+    """What GPUSHARE_IOC_SCHED answers about one GPU: until (CLOCK_MONOTONIC
+    ns: the grant's end, or when to ask again), the GPU's slice and policy,
+    the GPU time charged to the container there, its weight and priority,
+    and the out flags (SCHED_NATIVE)."""
+
+    until: int
+    slice_ns: int
+    gputime_ns: int
+    policy: int
+    weight: int
+    highprio: int
+    out_flags: int
+
+
+class SchedError(OSError):
+    """GPUSHARE_IOC_SCHED refused (EAGAIN with SCHED_NOWAIT, EINTR, ENOENT,
+    ENXIO, EINVAL...); `state` is what the module answered with it, or None
+    when it had nothing to say."""
+
+    state: SchedState | None = None
+
+
+def pack_sched(
+    op: int,
+    gpu: int,
+    used_ns: int = 0,
+    *,
+    size: int = SCHED.size,
+    flags: int = 0,
+) -> bytearray:
+    """A struct gpushare_sched as user space passes it, `size` bytes long
+    (longer than SCHED.size: zero-filled)."""
+    buf = bytearray(max(size, SCHED.size))
+    SCHED.pack_into(buf, 0, size, op, gpu, flags, used_ns, 0, 0, 0, 0, 0, 0, 0)
+    return buf[:size]
+
+
+def unpack_sched(buf: bytes) -> SchedState:
+    fields = SCHED.unpack_from(buf)
+    return SchedState(*fields[5:])
+
+
+def sched(fd: int, op: int, gpu: int, used_ns: int = 0, *, flags: int = 0) -> SchedState:
+    """One GPUSHARE_IOC_SCHED on an open /dev/gpushare descriptor:
+    SCHED_INFO, SCHED_ACQUIRE (blocks until granted unless flags has
+    SCHED_NOWAIT) or SCHED_RELEASE with the GPU time (ns) the work took.
+    Raises SchedError (an OSError) with the module's errno."""
+    buf = pack_sched(op, gpu, used_ns, flags=flags)
+    SCHED.pack_into(buf, 0, SCHED.size, op, gpu, flags, used_ns, _UNSET, _UNSET, _UNSET, 0, 0, 0, 0)
+    try:
+        fcntl.ioctl(fd, IOC_SCHED, buf, True)
+    except OSError as e:
+        err = SchedError(e.errno, os.strerror(e.errno or 0))
+        state = unpack_sched(bytes(buf))
+        if (state.until, state.slice_ns, state.gputime_ns) != (_UNSET, _UNSET, _UNSET):
+            err.state = state
+        raise err from None
+    return unpack_sched(bytes(buf))

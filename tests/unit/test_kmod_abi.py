@@ -40,9 +40,16 @@ int main(void)
 	INT(PRIO_RATIO_MIN); INT(PRIO_RATIO_MAX); INT(PRIO_RATIO_DEFAULT);
 	INT(IOC_MAGIC); INT(IOC_QUERY); INT(QUERY_SIZE_VER0); INT(QUOTA_SIZE_VER0);
 	INT(IOC_MEM); INT(MEM_SIZE_VER0); INT(MEM_INFO); INT(MEM_RESERVE); INT(MEM_RELEASE);
+	INT(SLICE_US_MIN); INT(SLICE_US_MAX); INT(SLICE_US_DEFAULT);
+	INT(IOC_SCHED); INT(SCHED_SIZE_VER0); INT(SCHED_INFO); INT(SCHED_ACQUIRE);
+	INT(SCHED_RELEASE); INT(SCHED_NOWAIT); INT(SCHED_NATIVE);
 	printf("QUERY_SIZE %zu\n", sizeof(struct gpushare_query));
 	printf("QUOTA_SIZE %zu\n", sizeof(struct gpushare_quota));
 	printf("MEM_SIZE %zu\n", sizeof(struct gpushare_mem));
+	printf("SCHED_SIZE %zu\n", sizeof(struct gpushare_sched));
+	AT(sched, size); AT(sched, op); AT(sched, gpu); AT(sched, flags); AT(sched, used_ns);
+	AT(sched, until); AT(sched, slice_ns); AT(sched, gputime_ns); AT(sched, policy);
+	AT(sched, weight); AT(sched, highprio); AT(sched, out_flags);
 	AT(mem, size); AT(mem, op); AT(mem, gpu); AT(mem, flags); AT(mem, bytes);
 	AT(mem, quota); AT(mem, used); AT(mem, mine);
 	AT(query, size); AT(query, abi_version); AT(query, flags); AT(query, quota_size);
@@ -96,6 +103,17 @@ def test_python_mirror_matches_header(tmp_path: Path) -> None:
         "MEM_RESERVE": abi.MEM_RESERVE,
         "MEM_RELEASE": abi.MEM_RELEASE,
         "MEM_SIZE": abi.MEM.size,
+        "SLICE_US_MIN": abi.SLICE_US_MIN,
+        "SLICE_US_MAX": abi.SLICE_US_MAX,
+        "SLICE_US_DEFAULT": abi.SLICE_US_DEFAULT,
+        "IOC_SCHED": abi.IOC_SCHED,
+        "SCHED_SIZE_VER0": abi.SCHED_SIZE_VER0,
+        "SCHED_INFO": abi.SCHED_INFO,
+        "SCHED_ACQUIRE": abi.SCHED_ACQUIRE,
+        "SCHED_RELEASE": abi.SCHED_RELEASE,
+        "SCHED_NOWAIT": abi.SCHED_NOWAIT,
+        "SCHED_NATIVE": abi.SCHED_NATIVE,
+        "SCHED_SIZE": abi.SCHED.size,
     }
     assert {k: int(h[k]) for k in ints} == ints
     # Field offsets, in the order of the Python struct formats.
@@ -115,6 +133,21 @@ def test_python_mirror_matches_header(tmp_path: Path) -> None:
     assert [int(h[f"quota.{f}"]) for f in quota_fields] == offsets(abi.QUOTA.format)
     mem_fields = ["size", "op", "gpu", "flags", "bytes", "quota", "used", "mine"]
     assert [int(h[f"mem.{f}"]) for f in mem_fields] == offsets(abi.MEM.format)
+    sched_fields = [
+        "size",
+        "op",
+        "gpu",
+        "flags",
+        "used_ns",
+        "until",
+        "slice_ns",
+        "gputime_ns",
+        "policy",
+        "weight",
+        "highprio",
+        "out_flags",
+    ]
+    assert [int(h[f"sched.{f}"]) for f in sched_fields] == offsets(abi.SCHED.format)
 
 
 def offsets(fmt: str) -> list[int]:
@@ -135,13 +168,16 @@ def test_ioctl_magic_is_free_and_requests_never_change_with_size() -> None:
     assert abi.IOC_MAGIC == 0xE7
     assert abi.IOC_QUERY >> 16 == 0  # no direction, no size bits
     assert abi.IOC_MEM >> 16 == 0
-    assert abi.ABI_VERSION == 2  # the version that brought IOC_MEM
+    assert abi.IOC_SCHED >> 16 == 0
+    assert abi.ABI_VERSION == 3  # the version that brought IOC_SCHED
     assert abi.MEM.size == abi.MEM_SIZE_VER0 == 48
+    assert abi.SCHED.size == abi.SCHED_SIZE_VER0 == 64
 
 
 def test_uapi_header_has_no_paths_or_versions() -> None:
     header = (UAPI / "gpushare.h").read_text()
-    strings = re.findall(r'"([^"]*)"', header)
+    code = re.sub(r"/\*.*?\*/", "", header, flags=re.S)  # comments may quote
+    strings = re.findall(r'"([^"]*)"', code)
     assert strings == ["gpushare"], strings  # only the device's name
     assert "GPUSHARE_VERSION" not in header and "PROC_ROOT" not in header
 
@@ -163,6 +199,7 @@ def test_gpu_file_names_match_the_module() -> None:
     assert tuple(re.findall(r'"([a-z_]+)"', listed)) == abi.GPU_FILES
     assert not any(abi.valid_id(n) for n in abi.GPU_FILES)
     assert abi.ORPHANED in abi.GPU_FILES
+    assert "slice_us" in abi.GPU_FILES and not abi.valid_id("slice_us")
 
 
 def test_container_file_names_match_the_module() -> None:
@@ -210,5 +247,40 @@ def test_mem_on_something_else_raises_oserror(tmp_path: Path) -> None:
     with open(tmp_path / "f", "wb") as f:
         with pytest.raises(abi.MemError) as e:
             abi.mem(f.fileno(), abi.MEM_INFO, 0)
+    assert e.value.errno == errno.ENOTTY and e.value.state is None
+    assert isinstance(e.value, OSError)
+
+
+def test_pack_and_unpack_sched() -> None:
+    buf = abi.pack_sched(abi.SCHED_RELEASE, 2, 1234)
+    assert len(buf) == abi.SCHED.size
+    assert abi.SCHED.unpack_from(buf) == (
+        (abi.SCHED.size, abi.SCHED_RELEASE, 2, 0, 1234) + (0,) * 7
+    )
+    longer = abi.pack_sched(abi.SCHED_ACQUIRE, 0, size=abi.SCHED.size + 8, flags=abi.SCHED_NOWAIT)
+    assert len(longer) == abi.SCHED.size + 8 and longer[abi.SCHED.size :] == bytes(8)
+    assert abi.SCHED.unpack_from(longer)[:4] == (
+        abi.SCHED.size + 8,
+        abi.SCHED_ACQUIRE,
+        0,
+        abi.SCHED_NOWAIT,
+    )
+    abi.SCHED.pack_into(buf, 0, 64, 1, 0, 0, 0, 99, 10_000_000, 5, 2, 30, 1, abi.SCHED_NATIVE)
+    assert abi.unpack_sched(bytes(buf)) == abi.SchedState(
+        until=99,
+        slice_ns=10_000_000,
+        gputime_ns=5,
+        policy=2,
+        weight=30,
+        highprio=1,
+        out_flags=abi.SCHED_NATIVE,
+    )
+
+
+def test_sched_on_something_else_raises_oserror(tmp_path: Path) -> None:
+    """A descriptor that is not /dev/gpushare: ENOTTY (as from a version-2 module)."""
+    with open(tmp_path / "f", "wb") as f:
+        with pytest.raises(abi.SchedError) as e:
+            abi.sched(f.fileno(), abi.SCHED_INFO, 0)
     assert e.value.errno == errno.ENOTTY and e.value.state is None
     assert isinstance(e.value, OSError)
