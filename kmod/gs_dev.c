@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /*
  * /dev/gpushare: a process in a registered container may ask for its
- * quota (GPUSHARE_IOC_QUERY) and reserve and release memory against it
- * (GPUSHARE_IOC_MEM).  The container is the registration bound to the
+ * quota (GPUSHARE_IOC_QUERY), reserve and release memory against it
+ * (GPUSHARE_IOC_MEM) and ask its GPUs' compute schedulers for time
+ * (GPUSHARE_IOC_SCHED).  The container is the registration bound to the
  * caller's cgroup v2 or to its nearest ancestor that has one: for QUERY
- * the caller's now, for MEM the opener's when it opened the file, whose
- * reservations the file holds until it is released.
+ * the caller's now, for MEM and SCHED the opener's when it opened the
+ * file, whose reservations and places in the schedules the file holds
+ * until it is released.
  *
  * An open file pins the module (a character device's operations live in
  * it), so only a caller that could get an answer may open the device:
@@ -25,7 +27,9 @@
 #include <linux/rcupdate.h>
 #include <linux/sched.h>
 #include <linux/slab.h>
+#include <linux/timekeeping.h>
 #include <linux/uaccess.h>
+#include <linux/wait.h>
 
 #include "gs_kmod.h"
 
@@ -92,10 +96,34 @@ static int gs_dev_open(struct inode *inode, struct file *file)
 }
 
 /*
+ * @fh leaves every GPU's schedule: a slice it is in ends for it (for its
+ * container when it was the last client there), it stops waiting, and
+ * the waiters ask again.  Under gs_mem_lock, which del holds while it
+ * detaches the clients of every file of a container.
+ */
+static void gs_fh_sched_detach(struct gs_fh *fh)
+{
+	struct gs_ctr *ctr = fh->ctr;
+	struct gs_gpu *gpu;
+	u32 i;
+
+	lockdep_assert_held(&gs_mem_lock);
+	for (i = 0; i < ctr->nquota; i++) {
+		if (!fh->sched[i].ent)
+			continue;	/* never asked, or del detached it */
+		gpu = gs_gpus[ctr->quota[i].gpu];
+		spin_lock(&gpu->sched_lock);
+		gs_sched_detach(&gpu->sched, &fh->sched[i], ktime_get_ns());
+		gs_sched_kick(gpu);
+		spin_unlock(&gpu->sched_lock);
+	}
+}
+
+/*
  * The last close of the file (exit, SIGKILL and crashes too): everything
  * it holds goes back to its container's ledger, or to the GPU if the
- * container was deleted.  Runs in process context, never concurrently
- * with an ioctl on the same file.
+ * container was deleted, and it leaves the GPUs' schedules.  Runs in
+ * process context, never concurrently with an ioctl on the same file.
  */
 static int gs_dev_release(struct inode *inode, struct file *file)
 {
@@ -105,6 +133,7 @@ static int gs_dev_release(struct inode *inode, struct file *file)
 
 	if (ctr) {
 		spin_lock(&gs_mem_lock);
+		gs_fh_sched_detach(fh);
 		for (i = 0; i < ctr->nquota; i++)
 			WARN_ON_ONCE(gs_mem_release(gs_accts[ctr->quota[i].gpu],
 						    &ctr->share[i].ledger,
@@ -165,7 +194,7 @@ static int gs_put_quota(const struct gpushare_query *q, u32 i,
 }
 
 /*
- * Copy in an extensible structure (QUERY's, MEM's) whose first member is
+ * Copy in an extensible structure (QUERY's, MEM's, SCHED's) whose first member is
  * its size, *@usize: from @ver0 bytes to a page, a bigger one's tail zero.
  */
 static int gs_copy_in(void *dst, size_t ksize, const void __user *src,
@@ -285,6 +314,160 @@ static long gs_mem(struct gs_fh *fh, struct gpushare_mem __user *um)
 	return ret;
 }
 
+/* The answer's fields every op fills in.  Under the GPU's sched_lock. */
+static void gs_sched_fill(struct gs_gpu *gpu, struct gs_share *share,
+			  struct gpushare_sched *m, u64 now)
+{
+	const struct gs_sched *s = &gpu->sched;
+
+	m->slice_ns = s->slice_ns;
+	m->gputime_ns = gs_sched_used(s, &share->ent, now);
+	m->policy = s->policy;
+	m->weight = share->ent.weight;
+	m->highprio = share->ent.highprio;
+	m->out_flags = s->policy == GS_POLICY_NATIVE ? GPUSHARE_SCHED_NATIVE : 0;
+}
+
+/*
+ * One step of @m->op for client @c of @share on @gpu, under its
+ * sched_lock: 0, -EAGAIN (ACQUIRE: not yet, ask again at @m->until or
+ * when woken) or -ENOENT (deleted: del detached every client already).
+ * The client is attached on its first ACQUIRE, so that a file that only
+ * asks INFO (or never schedules there) is not an online container.
+ */
+static int gs_sched_step(struct gs_gpu *gpu, struct gs_share *share,
+			 struct gs_sched_client *c, struct gpushare_sched *m,
+			 u64 now)
+{
+	struct gs_sched *s = &gpu->sched;
+	const struct gs_sched_ent *holder = s->holder, *offer = s->offer;
+	u64 slice = s->slice;
+	enum gs_sched_answer answer;
+
+	m->until = 0;
+	if (!share->ent.added)
+		return -ENOENT;
+	switch (m->op) {
+	case GPUSHARE_SCHED_ACQUIRE:
+		if (!c->ent)
+			gs_sched_attach(s, c, &share->ent, now);
+		answer = gs_sched_acquire(s, c, now, &m->until);
+		/*
+		 * The GPU changed hands, or is offered to a waiter: the
+		 * waiters ask again (the new holder's other clients join).
+		 */
+		if (s->holder != holder || s->slice != slice || s->offer != offer)
+			gs_sched_kick(gpu);
+		return answer == GS_SCHED_GRANT ? 0 : -EAGAIN;
+	case GPUSHARE_SCHED_RELEASE:
+		if (gs_sched_release(s, c, m->used_ns, now))
+			gs_sched_kick(gpu);
+		return 0;
+	default:
+		if (s->holder == &share->ent)
+			m->until = s->hold_until;
+		return 0;
+	}
+}
+
+/*
+ * A signal came while @c waited: it stops waiting, so that its container
+ * is not offered the GPU on its behalf, unless it is in a slice (its
+ * renewal was refused): that it leaves only by RELEASE, or loses at the
+ * slice's grace, since its work may still be running.
+ */
+static void gs_sched_interrupted(struct gs_gpu *gpu, struct gs_sched_client *c)
+{
+	spin_lock(&gpu->sched_lock);
+	if (c->ent && !c->slice &&
+	    gs_sched_release(&gpu->sched, c, 0, ktime_get_ns()))
+		gs_sched_kick(gpu);
+	spin_unlock(&gpu->sched_lock);
+}
+
+/* A waiter's shortest sleep: a retry time already past is not a busy loop. */
+#define GS_SCHED_MIN_WAIT_NS	(20 * NSEC_PER_USEC)
+
+/*
+ * GPUSHARE_IOC_SCHED's op on @fh's client for m->gpu, answered in @m when
+ * the file acts for a container with a quota there (*@filled).  A
+ * blocking ACQUIRE sleeps between tries until the GPU's sched_gen moves
+ * (something changed) or the retry time the core gave comes, whichever
+ * is first, with a high-resolution timeout: slices are milliseconds, and
+ * a jiffy (4 ms at HZ=250) would be a large part of one.
+ */
+static int gs_sched_op(struct gs_fh *fh, struct gpushare_sched *m, bool *filled)
+{
+	struct gs_ctr *ctr = fh->ctr;	/* and its quotas' GPUs: fixed */
+	struct gs_sched_client *c;
+	struct gs_share *share;
+	struct gs_gpu *gpu;
+	unsigned int gen;
+	u64 now, wait;
+	int ret;
+	u32 i;
+
+	if (!ctr)
+		return -ENOENT;
+	for (i = 0; i < ctr->nquota && ctr->quota[i].gpu != m->gpu; i++)
+		;
+	if (i == ctr->nquota)
+		return -ENXIO;
+	share = &ctr->share[i];
+	gpu = gs_gpus[m->gpu];
+	c = &fh->sched[i];
+	*filled = true;
+
+	for (;;) {
+		spin_lock(&gpu->sched_lock);
+		now = ktime_get_ns();
+		ret = gs_sched_step(gpu, share, c, m, now);
+		gs_sched_fill(gpu, share, m, now);
+		gen = gpu->sched_gen;	/* after the step's own kick */
+		spin_unlock(&gpu->sched_lock);
+		if (ret != -EAGAIN || (m->flags & GPUSHARE_SCHED_NOWAIT))
+			return ret;
+
+		wait = m->until > now ? m->until - now : 0;
+		wait = max_t(u64, wait, GS_SCHED_MIN_WAIT_NS);
+		ret = wait_event_interruptible_hrtimeout(gpu->sched_wq,
+							 READ_ONCE(gpu->sched_gen) != gen,
+							 ns_to_ktime(wait));
+		if (ret == -ERESTARTSYS) {
+			gs_sched_interrupted(gpu, c);
+			return -EINTR;
+		}
+	}
+}
+
+/*
+ * GPUSHARE_IOC_SCHED with an extensible structure, as MEM's (see the uapi
+ * header).  The structure is known writable before anything changes.
+ */
+static long gs_sched_ioctl(struct gs_fh *fh, struct gpushare_sched __user *um)
+{
+	struct gpushare_sched m;
+	bool filled = false;
+	size_t out;
+	u32 usize;
+	int ret;
+
+	ret = gs_copy_in(&m, sizeof(m), um, GPUSHARE_SCHED_SIZE_VER0, &usize);
+	if (ret)
+		return ret;
+	if (m.op > GPUSHARE_SCHED_RELEASE || (m.flags & ~GPUSHARE_SCHED_NOWAIT))
+		return -EINVAL;
+	/* A bigger struct's tail is zero already (copy_struct_from_user). */
+	out = min_t(size_t, usize, sizeof(m));
+	if (copy_to_user(um, &m, out))
+		return -EFAULT;
+
+	ret = gs_sched_op(fh, &m, &filled);
+	if (filled && copy_to_user(um, &m, out))
+		return -EFAULT;
+	return ret;
+}
+
 static long gs_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 {
 	switch (cmd) {
@@ -293,6 +476,9 @@ static long gs_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 	case GPUSHARE_IOC_MEM:
 		return gs_mem(file->private_data,
 			      (struct gpushare_mem __user *)arg);
+	case GPUSHARE_IOC_SCHED:
+		return gs_sched_ioctl(file->private_data,
+				      (struct gpushare_sched __user *)arg);
 	}
 	return -ENOTTY;
 }

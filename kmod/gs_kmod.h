@@ -38,6 +38,20 @@
  *   the ledger is not orphaned yet; del orphans the ledgers under
  *   gs_mem_lock, so every file either is attached before (and its bytes
  *   move to orphaned_mem) or sees the container as gone.
+ * - Each GPU's sched_lock, a spinlock, covers its compute scheduler: the
+ *   struct gs_sched, the gs_sched_ent of every share on that GPU, the
+ *   gs_sched_client of every open file for that GPU, and sched_gen.  It
+ *   is the innermost lock: GPUSHARE_IOC_SCHED takes it alone; the
+ *   procfs stores take it inside gs_mem_lock (policy, prio_ratio,
+ *   max_inst, slice_us, weight, highprio: live settings), add inside
+ *   gs_lock, and del and the release of a file inside gs_mem_lock, so
+ *   that both walk ctr->files (under gs_mem_lock) and detach each file's
+ *   client (under sched_lock) without racing each other.  Order:
+ *   gs_cfg_lock, gs_lock, gs_mem_lock, sched_lock; never two GPUs'
+ *   sched_locks at once.  Nothing sleeps under it: a waiting ACQUIRE
+ *   drops it and sleeps on the GPU's sched_wq until sched_gen changes
+ *   (every change that may let a waiter in bumps it and wakes the queue)
+ *   or its retry time comes.
  */
 #ifndef _GS_KMOD_H
 #define _GS_KMOD_H
@@ -52,8 +66,10 @@
 #include <linux/seq_file.h>
 #include <linux/seqlock.h>
 #include <linux/spinlock.h>
+#include <linux/wait.h>
 
 #include "gs_core.h"
+#include "gs_sched.h"
 
 #define GPUSHARE_VERSION	"0.1.0"		/* /proc/gpushare/version */
 #define GS_PROC_NAME		"gpushare"	/* /proc/gpushare */
@@ -66,13 +82,19 @@ struct gs_file {
 	void *obj;
 };
 
-#define GS_CTR_NATTR	7
+#define GS_CTR_NATTR	8
+#define GS_POLICY_NATIVE	5	/* no compute scheduling */
 
 struct gs_gpu {
 	u32 index;
 	struct gs_acct acct;
 	u32 policy;
 	u32 prio_ratio;
+	u32 slice_us;
+	spinlock_t sched_lock;		/* the compute scheduler, see above */
+	struct gs_sched sched;		/* under sched_lock */
+	unsigned int sched_gen;		/* bumped on every wake, sched_lock */
+	wait_queue_head_t sched_wq;	/* ACQUIREs waiting for their turn */
 	struct proc_dir_entry *dir;
 	struct gs_file files[GS_GPU_NFILES];
 };
@@ -84,6 +106,7 @@ struct gs_share {
 	struct gs_ctr *ctr;
 	struct gs_quota *quota;
 	struct gs_ledger ledger;	/* under gs_mem_lock */
+	struct gs_sched_ent ent;	/* under its GPU's sched_lock */
 	struct proc_dir_entry *dir;
 	struct gs_file files[GS_CTR_NATTR];
 };
@@ -117,6 +140,8 @@ struct gs_fh {
 	struct gs_ctr *ctr;		/* referenced, or NULL: acts for none */
 	struct pid *pid;		/* the opener's thread group, referenced */
 	u64 mine[GPUSHARE_MAX_GPUS];	/* by quota index, under gs_mem_lock */
+	/* Its place in each GPU's schedule, by quota index (sched_lock). */
+	struct gs_sched_client sched[GPUSHARE_MAX_GPUS];
 };
 
 extern struct mutex gs_lock;
@@ -140,6 +165,8 @@ int gs_proc_init(void);
 void gs_proc_exit(void);
 int gs_proc_add_gpu(struct gs_gpu *gpu);
 int gs_proc_add_share(struct gs_share *share);
+
+void gs_sched_kick(struct gs_gpu *gpu);
 
 int gs_dev_init(void);
 void gs_dev_exit(void);

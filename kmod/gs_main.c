@@ -17,6 +17,7 @@
 #include <linux/sched.h>
 #include <linux/slab.h>
 #include <linux/string.h>
+#include <linux/timekeeping.h>
 #include <linux/workqueue.h>
 
 #include "gs_kmod.h"
@@ -148,6 +149,88 @@ static void gs_reap_fn(struct work_struct *work)
 		schedule_delayed_work(&gs_reap_work, GS_REAP_PERIOD);
 }
 
+/*
+ * Something changed on @gpu's schedule that may let a waiting ACQUIRE in
+ * (the GPU changed hands or became free, a client or a container came or
+ * went, a setting changed): every waiter asks again.  Under sched_lock.
+ */
+void gs_sched_kick(struct gs_gpu *gpu)
+{
+	lockdep_assert_held(&gpu->sched_lock);
+	WRITE_ONCE(gpu->sched_gen, gpu->sched_gen + 1);
+	wake_up_all(&gpu->sched_wq);
+}
+
+/* A new GPU's scheduler, with the module's defaults, before its files exist. */
+static void gs_sched_init_gpu(struct gs_gpu *gpu)
+{
+	u64 now = ktime_get_ns();
+
+	spin_lock_init(&gpu->sched_lock);
+	init_waitqueue_head(&gpu->sched_wq);
+	gpu->policy = GPUSHARE_POLICY_DEFAULT;
+	gpu->prio_ratio = GPUSHARE_PRIO_RATIO_DEFAULT;
+	gpu->slice_us = GPUSHARE_SLICE_US_DEFAULT;
+	gs_sched_init(&gpu->sched, now);
+	gs_sched_set_policy(&gpu->sched, gpu->policy, now);
+	gs_sched_set_prio_ratio(&gpu->sched, gpu->prio_ratio, now);
+	gs_sched_set_max_inst(&gpu->sched, gpu->acct.max_inst, now);
+	gs_sched_set_slice(&gpu->sched, gpu->slice_us * NSEC_PER_USEC, now);
+}
+
+/*
+ * Put a container being registered into each of its GPUs' schedules.
+ * There is room: a GPU has at most max_inst <= GS_SCHED_MAX containers,
+ * and del takes each one's entity out.  Under gs_lock.
+ */
+static void gs_sched_add_ctr(struct gs_ctr *ctr)
+{
+	struct gs_gpu *gpu;
+	u32 i;
+
+	lockdep_assert_held(&gs_lock);
+	for (i = 0; i < ctr->nquota; i++) {
+		gpu = gs_gpus[ctr->quota[i].gpu];
+		spin_lock(&gpu->sched_lock);
+		WARN_ON_ONCE(gs_sched_add(&gpu->sched, &ctr->share[i].ent,
+					  ctr->quota[i].weight,
+					  ctr->quota[i].highprio,
+					  ktime_get_ns()));
+		gs_sched_kick(gpu);
+		spin_unlock(&gpu->sched_lock);
+	}
+}
+
+/*
+ * Take a container being deleted out of each of its GPUs' schedules:
+ * every open file's client first (whatever slice it is in ends, its
+ * waiters wake and get ENOENT), then the entity.  Under gs_mem_lock, so
+ * that no file is released (and freed) meanwhile.
+ */
+static void gs_sched_del_ctr(struct gs_ctr *ctr)
+{
+	struct gs_sched_client *c;
+	struct rb_node *node;
+	struct gs_gpu *gpu;
+	u64 now;
+	u32 i;
+
+	lockdep_assert_held(&gs_mem_lock);
+	for (i = 0; i < ctr->nquota; i++) {
+		gpu = gs_gpus[ctr->quota[i].gpu];
+		spin_lock(&gpu->sched_lock);
+		now = ktime_get_ns();
+		for (node = rb_first(&ctr->files); node; node = rb_next(node)) {
+			c = &rb_entry(node, struct gs_fh, node)->sched[i];
+			if (c->ent)
+				gs_sched_detach(&gpu->sched, c, now);
+		}
+		gs_sched_del(&gpu->sched, &ctr->share[i].ent, now);
+		gs_sched_kick(gpu);
+		spin_unlock(&gpu->sched_lock);
+	}
+}
+
 static int gs_declare_gpu(const struct gs_cmd *cmd)
 {
 	struct gs_gpu *gpu;
@@ -169,8 +252,7 @@ static int gs_declare_gpu(const struct gs_cmd *cmd)
 		return -ENOMEM;
 	gpu->index = cmd->gpu;
 	gs_acct_init(&gpu->acct, cmd->total_mem);
-	gpu->policy = GPUSHARE_POLICY_DEFAULT;
-	gpu->prio_ratio = GPUSHARE_PRIO_RATIO_DEFAULT;
+	gs_sched_init_gpu(gpu);
 	ret = gs_proc_add_gpu(gpu);
 	if (ret) {
 		kfree(gpu);
@@ -247,6 +329,7 @@ static int gs_add(const struct gs_cmd *cmd)
 	ret = gs_check_add(ctr);
 	if (!ret) {
 		gs_charge(gs_accts, ctr->quota, ctr->nquota);
+		gs_sched_add_ctr(ctr);	/* before any file can act for it */
 		list_add_tail_rcu(&ctr->node, &gs_ctrs);
 		ctr->live = true;
 		__module_get(THIS_MODULE);	/* the caller holds one too */
@@ -265,7 +348,9 @@ out_free:
  * Remove a registration.  It succeeds whatever its processes still hold:
  * their files keep the container's memory (their references) and their
  * reservations, which stay charged to each GPU as orphaned memory until
- * released; from now on they reserve nothing (ENOENT).
+ * released; from now on they reserve nothing (ENOENT).  Their places in
+ * the GPUs' schedules go at once: a slice they hold ends, and their
+ * waiting ACQUIREs wake with ENOENT.
  */
 static int gs_del(const char *id)
 {
@@ -281,6 +366,7 @@ static int gs_del(const char *id)
 		for (i = 0; i < ctr->nquota; i++)
 			gs_mem_orphan(gs_accts[ctr->quota[i].gpu],
 				      &ctr->share[i].ledger);
+		gs_sched_del_ctr(ctr);
 		spin_unlock(&gs_mem_lock);
 		list_del_rcu(&ctr->node);
 		ctr->live = false;
@@ -413,7 +499,8 @@ int gs_exec(struct gs_cmd *cmd)
 
 /*
  * The registry (GPUs, containers, bindings) as inst_ctl commands; the
- * settings (default_memsize, max_inst, policy, prio_ratio) are not in it.
+ * settings (default_memsize, max_inst, policy, prio_ratio, slice_us) are
+ * not in it.
  */
 void gs_dump(struct seq_file *m)
 {

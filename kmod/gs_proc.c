@@ -4,9 +4,9 @@
  *
  *   version, default_memsize, inst_ctl
  *   <gpu>/free_weight, major, max_inst, policy, prio_ratio,
- *         total_memsize, free_memsize, nr_inst, orphaned_memsize
+ *         total_memsize, free_memsize, nr_inst, orphaned_memsize, slice_us
  *   <gpu>/<container-id>/id, memsize, weight, highprio, meminfo, cgroup,
- *         memused
+ *         memused, gputime
  *
  * Every attribute file holds one decimal number or string.  inst_ctl is
  * 0600 and container directories 0500, so only root sees the containers.
@@ -26,6 +26,7 @@
 #include <linux/pid_namespace.h>
 #include <linux/sched.h>
 #include <linux/slab.h>
+#include <linux/timekeeping.h>
 #include <linux/uaccess.h>
 
 #include "gs_kmod.h"
@@ -35,6 +36,8 @@
  * a gs_seq write section (it may change what a query reads) and under
  * gs_mem_lock (it may change a memsize, which a reservation reads), so a
  * store never sleeps.  A show that reads the ledger takes gs_mem_lock.
+ * A store of a scheduling setting also hands it to the GPU's scheduler
+ * (gs_sched_set()), which applies it at its next decision.
  */
 struct gs_attr {
 	int (*show)(struct seq_file *m, void *obj);
@@ -72,6 +75,23 @@ static const struct gs_attr gs_top_attrs[ARRAY_SIZE(gs_top_names)] = {
 
 static struct gs_file gs_top_files[ARRAY_SIZE(gs_top_names)];
 
+/*
+ * A live setting for @gpu's scheduler: lock it (returns the time to act
+ * at); gs_sched_set_done() wakes the waiters to ask again under the new
+ * setting.
+ */
+static u64 gs_sched_set(struct gs_gpu *gpu)
+{
+	spin_lock(&gpu->sched_lock);
+	return ktime_get_ns();
+}
+
+static void gs_sched_set_done(struct gs_gpu *gpu)
+{
+	gs_sched_kick(gpu);
+	spin_unlock(&gpu->sched_lock);
+}
+
 /* ---- per GPU ---- */
 
 static int free_weight_show(struct seq_file *m, void *obj)
@@ -92,9 +112,19 @@ static int max_inst_show(struct seq_file *m, void *obj)
 	return 0;
 }
 
+/* The fair share's denominator (policy 0) too. */
 static int max_inst_store(void *obj, u64 val)
 {
-	return gs_acct_set_max_inst(&((struct gs_gpu *)obj)->acct, val);
+	struct gs_gpu *gpu = obj;
+	int ret = gs_acct_set_max_inst(&gpu->acct, val);
+	u64 now;
+
+	if (!ret) {
+		now = gs_sched_set(gpu);
+		gs_sched_set_max_inst(&gpu->sched, gpu->acct.max_inst, now);
+		gs_sched_set_done(gpu);
+	}
+	return ret;
 }
 
 static int policy_show(struct seq_file *m, void *obj)
@@ -105,10 +135,16 @@ static int policy_show(struct seq_file *m, void *obj)
 
 static int policy_store(void *obj, u64 val)
 {
+	struct gs_gpu *gpu = obj;
 	int ret = gs_check_policy(val);
+	u64 now;
 
-	if (!ret)
-		((struct gs_gpu *)obj)->policy = val;
+	if (!ret) {
+		gpu->policy = val;
+		now = gs_sched_set(gpu);
+		gs_sched_set_policy(&gpu->sched, val, now);
+		gs_sched_set_done(gpu);
+	}
 	return ret;
 }
 
@@ -120,10 +156,38 @@ static int prio_ratio_show(struct seq_file *m, void *obj)
 
 static int prio_ratio_store(void *obj, u64 val)
 {
+	struct gs_gpu *gpu = obj;
 	int ret = gs_check_prio_ratio(val);
+	u64 now;
 
-	if (!ret)
-		((struct gs_gpu *)obj)->prio_ratio = val;
+	if (!ret) {
+		gpu->prio_ratio = val;
+		now = gs_sched_set(gpu);
+		gs_sched_set_prio_ratio(&gpu->sched, val, now);
+		gs_sched_set_done(gpu);
+	}
+	return ret;
+}
+
+static int slice_us_show(struct seq_file *m, void *obj)
+{
+	seq_printf(m, "%u\n", ((struct gs_gpu *)obj)->slice_us);
+	return 0;
+}
+
+/* The current slice keeps its end; the next ones have the new length. */
+static int slice_us_store(void *obj, u64 val)
+{
+	struct gs_gpu *gpu = obj;
+	int ret = gs_check_slice_us(val);
+	u64 now;
+
+	if (!ret) {
+		gpu->slice_us = val;
+		now = gs_sched_set(gpu);
+		gs_sched_set_slice(&gpu->sched, val * NSEC_PER_USEC, now);
+		gs_sched_set_done(gpu);
+	}
 	return ret;
 }
 
@@ -173,6 +237,7 @@ static const struct gs_attr gs_gpu_attrs[GS_GPU_NFILES] = {
 	[GS_GPU_FREE_MEMSIZE] = { free_memsize_show, NULL },
 	[GS_GPU_NR_INST] = { nr_inst_show, NULL },
 	[GS_GPU_ORPHANED_MEMSIZE] = { orphaned_memsize_show, NULL },
+	[GS_GPU_SLICE_US] = { slice_us_show, slice_us_store },
 };
 
 /* ---- per container and GPU ---- */
@@ -180,6 +245,11 @@ static const struct gs_attr gs_gpu_attrs[GS_GPU_NFILES] = {
 static struct gs_acct *gs_share_acct(struct gs_share *share)
 {
 	return gs_accts[share->quota->gpu];
+}
+
+static struct gs_gpu *gs_share_gpu(struct gs_share *share)
+{
+	return gs_gpus[share->quota->gpu];
 }
 
 static int id_show(struct seq_file *m, void *obj)
@@ -212,12 +282,19 @@ static int weight_show(struct seq_file *m, void *obj)
 static int weight_store(void *obj, u64 val)
 {
 	struct gs_share *share = obj;
+	struct gs_gpu *gpu = gs_share_gpu(share);
 	int ret = gs_check_weight(val);
+	u64 now;
 
-	if (ret)
-		return ret;
-	return gs_acct_change(gs_share_acct(share), share->quota,
-			      share->quota->memsize, val);
+	if (!ret)
+		ret = gs_acct_change(gs_share_acct(share), share->quota,
+				     share->quota->memsize, val);
+	if (!ret) {
+		now = gs_sched_set(gpu);
+		gs_sched_set_weight(&gpu->sched, &share->ent, val, now);
+		gs_sched_set_done(gpu);
+	}
+	return ret;
 }
 
 static int highprio_show(struct seq_file *m, void *obj)
@@ -228,10 +305,17 @@ static int highprio_show(struct seq_file *m, void *obj)
 
 static int highprio_store(void *obj, u64 val)
 {
+	struct gs_share *share = obj;
+	struct gs_gpu *gpu = gs_share_gpu(share);
 	int ret = gs_check_highprio(val);
+	u64 now;
 
-	if (!ret)
-		((struct gs_share *)obj)->quota->highprio = val;
+	if (!ret) {
+		share->quota->highprio = val;
+		now = gs_sched_set(gpu);
+		gs_sched_set_highprio(&gpu->sched, &share->ent, val, now);
+		gs_sched_set_done(gpu);
+	}
 	return ret;
 }
 
@@ -294,6 +378,20 @@ static int memused_show(struct seq_file *m, void *obj)
 	return 0;
 }
 
+/* GPU time charged to the container here, ns (its slice so far too). */
+static int gputime_show(struct seq_file *m, void *obj)
+{
+	struct gs_share *share = obj;
+	struct gs_gpu *gpu = gs_share_gpu(share);
+	u64 used;
+
+	spin_lock(&gpu->sched_lock);
+	used = gs_sched_used(&gpu->sched, &share->ent, ktime_get_ns());
+	spin_unlock(&gpu->sched_lock);
+	seq_printf(m, "%llu\n", used);
+	return 0;
+}
+
 /* 0 when unbound, or when the bound cgroup has been removed. */
 static int cgroup_show(struct seq_file *m, void *obj)
 {
@@ -304,7 +402,8 @@ static int cgroup_show(struct seq_file *m, void *obj)
 }
 
 static const char *const gs_ctr_names[GS_CTR_NATTR] = {
-	"id", "memsize", "weight", "highprio", "meminfo", "cgroup", "memused"
+	"id", "memsize", "weight", "highprio", "meminfo", "cgroup", "memused",
+	"gputime"
 };
 
 static const struct gs_attr gs_ctr_attrs[GS_CTR_NATTR] = {
@@ -315,6 +414,7 @@ static const struct gs_attr gs_ctr_attrs[GS_CTR_NATTR] = {
 	{ meminfo_show, NULL },
 	{ cgroup_show, NULL },
 	{ memused_show, NULL },
+	{ gputime_show, NULL },
 };
 
 /* ---- one set of file operations for every attribute file ---- */
