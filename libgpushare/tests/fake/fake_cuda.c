@@ -9,6 +9,29 @@
  *                     refuses allocations beyond it with OUT_OF_MEMORY, so a
  *                     test can tell a quota from the device's own limit
  *
+ *   FAKECUDA_GPU_STATE     a file: the simulated GPU (below) is shared by
+ *                          every process that names the same file (unset:
+ *                          each process has its own)
+ *   FAKECUDA_NS_PER_BLOCK  a kernel's duration per block (default 1000)
+ *
+ * The simulated GPU: every device runs one kernel at a time.  A kernel of
+ * d = gridDimX * gridDimY * gridDimZ * NS_PER_BLOCK nanoseconds submitted
+ * at t on stream S starts at max(t, S's last end, the device's busy-until)
+ * and ends d later (CLOCK_MONOTONIC); submission returns at once, as the
+ * real driver's does.  The device's busy-until lives in the shared file
+ * (lock-free atomics), so kernels of several processes queue behind each
+ * other.  Events take the time their stream's work ends (or now), and
+ * every synchronisation sleeps until then: nothing spins.  Host functions
+ * run on a worker thread when their stream reaches them, in order.  Graphs
+ * run their kernel nodes as a sequence, in the order they were added (a
+ * valid order of their dependencies).  A stream in capture appends its
+ * launches to the graph and runs nothing; synchronising it invalidates the
+ * capture (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, as the real driver), and
+ * an event recorded there cannot be queried or timed
+ * (CUDA_ERROR_CAPTURED_EVENT).  Kernel functions are not loaded: any
+ * non-NULL CUfunction runs.  fakecuda_busy_ns() (not CUDA) is this
+ * process's kernel time submitted so far, for the tests' workload.
+ *
  * Device i has the UUID bytes fa ce 00 .. 00 i, which NVML and
  * GPUSHARE_GPU_UUIDS write as "GPU-face0000-0000-0000-0000-0000000000ii"
  * (ii: i in two lowercase hex digits), e.g. device 1 is
@@ -31,6 +54,8 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -38,6 +63,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../../src/cuda_abi.h"
@@ -47,7 +74,6 @@
 #define GRANULARITY (2u << 20)
 
 struct CUctx_st { int dev; int primary; };
-struct CUstream_st { int dev; };
 struct CUmemPoolHandle_st { int dev; };
 struct CUarray_st { void *mem; size_t bytes; int dev; };
 struct CUmipmappedArray_st { void *mem; size_t bytes; int dev; };
@@ -76,6 +102,8 @@ struct alloc { uintptr_t ptr; size_t bytes; int dev; struct alloc *next; };
 static struct alloc *allocs;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
+static void gpu_setup(void);
+
 __attribute__((constructor)) static void fake_setup(void)
 {
 	const char *s = getenv("FAKECUDA_DEVICES");
@@ -94,6 +122,7 @@ __attribute__((constructor)) static void fake_setup(void)
 		primary[i].primary = 1;
 		defpool[i].dev = i;
 	}
+	gpu_setup();
 }
 
 static int cur_dev(void)
@@ -362,11 +391,6 @@ API CUresult cuCtxGetDevice(CUdevice *d)
 	return CUDA_SUCCESS;
 }
 
-API CUresult cuCtxSynchronize(void)
-{
-	return current ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
-}
-
 /* ---- memory ---- */
 
 API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes)
@@ -436,6 +460,369 @@ API CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n)
 	return CUDA_SUCCESS;
 }
 
+/* ---- the simulated GPU: streams, launches, events, host functions ---- */
+
+/* Driver errors beyond what cuda_abi.h declares. */
+enum {
+	ERR_ILLEGAL_STATE = 401,
+	ERR_CAPTURE_UNSUPPORTED = 900,
+	ERR_CAPTURE_INVALIDATED = 901,
+	ERR_CAPTURED_EVENT = 907,
+};
+
+/* What every process naming the same FAKECUDA_GPU_STATE shares. */
+struct gpu_shared {
+	_Atomic uint64_t busy_until[MAX_DEV];	/* the device's last kernel ends */
+	_Atomic uint64_t busy_ns[MAX_DEV];	/* kernel time it ran, in all */
+};
+static struct gpu_shared private_gpu, *gpu = &private_gpu;
+static uint64_t ns_per_block = 1000;
+
+struct CUstream_st {
+	int dev;
+	_Atomic uint64_t end;		/* when its last work ends */
+	unsigned hostfns;		/* host functions not run yet (hlock) */
+	struct CUgraph_st *capture;	/* the graph it captures into, or NULL */
+	int invalidated;		/* the capture failed */
+};
+
+struct CUevent_st {
+	unsigned flags;
+	_Atomic int state;		/* EV_* */
+	_Atomic uint64_t t;		/* when it completes */
+};
+enum { EV_NONE, EV_RECORDED, EV_CAPTURED };
+
+struct CUgraphNode_st { struct CUgraph_st *g; };
+struct CUgraph_st {
+	uint64_t *ns;			/* kernel durations, in order */
+	struct CUgraphNode_st **nodes;
+	unsigned n, cap;
+};
+struct CUgraphExec_st { uint64_t *ns; unsigned n; };
+
+static struct CUstream_st legacy[MAX_DEV];
+static _Thread_local struct CUstream_st per_thread[MAX_DEV];
+static _Atomic uint64_t proc_end[MAX_DEV];	/* this process's last work */
+static _Atomic uint64_t proc_busy_ns;		/* its kernel time submitted */
+
+static void gpu_setup(void)
+{
+	const char *s = getenv("FAKECUDA_NS_PER_BLOCK");
+	if (s)
+		ns_per_block = strtoull(s, NULL, 10);
+	for (int i = 0; i < MAX_DEV; i++)
+		legacy[i].dev = i;
+	s = getenv("FAKECUDA_GPU_STATE");
+	if (!s || !*s)
+		return;
+	int fd = open(s, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	struct stat sb;
+	/* Zero-filled when new; only ever grown, so racing creators agree. */
+	if (fd < 0 || fstat(fd, &sb) ||
+	    ((size_t)sb.st_size < sizeof(*gpu) && ftruncate(fd, sizeof(*gpu)))) {
+		fprintf(stderr, "fakecuda: %s: %s\n", s, strerror(errno));
+		abort();
+	}
+	void *p = mmap(NULL, sizeof(*gpu), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		abort();
+	close(fd);
+	gpu = p;
+}
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void sleep_until(uint64_t t)
+{
+	struct timespec ts = { (time_t)(t / 1000000000u), (long)(t % 1000000000u) };
+	while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+		;
+}
+
+static uint64_t max64(uint64_t a, uint64_t b)
+{
+	return a > b ? a : b;
+}
+
+static void atomic_max64(_Atomic uint64_t *v, uint64_t x)
+{
+	uint64_t old = atomic_load(v);
+	while (old < x && !atomic_compare_exchange_weak(v, &old, x))
+		;
+}
+
+/*
+ * The stream a handle means: NULL is the legacy default stream, or the
+ * per-thread one for a _ptsz entry point; NULL when there is no context.
+ */
+static struct CUstream_st *stream_of(CUstream s, int ptsz)
+{
+	int dev = cur_dev();
+	if (s == CU_STREAM_PER_THREAD || (!s && ptsz)) {
+		if (dev < 0)
+			return NULL;
+		per_thread[dev].dev = dev;
+		return &per_thread[dev];
+	}
+	if (!s || s == CU_STREAM_LEGACY)
+		return dev < 0 ? NULL : &legacy[dev];
+	return s;
+}
+
+/* Device of a stream: the null and special handles mean the current one. */
+static int stream_dev(CUstream s)
+{
+	struct CUstream_st *st = stream_of(s, 0);
+	return st ? st->dev : -1;
+}
+
+/* Queue a kernel of @ns on @st: it runs when the stream and device are free. */
+static void gpu_run(struct CUstream_st *st, uint64_t ns)
+{
+	uint64_t t = max64(now_ns(), atomic_load(&st->end)), start;
+	uint64_t busy = atomic_load(&gpu->busy_until[st->dev]);
+	do {
+		start = max64(busy, t);
+	} while (!atomic_compare_exchange_weak(&gpu->busy_until[st->dev], &busy, start + ns));
+	atomic_max64(&st->end, start + ns);
+	atomic_max64(&proc_end[st->dev], start + ns);
+	atomic_fetch_add(&gpu->busy_ns[st->dev], ns);
+	atomic_fetch_add(&proc_busy_ns, ns);
+}
+
+API uint64_t fakecuda_busy_ns(void)
+{
+	return atomic_load(&proc_busy_ns);
+}
+
+/* Append a kernel of @ns to @g: its node, or NULL (out of memory). */
+static struct CUgraphNode_st *graph_add(struct CUgraph_st *g, uint64_t ns)
+{
+	if (g->n == g->cap) {
+		unsigned cap = g->cap ? 2 * g->cap : 16;
+		uint64_t *a = realloc(g->ns, cap * sizeof(*a));
+		if (!a)
+			return NULL;
+		g->ns = a;
+		struct CUgraphNode_st **b = realloc(g->nodes, cap * sizeof(*b));
+		if (!b)
+			return NULL;
+		g->nodes = b;
+		g->cap = cap;
+	}
+	struct CUgraphNode_st *node = malloc(sizeof(*node));
+	if (!node)
+		return NULL;
+	node->g = g;
+	g->ns[g->n] = ns;
+	g->nodes[g->n++] = node;
+	return node;
+}
+
+static CUresult launch(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+		       CUstream s, int ptsz)
+{
+	if (!initialized)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (!f)
+		return CUDA_ERROR_INVALID_HANDLE;
+	if (!gx || !gy || !gz)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct CUstream_st *st = stream_of(s, ptsz);
+	if (!st)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	uint64_t ns = (uint64_t)gx * gy * gz * ns_per_block;
+	if (st->capture) {
+		if (st->invalidated)
+			return ERR_CAPTURE_INVALIDATED;
+		return graph_add(st->capture, ns) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	gpu_run(st, ns);
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+			    unsigned int bx, unsigned int by, unsigned int bz,
+			    unsigned int shared, CUstream s, void **params, void **extra)
+{
+	(void)bx, (void)by, (void)bz, (void)shared, (void)params, (void)extra;
+	return launch(f, gx, gy, gz, s, 0);
+}
+
+API CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
+				 unsigned int gz, unsigned int bx, unsigned int by,
+				 unsigned int bz, unsigned int shared, CUstream s,
+				 void **params, void **extra)
+{
+	(void)bx, (void)by, (void)bz, (void)shared, (void)params, (void)extra;
+	return launch(f, gx, gy, gz, s, 1);
+}
+
+API CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params,
+			      void **extra)
+{
+	(void)params, (void)extra;
+	if (!c)
+		return CUDA_ERROR_INVALID_VALUE;
+	return launch(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->hStream, 0);
+}
+
+API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params,
+				   void **extra)
+{
+	(void)params, (void)extra;
+	if (!c)
+		return CUDA_ERROR_INVALID_VALUE;
+	return launch(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->hStream, 1);
+}
+
+API CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy,
+				       unsigned int gz, unsigned int bx, unsigned int by,
+				       unsigned int bz, unsigned int shared, CUstream s,
+				       void **params)
+{
+	(void)bx, (void)by, (void)bz, (void)shared, (void)params;
+	return launch(f, gx, gy, gz, s, 0);
+}
+
+API CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
+					    unsigned int gz, unsigned int bx, unsigned int by,
+					    unsigned int bz, unsigned int shared, CUstream s,
+					    void **params)
+{
+	(void)bx, (void)by, (void)bz, (void)shared, (void)params;
+	return launch(f, gx, gy, gz, s, 1);
+}
+
+/* One launch per entry, each on its own stream (and device). */
+API CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list, unsigned int n,
+						  unsigned int flags)
+{
+	(void)flags;
+	if (!list || !n)
+		return CUDA_ERROR_INVALID_VALUE;
+	for (unsigned int i = 0; i < n; i++) {
+		CUresult r = launch(list[i].function, list[i].gridDimX, list[i].gridDimY,
+				    list[i].gridDimZ, list[i].hStream, 0);
+		if (r != CUDA_SUCCESS)
+			return r;
+	}
+	return CUDA_SUCCESS;
+}
+
+/* ---- host functions: one worker thread runs them in submission order ---- */
+
+struct hostfn {
+	uint64_t t;			/* when its stream reaches it */
+	CUhostFn fn;
+	void *data;
+	struct CUstream_st *st;
+	struct hostfn *next;
+};
+static pthread_mutex_t hlock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t hcond = PTHREAD_COND_INITIALIZER;
+static struct hostfn *hhead, **htail = &hhead;
+static unsigned proc_hostfns;			/* queued, not run yet */
+static pid_t hpid;				/* the worker's process */
+
+static void *host_worker(void *arg)
+{
+	(void)arg;
+	pthread_mutex_lock(&hlock);
+	for (;;) {
+		while (!hhead)
+			pthread_cond_wait(&hcond, &hlock);
+		struct hostfn *h = hhead;	/* stays at the head while it runs */
+		pthread_mutex_unlock(&hlock);
+		sleep_until(h->t);
+		h->fn(h->data);
+		pthread_mutex_lock(&hlock);
+		hhead = h->next;
+		if (!hhead)
+			htail = &hhead;
+		h->st->hostfns--;
+		proc_hostfns--;
+		pthread_cond_broadcast(&hcond);
+		free(h);
+	}
+	return NULL;
+}
+
+static CUresult host_func(CUstream s, CUhostFn fn, void *data, int ptsz)
+{
+	if (!fn)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct CUstream_st *st = stream_of(s, ptsz);
+	if (!st)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (st->capture)	/* host nodes are not simulated */
+		return st->invalidated ? ERR_CAPTURE_INVALIDATED : CUDA_ERROR_NOT_SUPPORTED;
+	struct hostfn *h = malloc(sizeof(*h));
+	if (!h)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	/* Work queued after it starts no sooner than it (as if it took no time). */
+	h->t = max64(now_ns(), atomic_load(&st->end));
+	atomic_max64(&st->end, h->t);
+	h->fn = fn;
+	h->data = data;
+	h->st = st;
+	h->next = NULL;
+	pthread_mutex_lock(&hlock);
+	if (hpid != getpid()) {		/* first use, or a forked child */
+		pthread_t t;
+		hhead = NULL;
+		htail = &hhead;
+		proc_hostfns = 0;
+		if (pthread_create(&t, NULL, host_worker, NULL)) {
+			pthread_mutex_unlock(&hlock);
+			free(h);
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		}
+		pthread_detach(t);
+		hpid = getpid();
+	}
+	*htail = h;
+	htail = &h->next;
+	st->hostfns++;
+	proc_hostfns++;
+	pthread_cond_broadcast(&hcond);
+	pthread_mutex_unlock(&hlock);
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void *data)
+{
+	return host_func(s, fn, data, 0);
+}
+
+API CUresult cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn, void *data)
+{
+	return host_func(s, fn, data, 1);
+}
+
+/* Wait for the host functions of @st (NULL: of the process) to have run. */
+static void host_wait(struct CUstream_st *st)
+{
+	pthread_mutex_lock(&hlock);
+	while (st ? st->hostfns : proc_hostfns)
+		pthread_cond_wait(&hcond, &hlock);
+	pthread_mutex_unlock(&hlock);
+}
+
+static int host_pending(struct CUstream_st *st)
+{
+	pthread_mutex_lock(&hlock);
+	int n = (int)st->hostfns;
+	pthread_mutex_unlock(&hlock);
+	return n;
+}
+
 /* ---- streams ---- */
 
 API CUresult cuStreamCreate(CUstream *s, unsigned int flags)
@@ -445,7 +832,7 @@ API CUresult cuStreamCreate(CUstream *s, unsigned int flags)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (!current)
 		return CUDA_ERROR_INVALID_CONTEXT;
-	struct CUstream_st *st = malloc(sizeof(*st));
+	struct CUstream_st *st = calloc(1, sizeof(*st));
 	if (!st)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	st->dev = current->dev;
@@ -453,26 +840,421 @@ API CUresult cuStreamCreate(CUstream *s, unsigned int flags)
 	return CUDA_SUCCESS;
 }
 
+/* As the real driver's: work queued there still completes. */
 API CUresult cuStreamDestroy_v2(CUstream s)
 {
 	if (!s || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
 		return CUDA_ERROR_INVALID_HANDLE;
+	host_wait(s);
 	free(s);
+	return CUDA_SUCCESS;
+}
+
+/* Synchronising a capturing stream is not allowed, and ends the capture. */
+static int capture_broken(struct CUstream_st *st)
+{
+	if (!st->capture)
+		return 0;
+	st->invalidated = 1;
+	return 1;
+}
+
+static CUresult stream_sync(CUstream s, int ptsz)
+{
+	struct CUstream_st *st = stream_of(s, ptsz);
+	if (!st)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (capture_broken(st))
+		return ERR_CAPTURE_UNSUPPORTED;
+	sleep_until(atomic_load(&st->end));
+	host_wait(st);
 	return CUDA_SUCCESS;
 }
 
 API CUresult cuStreamSynchronize(CUstream s)
 {
-	(void)s;
+	return stream_sync(s, 0);
+}
+
+API CUresult cuStreamSynchronize_ptsz(CUstream s)
+{
+	return stream_sync(s, 1);
+}
+
+static CUresult stream_query(CUstream s, int ptsz)
+{
+	struct CUstream_st *st = stream_of(s, ptsz);
+	if (!st)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (capture_broken(st))
+		return ERR_CAPTURE_UNSUPPORTED;
+	return now_ns() < atomic_load(&st->end) || host_pending(st) ? CUDA_ERROR_NOT_READY
+								     : CUDA_SUCCESS;
+}
+
+API CUresult cuStreamQuery(CUstream s)
+{
+	return stream_query(s, 0);
+}
+
+API CUresult cuStreamQuery_ptsz(CUstream s)
+{
+	return stream_query(s, 1);
+}
+
+API CUresult cuCtxSynchronize(void)
+{
+	if (!current)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	sleep_until(atomic_load(&proc_end[current->dev]));
+	host_wait(NULL);
 	return CUDA_SUCCESS;
 }
 
-/* Device of a stream: the null and special handles mean the current one. */
-static int stream_dev(CUstream s)
+/* ---- events ---- */
+
+API CUresult cuEventCreate(CUevent *e, unsigned int flags)
 {
-	if (!s || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
-		return cur_dev();
-	return s->dev;
+	if (!e || flags & ~(unsigned)(CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | 0x4))
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!current)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	struct CUevent_st *ev = calloc(1, sizeof(*ev));
+	if (!ev)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	ev->flags = flags;
+	*e = ev;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuEventDestroy_v2(CUevent e)
+{
+	if (!e)
+		return CUDA_ERROR_INVALID_HANDLE;
+	free(e);
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuEventDestroy(CUevent e)
+{
+	return cuEventDestroy_v2(e);
+}
+
+/* The event completes when the stream's work queued so far is done. */
+static CUresult event_record(CUevent e, CUstream s, int ptsz)
+{
+	if (!e)
+		return CUDA_ERROR_INVALID_HANDLE;
+	struct CUstream_st *st = stream_of(s, ptsz);
+	if (!st)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (st->capture) {	/* becomes a node of the graph: no time of its own */
+		atomic_store(&e->state, EV_CAPTURED);
+		return st->invalidated ? ERR_CAPTURE_INVALIDATED : CUDA_SUCCESS;
+	}
+	atomic_store(&e->t, max64(now_ns(), atomic_load(&st->end)));
+	atomic_store(&e->state, EV_RECORDED);
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuEventRecord(CUevent e, CUstream s)
+{
+	return event_record(e, s, 0);
+}
+
+API CUresult cuEventRecord_ptsz(CUevent e, CUstream s)
+{
+	return event_record(e, s, 1);
+}
+
+API CUresult cuEventRecordWithFlags(CUevent e, CUstream s, unsigned int flags)
+{
+	(void)flags;
+	return event_record(e, s, 0);
+}
+
+API CUresult cuEventRecordWithFlags_ptsz(CUevent e, CUstream s, unsigned int flags)
+{
+	(void)flags;
+	return event_record(e, s, 1);
+}
+
+/* A never-recorded event counts as complete, as in the real driver. */
+API CUresult cuEventQuery(CUevent e)
+{
+	if (!e)
+		return CUDA_ERROR_INVALID_HANDLE;
+	int state = atomic_load(&e->state);
+	if (state == EV_CAPTURED)
+		return ERR_CAPTURED_EVENT;
+	return state == EV_RECORDED && now_ns() < atomic_load(&e->t) ? CUDA_ERROR_NOT_READY
+								      : CUDA_SUCCESS;
+}
+
+API CUresult cuEventSynchronize(CUevent e)
+{
+	if (!e)
+		return CUDA_ERROR_INVALID_HANDLE;
+	int state = atomic_load(&e->state);
+	if (state == EV_CAPTURED)
+		return ERR_CAPTURED_EVENT;
+	if (state == EV_RECORDED)
+		sleep_until(atomic_load(&e->t));
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end)
+{
+	if (!ms)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!start || !end || (start->flags | end->flags) & CU_EVENT_DISABLE_TIMING)
+		return CUDA_ERROR_INVALID_HANDLE;
+	int a = atomic_load(&start->state), b = atomic_load(&end->state);
+	if (a == EV_CAPTURED || b == EV_CAPTURED)
+		return ERR_CAPTURED_EVENT;
+	if (a != EV_RECORDED || b != EV_RECORDED)
+		return CUDA_ERROR_INVALID_HANDLE;
+	uint64_t t0 = atomic_load(&start->t), t1 = atomic_load(&end->t), now = now_ns();
+	if (now < t0 || now < t1)
+		return CUDA_ERROR_NOT_READY;
+	*ms = (float)(((double)t1 - (double)t0) / 1e6);
+	return CUDA_SUCCESS;
+}
+
+static CUresult wait_event(CUstream s, CUevent e, int ptsz)
+{
+	struct CUstream_st *st = stream_of(s, ptsz);
+	if (!e)
+		return CUDA_ERROR_INVALID_HANDLE;
+	if (!st)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (!st->capture && atomic_load(&e->state) == EV_RECORDED)
+		atomic_max64(&st->end, atomic_load(&e->t));
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags)
+{
+	(void)flags;
+	return wait_event(s, e, 0);
+}
+
+API CUresult cuStreamWaitEvent_ptsz(CUstream s, CUevent e, unsigned int flags)
+{
+	(void)flags;
+	return wait_event(s, e, 1);
+}
+
+/* ---- graphs and stream capture ---- */
+
+API CUresult cuGraphCreate(CUgraph *g, unsigned int flags)
+{
+	if (!g || flags)
+		return CUDA_ERROR_INVALID_VALUE;
+	*g = calloc(1, sizeof(**g));
+	return *g ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+API CUresult cuGraphDestroy(CUgraph g)
+{
+	if (!g)
+		return CUDA_ERROR_INVALID_VALUE;
+	for (unsigned int i = 0; i < g->n; i++)
+		free(g->nodes[i]);
+	free(g->nodes);
+	free(g->ns);
+	free(g);
+	return CUDA_SUCCESS;
+}
+
+/* The nodes run in the order they were added: a valid order of @deps. */
+API CUresult cuGraphAddKernelNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps,
+				  size_t ndeps, const CUDA_KERNEL_NODE_PARAMS *p)
+{
+	if (!node || !g || !p || (ndeps && !deps))
+		return CUDA_ERROR_INVALID_VALUE;
+	for (size_t i = 0; i < ndeps; i++)
+		if (!deps[i] || deps[i]->g != g)
+			return CUDA_ERROR_INVALID_VALUE;
+	if (!p->func)
+		return CUDA_ERROR_INVALID_HANDLE;
+	if (!p->gridDimX || !p->gridDimY || !p->gridDimZ)
+		return CUDA_ERROR_INVALID_VALUE;
+	*node = graph_add(g, (uint64_t)p->gridDimX * p->gridDimY * p->gridDimZ * ns_per_block);
+	return *node ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* _v2's parameters begin with version 1's (then a CUkernel and a context). */
+API CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNode *deps,
+				     size_t ndeps, const CUDA_KERNEL_NODE_PARAMS *p)
+{
+	return cuGraphAddKernelNode(node, g, deps, ndeps, p);
+}
+
+API CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags)
+{
+	if (!e || !g || flags)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct CUgraphExec_st *x = malloc(sizeof(*x));
+	uint64_t *ns = malloc((g->n ? g->n : 1) * sizeof(*ns));
+	if (!x || !ns) {
+		free(x);
+		free(ns);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	memcpy(ns, g->ns, g->n * sizeof(*ns));
+	x->ns = ns;
+	x->n = g->n;
+	*e = x;
+	return CUDA_SUCCESS;
+}
+
+/* Before CUDA 12: (exec, graph, error node, log buffer, its size). */
+API CUresult cuGraphInstantiate_v2(CUgraphExec *e, CUgraph g, CUgraphNode *err, char *log,
+				   size_t logsize)
+{
+	(void)err;
+	if (log && logsize)
+		log[0] = 0;
+	return cuGraphInstantiateWithFlags(e, g, 0);
+}
+
+API CUresult cuGraphInstantiate(CUgraphExec *e, CUgraph g, CUgraphNode *err, char *log,
+				size_t logsize)
+{
+	return cuGraphInstantiate_v2(e, g, err, log, logsize);
+}
+
+API CUresult cuGraphExecDestroy(CUgraphExec e)
+{
+	if (!e)
+		return CUDA_ERROR_INVALID_VALUE;
+	free(e->ns);
+	free(e);
+	return CUDA_SUCCESS;
+}
+
+static CUresult graph_launch(CUgraphExec e, CUstream s, int ptsz)
+{
+	if (!e)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct CUstream_st *st = stream_of(s, ptsz);
+	if (!st)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (st->capture) {
+		if (st->invalidated)
+			return ERR_CAPTURE_INVALIDATED;
+		for (unsigned int i = 0; i < e->n; i++)
+			if (!graph_add(st->capture, e->ns[i]))
+				return CUDA_ERROR_OUT_OF_MEMORY;
+		return CUDA_SUCCESS;
+	}
+	for (unsigned int i = 0; i < e->n; i++)
+		gpu_run(st, e->ns[i]);
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuGraphLaunch(CUgraphExec e, CUstream s)
+{
+	return graph_launch(e, s, 0);
+}
+
+API CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s)
+{
+	return graph_launch(e, s, 1);
+}
+
+/* The legacy default stream cannot be captured, as with the real driver. */
+static CUresult begin_capture(CUstream s, int mode, int ptsz)
+{
+	struct CUstream_st *st = stream_of(s, ptsz);
+	if (!st)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (mode < 0 || mode > 2)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (st >= &legacy[0] && st < &legacy[MAX_DEV])
+		return ERR_CAPTURE_UNSUPPORTED;
+	if (st->capture)
+		return ERR_ILLEGAL_STATE;
+	CUgraph g;
+	CUresult r = cuGraphCreate(&g, 0);
+	if (r != CUDA_SUCCESS)
+		return r;
+	st->capture = g;
+	st->invalidated = 0;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuStreamBeginCapture_v2(CUstream s, int mode)
+{
+	return begin_capture(s, mode, 0);
+}
+
+API CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, int mode)
+{
+	return begin_capture(s, mode, 1);
+}
+
+API CUresult cuStreamBeginCapture(CUstream s)
+{
+	return begin_capture(s, 0, 0);
+}
+
+API CUresult cuStreamBeginCapture_ptsz(CUstream s)
+{
+	return begin_capture(s, 0, 1);
+}
+
+static CUresult end_capture(CUstream s, CUgraph *g, int ptsz)
+{
+	struct CUstream_st *st = stream_of(s, ptsz);
+	if (!g)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!st)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (!st->capture)
+		return ERR_ILLEGAL_STATE;
+	*g = st->capture;
+	st->capture = NULL;
+	if (st->invalidated) {
+		cuGraphDestroy(*g);
+		*g = NULL;
+		return ERR_CAPTURE_INVALIDATED;
+	}
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuStreamEndCapture(CUstream s, CUgraph *g)
+{
+	return end_capture(s, g, 0);
+}
+
+API CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g)
+{
+	return end_capture(s, g, 1);
+}
+
+static CUresult is_capturing(CUstream s, int *status, int ptsz)
+{
+	struct CUstream_st *st = stream_of(s, ptsz);
+	if (!status)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!st)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	*status = !st->capture ? CU_STREAM_CAPTURE_STATUS_NONE :
+		  st->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED :
+		  CU_STREAM_CAPTURE_STATUS_ACTIVE;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuStreamIsCapturing(CUstream s, int *status)
+{
+	return is_capturing(s, status, 0);
+}
+
+API CUresult cuStreamIsCapturing_ptsz(CUstream s, int *status)
+{
+	return is_capturing(s, status, 1);
 }
 
 API CUresult cuStreamGetDevice(CUstream s, CUdevice *d)
@@ -845,7 +1627,16 @@ static const struct { CUresult r; const char *name, *text; } errors[] = {
 	{ CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context" },
 	{ CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle" },
 	{ CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found" },
+	{ CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready" },
 	{ CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported" },
+	{ ERR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE",
+	  "the operation cannot be performed in the present state" },
+	{ ERR_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+	  "operation not permitted when stream is capturing" },
+	{ ERR_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+	  "operation failed due to a previous error during capture" },
+	{ ERR_CAPTURED_EVENT, "CUDA_ERROR_CAPTURED_EVENT",
+	  "operation not permitted on an event last recorded in a capturing stream" },
 };
 
 static int error_index(CUresult r)
@@ -925,6 +1716,49 @@ static const struct proc {
 	E("cuStreamCreate", 2000, cuStreamCreate),
 	E("cuStreamDestroy", 4000, cuStreamDestroy_v2),
 	E("cuStreamSynchronize", 2000, cuStreamSynchronize),
+	PT("cuStreamSynchronize", 7000, cuStreamSynchronize_ptsz),
+	E("cuStreamQuery", 2000, cuStreamQuery),
+	PT("cuStreamQuery", 7000, cuStreamQuery_ptsz),
+	E("cuStreamWaitEvent", 3020, cuStreamWaitEvent),
+	PT("cuStreamWaitEvent", 7000, cuStreamWaitEvent_ptsz),
+	E("cuEventCreate", 2000, cuEventCreate),
+	E("cuEventDestroy", 2000, cuEventDestroy),
+	E("cuEventDestroy", 4000, cuEventDestroy_v2),
+	E("cuEventRecord", 2000, cuEventRecord),
+	PT("cuEventRecord", 7000, cuEventRecord_ptsz),
+	E("cuEventRecordWithFlags", 11010, cuEventRecordWithFlags),
+	PT("cuEventRecordWithFlags", 11010, cuEventRecordWithFlags_ptsz),
+	E("cuEventQuery", 2000, cuEventQuery),
+	E("cuEventSynchronize", 2000, cuEventSynchronize),
+	E("cuEventElapsedTime", 2000, cuEventElapsedTime),
+	E("cuLaunchKernel", 4000, cuLaunchKernel),
+	PT("cuLaunchKernel", 7000, cuLaunchKernel_ptsz),
+	E("cuLaunchKernelEx", 11060, cuLaunchKernelEx),
+	PT("cuLaunchKernelEx", 11060, cuLaunchKernelEx_ptsz),
+	E("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel),
+	PT("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel_ptsz),
+	E("cuLaunchCooperativeKernelMultiDevice", 9000, cuLaunchCooperativeKernelMultiDevice),
+	E("cuLaunchHostFunc", 10000, cuLaunchHostFunc),
+	PT("cuLaunchHostFunc", 10000, cuLaunchHostFunc_ptsz),
+	E("cuGraphCreate", 10000, cuGraphCreate),
+	E("cuGraphDestroy", 10000, cuGraphDestroy),
+	E("cuGraphAddKernelNode", 10000, cuGraphAddKernelNode),
+	E("cuGraphAddKernelNode", 12000, cuGraphAddKernelNode_v2),
+	E("cuGraphInstantiate", 10000, cuGraphInstantiate),
+	E("cuGraphInstantiate", 11000, cuGraphInstantiate_v2),
+	E("cuGraphInstantiate", 12000, cuGraphInstantiateWithFlags),
+	E("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),
+	E("cuGraphExecDestroy", 10000, cuGraphExecDestroy),
+	E("cuGraphLaunch", 10000, cuGraphLaunch),
+	PT("cuGraphLaunch", 10000, cuGraphLaunch_ptsz),
+	E("cuStreamBeginCapture", 10000, cuStreamBeginCapture),
+	PT("cuStreamBeginCapture", 10000, cuStreamBeginCapture_ptsz),
+	E("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2),
+	PT("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2_ptsz),
+	E("cuStreamEndCapture", 10000, cuStreamEndCapture),
+	PT("cuStreamEndCapture", 10000, cuStreamEndCapture_ptsz),
+	E("cuStreamIsCapturing", 10000, cuStreamIsCapturing),
+	PT("cuStreamIsCapturing", 10000, cuStreamIsCapturing_ptsz),
 	E("cuStreamGetDevice", 12080, cuStreamGetDevice),
 	E("cuMemAllocAsync", 11020, cuMemAllocAsync),
 	PT("cuMemAllocAsync", 11020, cuMemAllocAsync_ptsz),
