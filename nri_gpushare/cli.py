@@ -47,6 +47,41 @@ def _used(share: dict[str, Any]) -> str:
     return "?" if used is None else format_bytes(used)
 
 
+_POLICY_NAMES = ("fair share", "preemptive", "weighted", "fixed share", "weak", "native")
+
+
+def _compute(share: dict[str, Any]) -> str | None:
+    """'compute 30% target (policy 3 fixed share), 29.6% used (60 s)'; None
+    from a plugin whose status has no compute fields."""
+    if "compute_rule" not in share:
+        return None
+    target = share.get("compute_target")
+    text = "compute no limit" if target is None else f"compute {target}% target"
+    policy = share.get("compute_policy")
+    if isinstance(policy, int) and 0 <= policy < len(_POLICY_NAMES):
+        text += f" (policy {policy} {_POLICY_NAMES[policy]})"
+    elif str(share["compute_rule"]).startswith("standalone"):
+        text += " (standalone)"
+    used = share.get("compute_used_pct")
+    if used is None:
+        return f"{text}, used {share.get('compute_used_why') or 'unknown'}"
+    return f"{text}, {used:.1f}% used ({share.get('compute_window_s') or 0:.0f} s)"
+
+
+def _scheduler(gpu: dict[str, Any]) -> str:
+    """'; policy 2 (weighted), slice 10 ms, prio_ratio 80%' when the module said."""
+    policy = gpu.get("policy")
+    if not isinstance(policy, int):
+        return ""
+    name = _POLICY_NAMES[policy] if 0 <= policy < len(_POLICY_NAMES) else "unknown"
+    text = f"; policy {policy} ({name})"
+    if isinstance(gpu.get("slice_us"), int):
+        text += f", slice {gpu['slice_us'] / 1000:g} ms"
+    if isinstance(gpu.get("prio_ratio"), int):
+        text += f", prio_ratio {gpu['prio_ratio']}%"
+    return text
+
+
 def _owner(alloc: dict[str, Any]) -> str:
     """The pod, or for a container started by hand how it asked and its name."""
     origin = alloc.get("origin", "nri")
@@ -95,6 +130,7 @@ def _print_status(status: dict[str, Any]) -> None:
             f"memory {format_bytes(gpu['memory_allocated'])} allocated, "
             f"{format_bytes(gpu['memory_free'])} free of {format_bytes(gpu['memory_total'])}; "
             f"core {gpu['core_allocated']}%; {len(gpu['containers'])} container(s)"
+            + _scheduler(gpu)
         )
     nri = status.get("nri", {})
     if not nri.get("connected", True):
@@ -117,6 +153,9 @@ def _print_status(status: dict[str, Any]) -> None:
                 f"{share['index']:>3} {_used(share):>9} {format_bytes(share['memory']):>9} "
                 f"{core:>5} {alloc['priority']:8} {guards}"
             )
+        for share in alloc["gpus"]:
+            if (compute := _compute(share)) is not None:
+                print(f"  {alloc['container_id'][:13]} GPU {share['index']}: {compute}")
         for mechanism, why in alloc.get("unguarded", {}).items():
             what = "unguarded" if mechanism == "none" else f"no {mechanism}"
             print(f"  {alloc['container_id'][:13]}: {what}: {why}")

@@ -48,7 +48,7 @@ from nri_gpushare.share.model import (
     ShareRefused,
 )
 from nri_gpushare.share.service import ShareService, Unserved
-from nri_gpushare.share.usage import MemoryUsage
+from nri_gpushare.share.usage import GpuTimeSource, MemoryUsage, ModuleGpuTime
 from nri_gpushare.statefile import StateDirError, StateFile
 from nri_gpushare.status import StatusServer
 from nri_gpushare.stub import Plugin, PluginError, Stub
@@ -59,6 +59,8 @@ log = logging.getLogger(__name__)
 ANSWER_WITHIN = 0.8
 """Share of the runtime's request timeout CreateContainer may take (the rest
 is the runtime's and the wire's)."""
+SAMPLE_EVERY = 5.0
+"""Seconds between two readings of every registered container's GPU time."""
 MARK_REMOVAL = "-"
 """NRI: an adjustment's annotation key with this prefix removes the annotation."""
 
@@ -228,6 +230,28 @@ def meminfo_reader(config: Config) -> ModuleMemInfo | None:
     )
 
 
+def gputime_reader(config: Config) -> ModuleGpuTime | None:
+    """GPU time charged by the module, on its own worker; None with kmod: off."""
+    if config.kmod == "off":
+        return None
+    from nri_gpushare.kmod.procfs import ProcfsKernelModule
+
+    return ModuleGpuTime(
+        ProcfsKernelModule(config.kmod_root), BlockingWorker("gpushare-gputime", 0.5)
+    )
+
+
+async def sample_compute(service: ShareService, every: float = SAMPLE_EVERY) -> None:
+    """Sample every registered container's GPU time, every `every` seconds,
+    for status's compute used over the last minute (until cancelled)."""
+    while True:
+        try:
+            await service.sample_compute()
+        except Exception:  # one bad pass must not end the sampling
+            log.exception("sampling GPU time")
+        await asyncio.sleep(every)
+
+
 def nvml_limits(config: Config) -> NvmlMemoryLimits | None:
     """The driver's memory limits (probed in build_service); None when off."""
     return NvmlMemoryLimits() if config.nvml_memory_limits == "auto" else None
@@ -239,11 +263,12 @@ async def build_service(
     *,
     limits: NvmlMemoryLimits | None = None,
     usage: MemoryUsage | None = None,
+    gputime: GpuTimeSource | None = None,
 ) -> ShareService:
     """The service for `config`, its kernel module looked for (`kmod`: None
     with kmod: off or no client), the driver's memory limits probed (`limits`:
-    None when off), memory in use read through `usage`.  ConfigError when it
-    cannot serve."""
+    None when off), memory in use read through `usage`, GPU time through
+    `gputime`.  ConfigError when it cannot serve."""
     # The config has already refused duplicate indexes, UUIDs and minors.
     if config.use_nvml:  # NVML can take seconds: not on the loop
         gpus = await asyncio.to_thread(load_inventory, config.inventory)
@@ -302,6 +327,7 @@ async def build_service(
         library_check=library_problem,
         limits=limits,
         usage=usage,
+        gputime=gputime,
     )
     await service.start()
     kmod_state = service.status()["kmod"]
@@ -375,14 +401,15 @@ async def run_daemon(
     kmod = kmod_worker(config)
     limits = nvml_limits(config)
     usage = meminfo_reader(config)
+    gputime = gputime_reader(config)
 
     def close() -> None:
-        for part in (kmod, limits, usage):
+        for part in (kmod, limits, usage, gputime):
             if part is not None:
                 part.close()
 
     try:
-        service = await build_service(config, kmod, limits=limits, usage=usage)
+        service = await build_service(config, kmod, limits=limits, usage=usage, gputime=gputime)
         await service.recover_local()
     except BaseException:
         close()
@@ -449,6 +476,7 @@ async def run_daemon(
         if reconciler is not None
         else None
     )
+    sampling = asyncio.create_task(sample_compute(service), name="gputime-sampler")
     loop = asyncio.get_running_loop()
     stopping: list[asyncio.Task[None]] = []  # keep the task referenced until it ends
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -469,6 +497,8 @@ async def run_daemon(
         log.error("nri-gpushare: the runtime connection is lost (%s); exiting", exc)
         return 1
     finally:
+        sampling.cancel()
+        await asyncio.gather(sampling, return_exceptions=True)
         if following is not None:
             following.cancel()
             await asyncio.gather(following, return_exceptions=True)

@@ -319,6 +319,47 @@ class ProcfsKernelModule:
                 errno.EPROTO,
             ) from None
 
+    def gputime(self, gpu: int, container_id: str) -> int | None:
+        """Nanoseconds of GPU time the compute scheduler charged a registered
+        container on one GPU (/proc/gpushare/<gpu>/<id>/gputime; it only
+        grows while the container stays registered).  None from a module
+        that does not measure it (no such file: an older module).  Root only.
+        NotRegistered when the container has no quota on that GPU,
+        ModuleNotLoaded."""
+        d = self.root / str(gpu) / container_id
+        what = f"reading the GPU time of container {container_id} on GPU {gpu}"
+        if not abi.valid_id(container_id):
+            raise KmodError(f"{what}: not a valid container ID", errno.EINVAL)
+        try:
+            text = (d / "gputime").read_text()
+        except FileNotFoundError:
+            if not self.loaded():
+                raise self._not_loaded() from None
+            if d.is_dir():
+                return None
+            raise NotRegistered(
+                f"{what}: it is not registered there (or GPU {gpu} is not declared)"
+            ) from None
+        except OSError as e:
+            if e.errno in (errno.EIO, errno.ENOENT):
+                raise NotRegistered(f"{what}: it was unregistered meanwhile") from None
+            raise self._error(e, what, {}) from None
+        return self._number(text, d / "gputime", what)
+
+    def slice_us(self, gpu: int) -> int | None:
+        """A GPU's scheduling slice in microseconds; None from a module
+        without a compute scheduler (no such file)."""
+        d = self.root / str(gpu)
+        try:
+            text = (d / "slice_us").read_text()
+        except FileNotFoundError:
+            if not self.loaded():
+                raise self._not_loaded() from None
+            if d.is_dir():
+                return None
+            raise GpusNotDeclared(f"GPU {gpu} is not declared to gpushare.ko") from None
+        return self._number(text, d / "slice_us", f"reading the slice of GPU {gpu}")
+
     def orphaned_memory(self, gpu: int) -> int:
         """Bytes still reserved on a GPU by processes of deleted containers."""
         try:
@@ -368,6 +409,16 @@ class ProcfsKernelModule:
         except OSError as e:
             raise self._error(e, f"reading {path}", {}) from None
         return [line.split() for line in text.splitlines() if line.strip()]
+
+    @staticmethod
+    def _number(text: str, path: Path, what: str) -> int:
+        """A file holding one decimal number >= 0 (and a newline)."""
+        if not re.fullmatch(r"(0|[1-9][0-9]*)\n?", text):
+            raise KmodError(
+                f"{what}: unexpected {path}: {text[:40]!r} (module and plugin versions differ?)",
+                errno.EPROTO,
+            )
+        return int(text)
 
     def _not_loaded(self) -> ModuleNotLoaded:
         return ModuleNotLoaded(

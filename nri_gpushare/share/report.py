@@ -15,7 +15,21 @@ Each allocation says which mechanisms guard its memory (`guards`):
 `unguarded` says, per mechanism that is missing, why (key ``none`` when
 nothing is meant to guard it: isolation none).  Each GPU entry gives
 the memory in use next to the quota (`memory_used`, null when unknown, and
-then `memory_used_why`).
+then `memory_used_why`), and the compute target next to what the container got
+over the last minute:
+
+- ``compute_target``: the gpu-core percent, null for no limit (no gpu-core, or
+  isolation memory|none);
+- ``compute_policy``: the GPU's scheduling policy (null when not scheduled by
+  the module or not read yet), and ``compute_rule`` what the target means under
+  it (under policies 1, 2 and 4 it is relative to the containers using the GPU
+  at the time, so only policy 3 makes it a fixed percent of the GPU);
+- ``compute_used_pct``: the percent of the GPU's time charged to it by the
+  module over the last ``compute_window_s`` seconds (at most a minute: less
+  just after it started), null when unknown and then ``compute_used_why``.
+
+Each GPU entry gives its scheduler's settings as the module shows them
+(``policy``, ``prio_ratio``, ``slice_us``; null when unknown).
 """
 
 from __future__ import annotations
@@ -27,9 +41,57 @@ from .assigned import share_json
 from .limits import LimitLink
 from .model import Allocation, Gpu, NodePolicy
 from .placement import Ledger
-from .usage import MemoryUse
+from .usage import ComputeUse, MemoryUse, SchedState
 
 NOT_READ = MemoryUse(None, why="unknown: not read")
+NOT_SAMPLED = ComputeUse(None, None, "unknown: no sample yet")
+
+POLICIES = {
+    0: "fair share",
+    1: "preemptive",
+    2: "weighted",
+    3: "fixed share",
+    4: "weak",
+    5: "native",
+}
+
+
+def compute_rule(
+    alloc: Allocation, core: int, registered: bool, sched: SchedState | None
+) -> tuple[int | None, str]:
+    """The share's scheduling policy (None when the module does not schedule
+    it, or its policy is not known yet) and what its target means there."""
+    if alloc.isolation != "full":
+        return None, f"no limit: isolation {alloc.isolation} does not schedule compute"
+    if not registered:
+        if alloc.interposer and core:
+            return None, (
+                f"standalone: the interposer holds each process to {core}% of the GPU "
+                "(a fixed share per process, not per container)"
+            )
+        return None, "not enforced: not registered with the kernel module"
+    policy = sched.policy if sched is not None else None
+    if policy is None:
+        return None, "scheduled by the kernel module; its policy is not read yet"
+    name = f"policy {policy} ({POLICIES.get(policy, 'unknown')})"
+    if policy == 5:
+        return policy, f"{name}: not scheduled, every launch goes at once"
+    if policy == 0:
+        rule = "1/max_inst of the GPU, used or not; gpu-core is not used"
+    elif policy in (1, 4):
+        rule = "an equal share among the containers using the GPU; gpu-core is not used"
+        if policy == 4:
+            rule += "; time nobody due wants goes to any container waiting"
+    elif not core:
+        rule = "no gpu-core: best effort, served when no container with a share waits"
+    elif policy == 2:
+        rule = f"weight {core} against the other containers using the GPU; alone, the whole GPU"
+    else:
+        rule = f"{core}% of the GPU, never more"
+    if alloc.high_priority:
+        ratio = sched.prio_ratio if sched is not None and sched.prio_ratio is not None else "?"
+        rule += f"; high priority: served first, at most {ratio}% while others wait"
+    return policy, f"{name}: {rule}"
 
 
 def guards(
@@ -78,12 +140,18 @@ def status_document(
     kmod: Mapping[str, Any],
     limits: LimitLink,
     usage: Mapping[tuple[int, str], MemoryUse],
+    compute: Mapping[tuple[int, str], ComputeUse] | None = None,
+    sched: Mapping[int, SchedState] | None = None,
 ) -> dict[str, Any]:
     """`kmod`: the module's state ({"mode", "loaded", "problem"}); `usage`:
-    memory in use by (GPU index, container ID)."""
+    memory in use by (GPU index, container ID); `compute`: the share of the
+    GPU it got; `sched`: the GPUs' scheduler settings."""
+    compute = compute or {}
+    sched = sched or {}
     gpu_entries = []
     for g in gpus:
         u = ledger.usage[g.index]
+        settings = sched.get(g.index, SchedState())
         gpu_entries.append(
             {
                 "index": g.index,
@@ -98,6 +166,9 @@ def status_document(
                 "core_free": max(0, 100 - u.core_percent),
                 "containers": sorted(u.containers),
                 "high_priority": sorted(u.high_priority),
+                "policy": settings.policy,
+                "prio_ratio": settings.prio_ratio,
+                "slice_us": settings.slice_us,
             }
         )
     if kmod.get("mode") == "off":
@@ -112,6 +183,9 @@ def status_document(
         shares = []
         for s in a.shares:
             use = usage.get((s.index, a.container_id), NOT_READ)
+            got = compute.get((s.index, a.container_id), NOT_SAMPLED)
+            scheduled, rule = compute_rule(a, s.core_percent, is_registered, sched.get(s.index))
+            full = a.isolation == "full" and s.core_percent > 0
             shares.append(
                 {
                     **share_json(s),
@@ -119,6 +193,12 @@ def status_document(
                     "memory_used_why": use.why,
                     "processes": len(use.processes),
                     "nvml_limit": s.index in limited,
+                    "compute_target": s.core_percent if full else None,
+                    "compute_policy": scheduled,
+                    "compute_rule": rule,
+                    "compute_used_pct": got.used_pct,
+                    "compute_window_s": got.window_s,
+                    "compute_used_why": got.why,
                 }
             )
         allocation_entries.append(

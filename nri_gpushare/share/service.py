@@ -52,7 +52,7 @@ from .plan import DeviceLookup, injection_plan
 from .report import status_document
 from .request import ShareRequest, ignored, parse_request
 from .units import GiB, quote
-from .usage import MemoryUsage, MemoryUse
+from .usage import ComputeMeter, ComputeUse, GpuTimeRead, GpuTimeSource, MemoryUsage, MemoryUse
 
 log = logging.getLogger(__name__)
 
@@ -112,10 +112,13 @@ class ShareService:
         library_check: LibraryCheck | None = None,
         limits: MemoryLimits | None = None,
         usage: MemoryUsage | None = None,
+        gputime: GpuTimeSource | None = None,
     ) -> None:
         """`library_check`: whether the interposer's file is on the node (None:
         taken as present); `limits`: the driver's memory limits (None: off);
-        `usage`: memory in use from the kernel module (None: unknown)."""
+        `usage`: memory in use from the kernel module (None: unknown);
+        `gputime`: GPU time charged by the module, sampled by `sample_compute`
+        (None: unknown)."""
         self.gpus = sorted(gpus, key=lambda g: g.index)
         self.by_index = {g.index: g for g in self.gpus}
         self.policy = policy
@@ -125,6 +128,8 @@ class ShareService:
         self.library_check = library_check
         self.limits = LimitLink(limits)
         self.usage = usage
+        self.gputime = gputime
+        self.compute = ComputeMeter()
         self.allocations: dict[str, Allocation] = {}
         self.store: records.AllocationStore = store or records.MemoryStore()
         self.unserved: dict[str, Unserved] = {}
@@ -518,6 +523,8 @@ class ShareService:
             self.link.state(),
             self.limits,
             usage or {},
+            self._compute_use(),
+            self.compute.gpus,
         )
         if (interposer := self.policy.interposer) is not None:
             check = self.library_check
@@ -553,6 +560,57 @@ class ShareService:
                 for gpu, cid, _ in wanted:
                     out[gpu, cid] = MemoryUse(None, why=f"unknown: {type(e).__name__}")
         return out
+
+    def _unmeasured(self, alloc: Allocation) -> str | None:
+        """Why the module measures no GPU time for `alloc`, None when it does."""
+        if alloc.isolation != "full":
+            return f"unknown: isolation {alloc.isolation} does not schedule compute"
+        if alloc.container_id in self.link.registered:
+            return None if self.gputime is not None else "unknown: no gputime reader"
+        if alloc.interposer and any(s.core_percent for s in alloc.shares):
+            return (
+                "unknown: standalone (the interposer holds each process to its share "
+                "itself; the kernel module is not there to measure)"
+            )
+        if self.link.mode == "off":
+            return "unknown: kmod: off"
+        problem = self.link.problem or "did not register it"
+        return f"unknown: not registered (the kernel module {problem})"
+
+    def _compute_use(self) -> dict[tuple[int, str], ComputeUse]:
+        out = {}
+        for cid, alloc in self.allocations.items():
+            why = self._unmeasured(alloc)
+            for s in alloc.shares:
+                out[s.index, cid] = (
+                    ComputeUse(None, None, why) if why else self.compute.use((s.index, cid))
+                )
+        return out
+
+    async def sample_compute(self, now: float | None = None) -> None:
+        """Read the GPU time the module charged each registered container and
+        add it to the compute windows status shows (`now`: time.monotonic()).
+        Never raises for what it reads."""
+        if now is None:
+            now = time.monotonic()
+        owners = {
+            (s.index, cid): alloc
+            for cid, alloc in self.allocations.items()
+            if self._unmeasured(alloc) is None
+            for s in alloc.shares
+        }
+        read = GpuTimeRead({})
+        if owners and self.gputime is not None:
+            try:
+                read = await self.gputime.read(list(owners))
+            except Exception as e:  # status must always answer
+                log.exception("reading GPU time")
+                read = GpuTimeRead({key: f"unknown: {type(e).__name__}" for key in owners})
+        self.compute.record(
+            now,
+            {key: (a, read.gputime.get(key, "unknown: not read")) for key, a in owners.items()},
+            read,
+        )
 
     # -- helpers -----------------------------------------------------------------------
 
