@@ -8,7 +8,7 @@
  *
  * PATH    kernel  cuLaunchKernel            ex     cuLaunchKernelEx
  *         coop    cuLaunchCooperativeKernel multi  ...KernelMultiDevice
- *         graph   a graph of GRAPH_NODES kernel nodes (cuGraphAddKernelNode)
+ *         graph   a graph of kernel nodes (cuGraphAddKernelNode)
  *         capture the same graph made by stream capture
  *         host    cuLaunchKernel then cuLaunchHostFunc, each time
  * KERNEL_US   each kernel's duration (its grid has that many blocks: the
@@ -21,14 +21,16 @@
  *
  * Environment: COMPUTE_LOAD_T0 (CLOCK_MONOTONIC ns) starts the launches
  * then, after the set-up, so that several loads overlap exactly;
- * COMPUTE_LOAD_TRACE_MS samples the GPU time submitted every that many ms.
+ * COMPUTE_LOAD_TRACE_MS samples the GPU time submitted every that many ms
+ * ("trace"); COMPUTE_LOAD_GRAPH_NODES: kernels per graph (default 16).
  *
  * At most IN_FLIGHT kernels are queued at a time (then the stream is
  * synchronised), as a real application bounds its queue.  The last line:
  *   RESULT {"gpu_ns": N, "wall_ns": N, "launches": N, ...}
  * gpu_ns: the kernel time the fake ran for this process (all of it has
  * completed: the load synchronises before it reports); wall_ns: from the
- * first launch to that synchronisation; launches: launch calls made.
+ * first launch to that synchronisation; launches: launch calls made;
+ * first_ns: how long the first launch call took (a gate's first grant).
  */
 #include <dlfcn.h>
 #include <stdatomic.h>
@@ -40,7 +42,7 @@
 
 #include "cuda_abi.h"
 
-#define GRAPH_NODES 16
+#define GRAPH_NODES 16		/* default */
 #define IN_FLIGHT 64
 #define MAX_TRACE 4096
 
@@ -161,6 +163,8 @@ static void host_fn(void *data)
 static char kernel_code;	/* the fake runs any non-NULL function */
 #define KERNEL ((CUfunction)(void *)&kernel_code)
 
+static unsigned int graph_nodes = GRAPH_NODES;
+
 static CUgraphExec make_graph(const char *path, CUstream s, unsigned int us)
 {
 	CUgraph g;
@@ -168,7 +172,7 @@ static CUgraphExec make_graph(const char *path, CUstream s, unsigned int us)
 	if (!strcmp(path, "graph")) {
 		CUgraphNode prev = NULL, node;
 		check(cuGraphCreate(&g, 0), "cuGraphCreate");
-		for (int i = 0; i < GRAPH_NODES; i++) {
+		for (unsigned int i = 0; i < graph_nodes; i++) {
 			CUDA_KERNEL_NODE_PARAMS p = { .func = KERNEL, .gridDimX = us,
 						      .gridDimY = 1, .gridDimZ = 1,
 						      .blockDimX = 32, .blockDimY = 1,
@@ -180,7 +184,7 @@ static CUgraphExec make_graph(const char *path, CUstream s, unsigned int us)
 		}
 	} else {
 		check(api.begin_capture(s, 0), "cuStreamBeginCapture_v2");
-		for (int i = 0; i < GRAPH_NODES; i++)
+		for (unsigned int i = 0; i < graph_nodes; i++)
 			check(api.launch(KERNEL, us, 1, 1, 32, 1, 1, 0, s, NULL, NULL),
 			      "cuLaunchKernel (capture)");
 		check(api.end_capture(s, &g), "cuStreamEndCapture");
@@ -214,8 +218,11 @@ int main(int argc, char **argv)
 	check(cuStreamCreate(&s, 0), "cuStreamCreate");
 	resolve(how);
 
+	const char *gn = getenv("COMPUTE_LOAD_GRAPH_NODES");
+	if (gn && atoi(gn) > 0)
+		graph_nodes = (unsigned int)atoi(gn);
 	int graph = !strcmp(path, "graph") || !strcmp(path, "capture");
-	unsigned int per_launch = graph ? GRAPH_NODES : 1;	/* kernels */
+	unsigned int per_launch = graph ? graph_nodes : 1;	/* kernels */
 	CUgraphExec exec = graph ? make_graph(path, s, us) : NULL;
 	CUlaunchConfig cfg = { .gridDimX = us, .gridDimY = 1, .gridDimZ = 1,
 			       .blockDimX = 32, .blockDimY = 1, .blockDimZ = 1,
@@ -236,7 +243,7 @@ int main(int argc, char **argv)
 		clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
 	}
 	uint64_t busy0 = fakecuda_busy_ns(), start = now_ns(), next_trace = start + trace_ns;
-	uint64_t launches = 0, queued = 0, last = busy0;
+	uint64_t launches = 0, queued = 0, last = busy0, first = 0;
 	while (now_ns() - start < run_ns) {
 		CUresult r;
 		if (!strcmp(path, "kernel") || host)
@@ -250,6 +257,8 @@ int main(int argc, char **argv)
 		else
 			r = api.graph(exec, s);
 		check(r, path);
+		if (!launches)
+			first = now_ns() - start;
 		if (host)
 			check(api.host(s, host_fn, (void *)(uintptr_t)launches), "cuLaunchHostFunc");
 		launches++;
@@ -271,10 +280,11 @@ int main(int argc, char **argv)
 
 	printf("RESULT {\"path\": \"%s\", \"lookup\": \"%s\", \"gpu_ns\": %llu, "
 	       "\"wall_ns\": %llu, \"launches\": %llu, \"kernels\": %llu, "
-	       "\"start_ns\": %llu, \"host_ran\": %llu, \"host_disorder\": %d, \"trace\": [",
+	       "\"start_ns\": %llu, \"first_ns\": %llu, \"host_ran\": %llu, \"host_disorder\": %d, \"trace\": [",
 	       path, how, (unsigned long long)gpu, (unsigned long long)wall,
 	       (unsigned long long)launches, (unsigned long long)(launches * per_launch),
-	       (unsigned long long)start, (unsigned long long)atomic_load(&host_ran),
+	       (unsigned long long)start, (unsigned long long)first,
+	       (unsigned long long)atomic_load(&host_ran),
 	       atomic_load(&host_disorder));
 	for (unsigned int i = 0; i < ntrace; i++)
 		printf("%s%llu", i ? ", " : "", (unsigned long long)trace[i]);
