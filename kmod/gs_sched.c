@@ -68,11 +68,24 @@ static inline bool gs_native(const struct gs_sched *s)
 	return s->policy == GS_POLICY_NATIVE;
 }
 
-/* Tokens accrue at e->rate ppm, at most one slice ahead. */
+/*
+ * An entity that wants the GPU keeps what it accrues while others hold
+ * it (their long graphs, their late work), up to a bound; one that wants
+ * nothing may save one slice ahead at most.
+ */
+static inline s64 gs_cap(const struct gs_sched *s,
+			 const struct gs_sched_ent *e)
+{
+	if (e->waiting || e->in_slice || e->late || s->holder == e)
+		return (s64)(GS_SCHED_NATIVE_NS + s->slice_ns);
+	return (s64)s->slice_ns;
+}
+
+/* Tokens accrue at e->rate ppm, up to gs_cap(). */
 static void gs_accrue(const struct gs_sched *s, struct gs_sched_ent *e,
 		      u64 dt)
 {
-	s64 cap = (s64)s->slice_ns;
+	s64 cap = gs_cap(s, e);
 	u64 room, need, acc;
 	u32 rem;
 
@@ -83,7 +96,7 @@ static void gs_accrue(const struct gs_sched *s, struct gs_sched_ent *e,
 	}
 	if (!e->rate || !dt)
 		return;
-	/* room <= slice + floor, so room * PPM fits in 64 bits. */
+	/* room <= cap - floor, so room * PPM fits in 64 bits. */
 	room = (u64)(cap - e->tokens);
 	need = gs_div(gs_sub0(room * GS_SCHED_PPM, e->frac) + e->rate - 1,
 		      e->rate);
@@ -131,6 +144,68 @@ static void gs_charge(const struct gs_sched *s, struct gs_sched_ent *e,
 		e->tokens = floor;
 	else
 		e->tokens -= (s64)ns;
+}
+
+/* Give back @ns charged for a hold that others' late work filled. */
+static void gs_credit(const struct gs_sched *s, struct gs_sched_ent *e,
+		      u64 ns, bool free)
+{
+	s64 cap = gs_cap(s, e);
+
+	e->used_ns = gs_sub0(e->used_ns, ns);
+	if (free || !e->rate)
+		return;
+	if (ns >= (u64)(cap - e->tokens))
+		e->tokens = cap;
+	else
+		e->tokens += (s64)ns;
+}
+
+/* Charge the holder for holding the GPU from @start to @stop. */
+static void gs_charge_hold(struct gs_sched *s, u64 start, u64 stop)
+{
+	struct gs_sched_hold *h;
+
+	if (stop <= start)
+		return;
+	gs_charge(s, s->holder, stop - start, s->hold_free);
+	h = &s->hist[s->hist_next++ % GS_SCHED_HIST];
+	*h = (struct gs_sched_hold){
+		.ent = s->holder,
+		.start = start,
+		.stop = stop,
+		.free = s->hold_free,
+	};
+}
+
+/*
+ * Late work ran on the GPU from @from to @to (as far as the GPU is
+ * serial), and was charged to its entity: whoever held the GPU meanwhile
+ * could not use it, so it gets that time back.
+ */
+static void gs_refund(struct gs_sched *s, u64 from, u64 to)
+{
+	u64 a, b;
+	u32 i;
+
+	for (i = 0; i < GS_SCHED_HIST; i++) {
+		struct gs_sched_hold *h = &s->hist[i];
+
+		if (!h->ent)
+			continue;
+		a = from > h->start ? from : h->start;
+		b = to < h->stop ? to : h->stop;
+		if (a >= b)
+			continue;
+		gs_credit(s, h->ent, b - a, h->free);
+		h->start += b - a;
+	}
+	if (!s->holder)
+		return;
+	a = from > s->hold_start ? from : s->hold_start;
+	b = to < s->now ? to : s->now;
+	if (a < b)
+		s->hold_start += b - a;
 }
 
 static void gs_rates(struct gs_sched *s)
@@ -203,7 +278,9 @@ static void gs_end_slice(struct gs_sched *s, u64 end)
 {
 	struct gs_sched_ent *h = s->holder;
 
-	gs_charge(s, h, gs_sub0(end, s->hold_start), s->hold_free);
+	gs_charge_hold(s, s->hold_start, end);
+	/* Clients that did not release are late now (see release). */
+	h->late += h->in_slice;
 	h->in_slice = 0;
 	s->holder = NULL;
 	s->offer = NULL;
@@ -227,6 +304,7 @@ static bool gs_expire(struct gs_sched *s, u64 now)
 	f = &s->forced[s->forced_next++ % GS_SCHED_FORCED];
 	f->slice = s->slice;
 	f->end = end;
+	f->cursor = end;
 	gs_end_slice(s, end);
 	return true;
 }
@@ -318,9 +396,36 @@ static u64 gs_next_eligible(const struct gs_sched *s,
 }
 
 /* @c is in its entity's slice from now on. */
+static struct gs_sched_forced *gs_forced(struct gs_sched *s, u64 slice)
+{
+	u32 i;
+
+	for (i = 0; i < GS_SCHED_FORCED; i++)
+		if (s->forced[i].slice == slice)
+			return &s->forced[i];
+	return NULL;
+}
+
+/* @c leaves a slice taken away: the hold covered it up to the end. */
+static void gs_leave_late(struct gs_sched *s, struct gs_sched_client *c)
+{
+	struct gs_sched_forced *f = gs_forced(s, c->slice);
+
+	if (f)
+		c->covered = gs_add(c->covered, gs_sub0(f->end, c->granted));
+	if (c->ent->late)
+		c->ent->late--;
+}
+
 static void gs_join(struct gs_sched *s, struct gs_sched_client *c, u64 now)
 {
 	if (c->slice != s->slice) {
+		if (c->slice) {
+			gs_leave_late(s, c);
+		} else {
+			c->since = now;
+			c->covered = 0;
+		}
 		c->slice = s->slice;
 		c->granted = now;
 		c->ent->in_slice++;
@@ -357,8 +462,12 @@ void gs_sched_init(struct gs_sched *s, u64 now)
 int gs_sched_add(struct gs_sched *s, struct gs_sched_ent *e, u32 weight,
 		 u32 highprio, u64 now)
 {
-	if (e->added)
-		return -EEXIST;
+	u32 i;
+
+	/* @e may be uninitialised memory: look for it, do not read it. */
+	for (i = 0; i < s->nents; i++)
+		if (s->ents[i] == e)
+			return -EEXIST;
 	if (s->nents >= GS_SCHED_MAX)
 		return -ENOSPC;
 	gs_advance(s, now);
@@ -376,13 +485,19 @@ void gs_sched_del(struct gs_sched *s, struct gs_sched_ent *e, u64 now)
 {
 	u32 i, j;
 
-	if (!e->added)
+	for (i = 0; i < s->nents; i++)
+		if (s->ents[i] == e)
+			break;
+	if (i == s->nents)
 		return;
 	now = gs_advance(s, now);
 	if (s->holder == e)
 		gs_end_slice(s, now);
 	if (s->offer == e)
 		s->offer = NULL;
+	for (i = 0; i < GS_SCHED_HIST; i++)
+		if (s->hist[i].ent == e)
+			s->hist[i].ent = NULL;
 	for (i = 0, j = 0; i < s->nents; i++)
 		if (s->ents[i] != e)
 			s->ents[j++] = s->ents[i];
@@ -393,15 +508,29 @@ void gs_sched_del(struct gs_sched *s, struct gs_sched_ent *e, u64 now)
 
 void gs_sched_set_policy(struct gs_sched *s, u32 policy, u64 now)
 {
-	s64 debt = -(s64)s->slice_ns;
+	s64 slice = (s64)s->slice_ns;
 	u32 i;
 
-	gs_advance(s, now);
+	now = gs_advance(s, now);
+	/* The hold so far is part of the old debts too. */
+	if (s->holder) {
+		gs_charge_hold(s, s->hold_start, now);
+		s->hold_start = now;
+	}
 	s->policy = policy;
-	/* Old debts must not delay the new shares by more than a slice. */
-	for (i = 0; i < s->nents; i++)
-		if (s->ents[i]->tokens < debt)
-			s->ents[i]->tokens = debt;
+	/*
+	 * Old debts are forgiven and savings cut to a slice, so the new
+	 * shares hold from the next decision (a debt would be paid in idle
+	 * time when the new rates add up to the whole GPU).
+	 */
+	for (i = 0; i < s->nents; i++) {
+		struct gs_sched_ent *e = s->ents[i];
+
+		if (e->tokens < 0)
+			e->tokens = 0;
+		if (e->tokens > slice)
+			e->tokens = slice;
+	}
 	gs_rates(s);
 }
 
@@ -507,7 +636,7 @@ enum gs_sched_answer gs_sched_acquire(struct gs_sched *s,
 			return GS_SCHED_GRANT;
 		}
 		/* The slice is over: renew it if it is still e's turn. */
-		gs_charge(s, e, now - s->hold_start, s->hold_free);
+		gs_charge_hold(s, s->hold_start, now);
 		s->hold_start = now;
 		p = gs_pick(s, e, &free);
 		if (p == e) {
@@ -559,22 +688,13 @@ enum gs_sched_answer gs_sched_acquire(struct gs_sched *s,
 	}
 }
 
-static u64 gs_forced_end(const struct gs_sched *s, u64 slice)
-{
-	u32 i;
-
-	for (i = 0; i < GS_SCHED_FORCED; i++)
-		if (s->forced[i].slice == slice)
-			return s->forced[i].end;
-	return 0;
-}
-
 bool gs_sched_release(struct gs_sched *s, struct gs_sched_client *c,
 		      u64 used_ns, u64 now)
 {
 	struct gs_sched_ent *e = c->ent;
+	struct gs_sched_forced *f = NULL;
 	bool changed;
-	u64 end;
+	u64 extra, from;
 
 	if (!e)
 		return false;
@@ -583,11 +703,12 @@ bool gs_sched_release(struct gs_sched *s, struct gs_sched_client *c,
 	gs_unwait(c);
 	if (!c->slice)
 		return changed;
-	if (used_ns > now - c->granted)
-		used_ns = now - c->granted;
+	if (used_ns > now - c->since)
+		used_ns = now - c->since;
 
 	if (c->slice == s->slice && s->holder == e) {
-		/* The hold time covers its work. */
+		/* The hold covers its work since it joined. */
+		c->covered = gs_add(c->covered, now - c->granted);
 		if (e->in_slice)
 			e->in_slice--;
 		if (!e->in_slice) {
@@ -595,15 +716,25 @@ bool gs_sched_release(struct gs_sched *s, struct gs_sched_client *c,
 			changed = true;
 		}
 	} else {
-		/*
-		 * Its slice was taken away: what ran past the end is charged
-		 * on top (all of it if the end is no longer known).
-		 */
-		end = gs_forced_end(s, c->slice);
-		gs_charge(s, e, gs_sub0(used_ns, gs_sub0(end, c->granted)),
-			  false);
+		f = gs_forced(s, c->slice);
+		gs_leave_late(s, c);
+	}
+	/*
+	 * What ran past the holds is charged on top (all of it if the end
+	 * of its slice is no longer known); the holders it kept off the GPU
+	 * meanwhile get their time back.
+	 */
+	extra = gs_sub0(used_ns, c->covered);
+	if (extra) {
+		gs_charge(s, e, extra, false);
+		if (f) {
+			from = f->cursor > f->end ? f->cursor : f->end;
+			f->cursor = gs_add(from, extra);
+			gs_refund(s, from, f->cursor);
+		}
 	}
 	c->slice = 0;
+	c->covered = 0;
 	return changed;
 }
 

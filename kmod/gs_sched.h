@@ -95,6 +95,7 @@ struct gs_sched_ent {
 	u64 last_grant;		/* when it last got a slice (round robin) */
 	bool added;		/* in its gs_sched */
 	u32 frac;		/* tokens' fraction, ns * ppm */
+	u32 late;		/* clients still in slices taken away */
 	bool stale;		/* offered the free GPU, did not come: skipped */
 };
 
@@ -104,6 +105,8 @@ struct gs_sched_client {
 	u64 slice;		/* the slice it is in (its number), 0: none */
 	u64 granted;		/* when it joined that slice */
 	bool waiting;
+	u64 since;		/* its first grant since its last report */
+	u64 covered;		/* held time of earlier slices since then */
 };
 
 /* Slices taken away (late reports are charged past their end). */
@@ -111,6 +114,16 @@ struct gs_sched_client {
 struct gs_sched_forced {
 	u64 slice;
 	u64 end;
+	u64 cursor;		/* late work reported up to here */
+};
+
+/* Recent holds, refunded where late work of others filled them. */
+#define GS_SCHED_HIST		8
+struct gs_sched_hold {
+	struct gs_sched_ent *ent;
+	u64 start;
+	u64 stop;
+	bool free;
 };
 
 /* One GPU. */
@@ -129,6 +142,8 @@ struct gs_sched {
 	u64 offer_at;
 	struct gs_sched_forced forced[GS_SCHED_FORCED];
 	u32 forced_next;
+	struct gs_sched_hold hist[GS_SCHED_HIST];
+	u32 hist_next;
 	u32 nents;
 	struct gs_sched_ent *ents[GS_SCHED_MAX];
 };
