@@ -31,7 +31,14 @@
  * charges take them away, into debt.  A rate-limited entity may be
  * granted a slice only with tokens >= 0, so over time it gets exactly its
  * rate, never more, whatever its work looks like (one long CUDA graph or
- * a thousand small kernels).
+ * a thousand small kernels).  An entity that waits (or holds) keeps what
+ * it accrues meanwhile, up to GS_SCHED_NATIVE_NS and a slice, so others'
+ * long work does not cost it its share.  Work reported past a slice taken
+ * away is charged to its entity and refunded to the holders it kept off
+ * the serial GPU meanwhile.  A slice granted to an entity with no
+ * tokens (work conservation, or a high-priority entity alone) is
+ * counted in used_ns but takes no tokens.  A policy switch forgives
+ * debts and cuts savings to a slice.
  *
  * Rates by policy (ppm of the GPU; "online" entities have a client):
  *   0 fair share    1/max_inst each, used or not
