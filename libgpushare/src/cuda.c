@@ -39,6 +39,7 @@
 #include "interpose.h"
 #include "ledger.h"
 #include "lookup.h"
+#include "sched.h"
 #include "table.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -100,6 +101,12 @@ static void *driver_fn(enum gs_fn fn)
 	return atomic_load(&real[fn]);
 }
 
+void *gs_driver_sym(const char *name)
+{
+	pthread_once(&driver_once, load_driver);
+	return driver ? gs_real_dlsym(driver, name) : NULL;
+}
+
 /* Call the driver's @fn as type @T; CUDA_ERROR_NOT_FOUND when it has none. */
 #define REAL(T, fn, ...) \
 	({ T _f = (T)driver_fn(GS_FN_##fn); _f ? _f(__VA_ARGS__) : CUDA_ERROR_NOT_FOUND; })
@@ -131,6 +138,11 @@ static void attach(int dev)
 		return;
 	get_uuid(driver_fn(GS_FN_cuDeviceGetUuid_v2) ? GS_FN_cuDeviceGetUuid_v2 :
 		 GS_FN_cuDeviceGetUuid, &u, dev);
+}
+
+void gs_cuda_attach(int ordinal)
+{
+	attach(ordinal);
 }
 
 /* The current context's device, or -1 (no context: the driver will say). */
@@ -750,6 +762,141 @@ static CUresult w_cuMipmappedArrayDestroy(CUmipmappedArray m)
 }
 EXPORT_AS(cuMipmappedArrayDestroy, w_cuMipmappedArrayDestroy);
 
+/*
+ * ---- launches: the compute gate (sched.h) ----
+ *
+ * Every way to put work on a GPU's queue waits at the gate first, on the
+ * stream it is for (a _ptsz entry point's stream 0 is the per-thread
+ * default stream).  Only the calling thread is delayed: the work keeps its
+ * order in its stream.  Legacy cuLaunch/cuLaunchGrid are not covered.
+ */
+
+static CUresult launch_kernel(enum gs_fn fn, bool pt, CUfunction f, unsigned int gx,
+			      unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by,
+			      unsigned int bz, unsigned int shared, CUstream s, void **params,
+			      void **extra)
+{
+	gs_sched_gate(-1, s, pt);
+	cuLaunchKernel_t real_fn = (cuLaunchKernel_t)driver_fn(fn);
+	return real_fn ? real_fn(f, gx, gy, gz, bx, by, bz, shared, s, params, extra) :
+			 CUDA_ERROR_NOT_FOUND;
+}
+
+static CUresult w_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy,
+				 unsigned int gz, unsigned int bx, unsigned int by,
+				 unsigned int bz, unsigned int shared, CUstream s,
+				 void **params, void **extra)
+{
+	return launch_kernel(GS_FN_cuLaunchKernel, false, f, gx, gy, gz, bx, by, bz, shared, s,
+			     params, extra);
+}
+EXPORT_AS(cuLaunchKernel, w_cuLaunchKernel);
+
+static CUresult w_cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
+				      unsigned int gz, unsigned int bx, unsigned int by,
+				      unsigned int bz, unsigned int shared, CUstream s,
+				      void **params, void **extra)
+{
+	return launch_kernel(GS_FN_cuLaunchKernel_ptsz, true, f, gx, gy, gz, bx, by, bz, shared,
+			     s, params, extra);
+}
+EXPORT_AS(cuLaunchKernel_ptsz, w_cuLaunchKernel_ptsz);
+
+static CUresult launch_ex(enum gs_fn fn, bool pt, const CUlaunchConfig *config, CUfunction f,
+			  void **params, void **extra)
+{
+	if (config)	/* NULL: the driver refuses it */
+		gs_sched_gate(-1, config->hStream, pt);
+	cuLaunchKernelEx_t real_fn = (cuLaunchKernelEx_t)driver_fn(fn);
+	return real_fn ? real_fn(config, f, params, extra) : CUDA_ERROR_NOT_FOUND;
+}
+
+static CUresult w_cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params,
+				   void **extra)
+{
+	return launch_ex(GS_FN_cuLaunchKernelEx, false, config, f, params, extra);
+}
+EXPORT_AS(cuLaunchKernelEx, w_cuLaunchKernelEx);
+
+static CUresult w_cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
+					void **params, void **extra)
+{
+	return launch_ex(GS_FN_cuLaunchKernelEx_ptsz, true, config, f, params, extra);
+}
+EXPORT_AS(cuLaunchKernelEx_ptsz, w_cuLaunchKernelEx_ptsz);
+
+static CUresult launch_coop(enum gs_fn fn, bool pt, CUfunction f, unsigned int gx,
+			    unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by,
+			    unsigned int bz, unsigned int shared, CUstream s, void **params)
+{
+	gs_sched_gate(-1, s, pt);
+	cuLaunchCooperativeKernel_t real_fn = (cuLaunchCooperativeKernel_t)driver_fn(fn);
+	return real_fn ? real_fn(f, gx, gy, gz, bx, by, bz, shared, s, params) :
+			 CUDA_ERROR_NOT_FOUND;
+}
+
+static CUresult w_cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy,
+					    unsigned int gz, unsigned int bx, unsigned int by,
+					    unsigned int bz, unsigned int shared, CUstream s,
+					    void **params)
+{
+	return launch_coop(GS_FN_cuLaunchCooperativeKernel, false, f, gx, gy, gz, bx, by, bz,
+			   shared, s, params);
+}
+EXPORT_AS(cuLaunchCooperativeKernel, w_cuLaunchCooperativeKernel);
+
+static CUresult w_cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx,
+						 unsigned int gy, unsigned int gz,
+						 unsigned int bx, unsigned int by,
+						 unsigned int bz, unsigned int shared, CUstream s,
+						 void **params)
+{
+	return launch_coop(GS_FN_cuLaunchCooperativeKernel_ptsz, true, f, gx, gy, gz, bx, by, bz,
+			   shared, s, params);
+}
+EXPORT_AS(cuLaunchCooperativeKernel_ptsz, w_cuLaunchCooperativeKernel_ptsz);
+
+/* One gate per listed launch, on its stream's device (in list order). */
+static CUresult w_cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list,
+						       unsigned int n, unsigned int flags)
+{
+	for (unsigned int i = 0; list && i < n; i++)
+		gs_sched_gate(stream_device(list[i].hStream), list[i].hStream, false);
+	return REAL(cuLaunchCooperativeKernelMultiDevice_t, cuLaunchCooperativeKernelMultiDevice,
+		    list, n, flags);
+}
+EXPORT_AS(cuLaunchCooperativeKernelMultiDevice, w_cuLaunchCooperativeKernelMultiDevice);
+
+/* A graph is gated as a whole; its time is measured on the GPU like any work. */
+static CUresult w_cuGraphLaunch(CUgraphExec exec, CUstream s)
+{
+	gs_sched_gate(-1, s, false);
+	return REAL(cuGraphLaunch_t, cuGraphLaunch, exec, s);
+}
+EXPORT_AS(cuGraphLaunch, w_cuGraphLaunch);
+
+static CUresult w_cuGraphLaunch_ptsz(CUgraphExec exec, CUstream s)
+{
+	gs_sched_gate(-1, s, true);
+	return REAL(cuGraphLaunch_t, cuGraphLaunch_ptsz, exec, s);
+}
+EXPORT_AS(cuGraphLaunch_ptsz, w_cuGraphLaunch_ptsz);
+
+/* Gated like a kernel, so nothing queued after it can overtake what was gated. */
+static CUresult w_cuLaunchHostFunc(CUstream s, CUhostFn fn, void *data)
+{
+	gs_sched_gate(-1, s, false);
+	return REAL(cuLaunchHostFunc_t, cuLaunchHostFunc, s, fn, data);
+}
+EXPORT_AS(cuLaunchHostFunc, w_cuLaunchHostFunc);
+
+static CUresult w_cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn, void *data)
+{
+	gs_sched_gate(-1, s, true);
+	return REAL(cuLaunchHostFunc_t, cuLaunchHostFunc_ptsz, s, fn, data);
+}
+EXPORT_AS(cuLaunchHostFunc_ptsz, w_cuLaunchHostFunc_ptsz);
+
 /* ---- lookups: dlsym and cuGetProcAddress ---- */
 
 static CUresult w_cuGetProcAddress(const char *, void **, int, cuuint64_t);
@@ -786,6 +933,17 @@ static void *const wrappers[GS_FN_COUNT] = {
 	W(cuArrayDestroy),
 	W(cuMipmappedArrayCreate),
 	W(cuMipmappedArrayDestroy),
+	W(cuLaunchKernel),
+	W(cuLaunchKernel_ptsz),
+	W(cuLaunchKernelEx),
+	W(cuLaunchKernelEx_ptsz),
+	W(cuLaunchCooperativeKernel),
+	W(cuLaunchCooperativeKernel_ptsz),
+	W(cuLaunchCooperativeKernelMultiDevice),
+	W(cuGraphLaunch),
+	W(cuGraphLaunch_ptsz),
+	W(cuLaunchHostFunc),
+	W(cuLaunchHostFunc_ptsz),
 #undef W
 };
 

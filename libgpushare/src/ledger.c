@@ -54,6 +54,7 @@ static struct gs_config cfg;		/* the environment */
 static int nslots;			/* GPUs with a quota, by position */
 static uint64_t quota[GS_MAX_GPUS];
 static uint32_t module_gpu[GS_MAX_GPUS];	/* the module's GPU index */
+static uint32_t weight[GS_MAX_GPUS];	/* module mode: compute weight */
 static uint64_t used[GS_MAX_GPUS];	/* standalone: this process's use */
 static int slot_of[MAX_ORDINALS];	/* ordinal -> position, or SLOT_* */
 static char uuid_of[MAX_ORDINALS][GS_UUID_MAX];	/* attached ordinals */
@@ -111,6 +112,7 @@ static bool try_module(void)
 	for (int i = 0; i < nslots; i++) {
 		quota[i] = q[i].memsize;
 		module_gpu[i] = q[i].gpu;
+		weight[i] = q[i].weight;
 	}
 	if (mem_op(GPUSHARE_MEM_INFO, 0, 0, &m))	/* a module without the ledger */
 		goto fail;
@@ -376,4 +378,51 @@ void gs_ledger_release(int ordinal, uint64_t bytes)
 	pthread_mutex_unlock(&lock);
 	if (s >= 0 && bytes && mode == GS_LEDGER_MODULE)
 		mem_op(GPUSHARE_MEM_RELEASE, s, bytes, &m);
+}
+
+bool gs_ledger_uuid(int ordinal, char out[GS_UUID_MAX])
+{
+	bool ok = false;
+
+	if (ordinal < 0 || ordinal >= MAX_ORDINALS)
+		return false;
+	pthread_mutex_lock(&lock);
+	if (slot_of[ordinal] != SLOT_UNKNOWN) {
+		memcpy(out, uuid_of[ordinal], GS_UUID_MAX);
+		ok = true;
+	}
+	pthread_mutex_unlock(&lock);
+	return ok;
+}
+
+int gs_ledger_weights(uint32_t *out, int max)
+{
+	pthread_mutex_lock(&lock);
+	choose();
+	int n = mode == GS_LEDGER_MODULE ? nslots : 0;
+	if (n > max)
+		n = max;
+	memcpy(out, weight, (size_t)n * sizeof(*out));
+	pthread_mutex_unlock(&lock);
+	return n;
+}
+
+int gs_ledger_sched(int ordinal, struct gpushare_sched *sc)
+{
+	pthread_mutex_lock(&lock);
+	int s = slot_locked(ordinal);
+	bool module = mode == GS_LEDGER_MODULE;
+	int f = fd;
+	pthread_mutex_unlock(&lock);
+	if (!module) {
+		errno = ENOSYS;
+		return -1;
+	}
+	if (s < 0) {
+		errno = ENODEV;
+		return -1;
+	}
+	sc->size = sizeof(*sc);
+	sc->gpu = module_gpu[s];
+	return ioctl(f, GPUSHARE_IOC_SCHED, sc);
 }

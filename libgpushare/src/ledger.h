@@ -25,6 +25,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "env.h"
+
+struct gpushare_sched;
+
 /* Which backend holds the ledger (for logs and tests). */
 enum gs_ledger_mode {
 	GS_LEDGER_OFF,		/* no quota anywhere: pass everything through */
@@ -61,5 +65,24 @@ int gs_ledger_reserve(int ordinal, uint64_t bytes);
 
 /* Give back @bytes reserved earlier on @ordinal. */
 void gs_ledger_release(int ordinal, uint64_t bytes);
+
+/* The UUID @ordinal was attached with ("GPU-..."); false when not attached. */
+bool gs_ledger_uuid(int ordinal, char out[GS_UUID_MAX]);
+
+/*
+ * Module mode: the compute weights of the registration, in the container's
+ * GPU order; the count (0 in the other modes).
+ */
+int gs_ledger_weights(uint32_t *out, int max);
+
+/*
+ * Module mode: GPUSHARE_IOC_SCHED on @ordinal's GPU, on the ledger's
+ * descriptor (@s's op, flags and used_ns filled in by the caller; size and
+ * gpu here).  0, or -1 with errno: the ioctl's, or ENODEV when @ordinal is
+ * not one of the container's GPUs (as for memory: refused), ENOSYS when
+ * not in module mode.  The lock is not held across the call (ACQUIRE
+ * blocks).
+ */
+int gs_ledger_sched(int ordinal, struct gpushare_sched *s);
 
 #endif /* GPUSHARE_LEDGER_H */

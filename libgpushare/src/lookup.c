@@ -34,6 +34,17 @@ static const char *const symbols[GS_FN_COUNT] = {
 	S(cuArrayDestroy),
 	S(cuMipmappedArrayCreate),
 	S(cuMipmappedArrayDestroy),
+	S(cuLaunchKernel),
+	S(cuLaunchKernel_ptsz),
+	S(cuLaunchKernelEx),
+	S(cuLaunchKernelEx_ptsz),
+	S(cuLaunchCooperativeKernel),
+	S(cuLaunchCooperativeKernel_ptsz),
+	S(cuLaunchCooperativeKernelMultiDevice),
+	S(cuGraphLaunch),
+	S(cuGraphLaunch_ptsz),
+	S(cuLaunchHostFunc),
+	S(cuLaunchHostFunc_ptsz),
 #undef S
 };
 
@@ -79,6 +90,19 @@ static const struct row {
 	{ "cuArrayDestroy", 2000, 0, GS_FN_cuArrayDestroy },
 	{ "cuMipmappedArrayCreate", 5000, 0, GS_FN_cuMipmappedArrayCreate },
 	{ "cuMipmappedArrayDestroy", 5000, 0, GS_FN_cuMipmappedArrayDestroy },
+	/* Launches: per-thread forms from the version that added them. */
+	{ "cuLaunchKernel", 4000, 0, GS_FN_cuLaunchKernel },
+	{ "cuLaunchKernel", 7000, 1, GS_FN_cuLaunchKernel_ptsz },
+	{ "cuLaunchKernelEx", 11060, 0, GS_FN_cuLaunchKernelEx },
+	{ "cuLaunchKernelEx", 11060, 1, GS_FN_cuLaunchKernelEx_ptsz },
+	{ "cuLaunchCooperativeKernel", 9000, 0, GS_FN_cuLaunchCooperativeKernel },
+	{ "cuLaunchCooperativeKernel", 9000, 1, GS_FN_cuLaunchCooperativeKernel_ptsz },
+	{ "cuLaunchCooperativeKernelMultiDevice", 9000, 0,
+	  GS_FN_cuLaunchCooperativeKernelMultiDevice },
+	{ "cuGraphLaunch", 10000, 0, GS_FN_cuGraphLaunch },
+	{ "cuGraphLaunch", 10000, 1, GS_FN_cuGraphLaunch_ptsz },
+	{ "cuLaunchHostFunc", 10000, 0, GS_FN_cuLaunchHostFunc },
+	{ "cuLaunchHostFunc", 10000, 1, GS_FN_cuLaunchHostFunc_ptsz },
 };
 
 const char *gs_fn_symbol(enum gs_fn fn)

@@ -49,6 +49,18 @@ enum gs_fn {
 	GS_FN_cuArrayDestroy,
 	GS_FN_cuMipmappedArrayCreate,
 	GS_FN_cuMipmappedArrayDestroy,
+	/* launches (the compute scheduler's gate, sched.h) */
+	GS_FN_cuLaunchKernel,
+	GS_FN_cuLaunchKernel_ptsz,
+	GS_FN_cuLaunchKernelEx,
+	GS_FN_cuLaunchKernelEx_ptsz,
+	GS_FN_cuLaunchCooperativeKernel,
+	GS_FN_cuLaunchCooperativeKernel_ptsz,
+	GS_FN_cuLaunchCooperativeKernelMultiDevice,
+	GS_FN_cuGraphLaunch,
+	GS_FN_cuGraphLaunch_ptsz,
+	GS_FN_cuLaunchHostFunc,
+	GS_FN_cuLaunchHostFunc_ptsz,
 	GS_FN_COUNT
 };
 

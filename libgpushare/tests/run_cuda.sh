@@ -16,7 +16,8 @@ MiB=1048576
 UUID0=GPU-face0000-0000-0000-0000-000000000000
 UUID1=GPU-FACE0000-0000-0000-0000-000000000001	# any case matches
 export LD_LIBRARY_PATH=$B/fake FAKECUDA_DEVICES=2 FAKECUDA_MEMORY=$((8192 * MiB))
-unset GPUSHARE_GPU_UUIDS GPUSHARE_MEMORY_LIMIT GPUSHARE_ISOLATION GPUSHARE_ALLOW_MANAGED
+unset GPUSHARE_GPU_UUIDS GPUSHARE_MEMORY_LIMIT GPUSHARE_ISOLATION GPUSHARE_ALLOW_MANAGED \
+	GPUSHARE_CORE_LIMIT GPUSHARE_DEBUG FAKECUDA_GPU_STATE FAKECUDA_NS_PER_BLOCK
 
 fail=0
 run() {	# run LIB MODE SCENARIO [VAR=value ...]
@@ -136,16 +137,56 @@ done
 # cuGetProcAddress asked oddly.
 run "$LIB" proc lookup $QUOTA || fail=1
 
+# Compute, standalone: every launch path is gated in every lookup mode
+# (each call after 40 ms of work at 50 % waits), captured launches are not.
+for mode in direct dlsym proc proc_ptds proc_v1; do
+	run "$LIB" $mode launch GPUSHARE_CORE_LIMIT=50,50 || fail=1
+done
+# By UUID: device 0 is listed second (50 %); device 1 first, with 0 (no limit).
+run "$LIB" proc_ptds launch GPUSHARE_GPU_UUIDS=$UUID1,$UUID0 GPUSHARE_CORE_LIMIT=0,50 || fail=1
+# No limit, 100 %, isolation memory or none, a limit only on another GPU: no
+# call waits.
+for env in GPUSHARE_CORE_LIMIT= GPUSHARE_CORE_LIMIT=100,100 \
+	"GPUSHARE_CORE_LIMIT=50,50 GPUSHARE_ISOLATION=memory" \
+	"GPUSHARE_CORE_LIMIT=50,50 GPUSHARE_ISOLATION=none" \
+	"GPUSHARE_GPU_UUIDS=$UUID1,$OTHER GPUSHARE_CORE_LIMIT=100,50"; do
+	run "$LIB" direct launch $env TEST_GATED=0 >/dev/null || { echo "FAIL: gated with $env"; fail=1; }
+done
+echo "compute: no limit, 100 %, isolation memory/none, another GPU's limit: not gated"
+# The mode is said once with GPUSHARE_DEBUG; a malformed limit is said and off.
+if run "$LIB" direct launch GPUSHARE_CORE_LIMIT=30,50 GPUSHARE_DEBUG=1 2>&1 |
+	grep -c "compute standalone, limits \[30,50\] percent, GPUs by CUDA ordinal" | grep -qx 1; then
+	echo "compute: standalone mode said, once (a forked child keeps it)"
+else
+	echo "FAIL: standalone compute mode not said"
+	fail=1
+fi
+for bad in GPUSHARE_CORE_LIMIT=101 GPUSHARE_CORE_LIMIT=50,,50 "GPUSHARE_CORE_LIMIT=50,50,50 GPUSHARE_GPU_UUIDS=$UUID0,$UUID1"; do
+	if run "$LIB" direct launch $bad TEST_GATED=0 2>&1 | grep -q "GPU time is not limited"; then
+		echo "compute: malformed $bad: off, and says so"
+	else
+		echo "FAIL: compute with malformed $bad"
+		fail=1
+	fi
+done
+
 # The bypass: without the lookup wrappers, dlopen users escape the quota,
 # and the suite must say so (direct calls are still caught).
 echo "== libgpushare-nolookup.so: the lookup modes must fail"
 run "$NOLOOKUP" direct quota $QUOTA || fail=1
+run "$NOLOOKUP" direct launch GPUSHARE_CORE_LIMIT=50,50 >/dev/null || fail=1
 for mode in dlsym proc proc_ptds proc_v1; do
 	# It must run, and its quota checks must be what fails.
 	if run "$NOLOOKUP" $mode quota $QUOTA 2>&1 | grep -q "^$mode quota: FAILED"; then
 		echo "$mode quota: bypass caught"
 	else
 		echo "FAIL: $mode did not catch the missing lookup wrappers"
+		fail=1
+	fi
+	if run "$NOLOOKUP" $mode launch GPUSHARE_CORE_LIMIT=50,50 2>&1 | grep -q "^$mode launch: FAILED"; then
+		echo "$mode launch: bypass caught"
+	else
+		echo "FAIL: $mode launch did not catch the missing lookup wrappers"
 		fail=1
 	fi
 done

@@ -27,6 +27,13 @@
  *              they show 0 bytes; any other device allocates
  *   lookup     cuGetProcAddress edge cases: NULL name or pfn, odd versions
  *              and flags, "cuGetProcAddress" at every version
+ *   launch     GPUSHARE_CORE_LIMIT=50,50 (standalone): after 40 ms of work
+ *              through each launch path (kernel, Ex, cooperative, multi-
+ *              device, graph, host function), the next call of that path
+ *              waits (the calling thread is held to the share); a launch
+ *              into a stream being captured does not wait, and the capture
+ *              is not disturbed; a forked child is gated on its own.  With
+ *              TEST_GATED=0 (no limit) no call waits
  *
  * Exit 0 when every check held.
  */
@@ -37,6 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cuda_abi.h"
@@ -84,6 +92,13 @@ static struct api {
 	CUresult (*mipmap_create)(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *,
 				  unsigned int);
 	CUresult (*mipmap_destroy)(CUmipmappedArray);
+	cuLaunchKernel_t launch;
+	cuLaunchKernelEx_t launch_ex;
+	cuLaunchCooperativeKernel_t launch_coop;
+	cuLaunchCooperativeKernelMultiDevice_t launch_multi;
+	cuGraphLaunch_t graph_launch;
+	cuLaunchHostFunc_t host_func;
+	CUresult (*ctx_sync)(void);
 } api;
 
 /* The driver's functions as this program links them (the direct mode). */
@@ -103,14 +118,30 @@ D(addr_free, cuMemAddressFree); D(mem_map, cuMemMap); D(mem_unmap, cuMemUnmap);
 D(set_access, cuMemSetAccess); D(array_create, cuArrayCreate_v2);
 D(array3d_create, cuArray3DCreate_v2); D(array_destroy, cuArrayDestroy);
 D(mipmap_create, cuMipmappedArrayCreate); D(mipmap_destroy, cuMipmappedArrayDestroy);
+D(launch, cuLaunchKernel); D(launch_ex, cuLaunchKernelEx);
+D(launch_coop, cuLaunchCooperativeKernel);
+D(launch_multi, cuLaunchCooperativeKernelMultiDevice); D(graph_launch, cuGraphLaunch);
+D(host_func, cuLaunchHostFunc); D(ctx_sync, cuCtxSynchronize);
 #undef D
+
+/* Not wrapped, and not what is tested: always linked directly. */
+extern CUresult cuGraphCreate(CUgraph *, unsigned int);
+extern CUresult cuGraphAddKernelNode_v2(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
+					const CUDA_KERNEL_NODE_PARAMS *);
+extern CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long);
+extern CUresult cuStreamBeginCapture_v2(CUstream, int);
+extern CUresult cuStreamEndCapture(CUstream, CUgraph *);
+extern CUresult cuStreamIsCapturing(CUstream, int *);
 
 /* Each field: its base name and its versioned (exported) name. */
 static const struct {
 	const char *base, *symbol;
 	size_t offset;
+	int since;		/* first version that has it, where above 11030 */
+	int pt;			/* it has a per-thread default stream form */
 } names[] = {
-#define N(f, b, s) { b, s, offsetof(struct api, f) }
+#define N(f, b, s) { b, s, offsetof(struct api, f), 0, 0 }
+#define L(f, b, since, pt) { b, b, offsetof(struct api, f), since, pt }
 	N(init, "cuInit", "cuInit"),
 	N(device_get, "cuDeviceGet", "cuDeviceGet"),
 	N(total_mem, "cuDeviceTotalMem", "cuDeviceTotalMem_v2"),
@@ -144,7 +175,15 @@ static const struct {
 	N(array_destroy, "cuArrayDestroy", "cuArrayDestroy"),
 	N(mipmap_create, "cuMipmappedArrayCreate", "cuMipmappedArrayCreate"),
 	N(mipmap_destroy, "cuMipmappedArrayDestroy", "cuMipmappedArrayDestroy"),
+	L(launch, "cuLaunchKernel", 0, 1),
+	L(launch_ex, "cuLaunchKernelEx", 11060, 1),
+	L(launch_coop, "cuLaunchCooperativeKernel", 0, 1),
+	L(launch_multi, "cuLaunchCooperativeKernelMultiDevice", 0, 0),
+	L(graph_launch, "cuGraphLaunch", 0, 1),
+	L(host_func, "cuLaunchHostFunc", 0, 1),
+	L(ctx_sync, "cuCtxSynchronize", 0, 0),
 #undef N
+#undef L
 };
 #define NNAMES (sizeof(names) / sizeof(names[0]))
 
@@ -179,7 +218,10 @@ static void resolve_direct(void)
 		cuMemAllocFromPoolAsync, cuMemGetAllocationGranularity, cuMemCreate,
 		cuMemRelease, cuMemAddressReserve, cuMemAddressFree, cuMemMap, cuMemUnmap,
 		cuMemSetAccess, cuArrayCreate_v2, cuArray3DCreate_v2, cuArrayDestroy,
-		cuMipmappedArrayCreate, cuMipmappedArrayDestroy,
+		cuMipmappedArrayCreate, cuMipmappedArrayDestroy, cuLaunchKernel,
+		cuLaunchKernelEx, cuLaunchCooperativeKernel,
+		cuLaunchCooperativeKernelMultiDevice, cuGraphLaunch, cuLaunchHostFunc,
+		cuCtxSynchronize,
 	};
 	_Static_assert(sizeof(direct) / sizeof(direct[0]) == NNAMES, "one per name");
 	for (size_t i = 0; i < NNAMES; i++)
@@ -210,7 +252,9 @@ static void check_wrapped(const char *mode)
 		"cuMemAllocFromPoolAsync", "cuMemCreate", "cuMemRelease", "cuMemMap",
 		"cuMemUnmap", "cuArrayCreate_v2",
 		"cuArray3DCreate_v2", "cuArrayDestroy", "cuMipmappedArrayCreate",
-		"cuMipmappedArrayDestroy",
+		"cuMipmappedArrayDestroy", "cuLaunchKernel", "cuLaunchKernelEx",
+		"cuLaunchCooperativeKernel", "cuLaunchCooperativeKernelMultiDevice",
+		"cuGraphLaunch", "cuLaunchHostFunc",
 	};
 	int ptds = !strcmp(mode, "proc_ptds");
 
@@ -219,8 +263,10 @@ static void check_wrapped(const char *mode)
 		char want[64];
 		for (size_t j = 0; j < sizeof(wrapped) / sizeof(wrapped[0]); j++)
 			ours |= !strcmp(wrapped[j], names[i].symbol);
+		if (!*field(i))		/* not at this version (proc_v1) */
+			continue;
 		snprintf(want, sizeof(want), "%s%s", names[i].symbol,
-			 ptds && strstr(names[i].symbol, "Async") ? "_ptsz" : "");
+			 ptds && (strstr(names[i].symbol, "Async") || names[i].pt) ? "_ptsz" : "");
 		/* At 11030, before cuDeviceGetUuid_v2 (11040), the first one. */
 		if (!strcmp(mode, "proc_v1") && !strcmp(want, "cuDeviceGetUuid_v2"))
 			strcpy(want, "cuDeviceGetUuid");
@@ -272,9 +318,17 @@ static int resolve(const char *mode)
 		/* ... and the 4-argument one answers for itself, too. */
 		if (gp1("cuGetProcAddress", &p, 11030, 0) || p != (void *)gp1)
 			return fprintf(stderr, "cuGetProcAddress through itself\n"), -1;
-		for (size_t i = 0; i < NNAMES; i++)
+		for (size_t i = 0; i < NNAMES; i++) {
+			if (names[i].since > 11030) {	/* not ours to hand out yet */
+				r = gp1(names[i].base, field(i), 11030, 0);
+				CHECK(r == CUDA_ERROR_NOT_FOUND && !*field(i), "%s at 11030: %d",
+				      names[i].base, r);
+				*field(i) = NULL;
+				continue;
+			}
 			if (gp1(names[i].base, field(i), 11030, 0) || !*field(i))
 				return fprintf(stderr, "no %s at 11030\n", names[i].base), -1;
+		}
 		return 0;
 	}
 	cuuint64_t flags = !strcmp(mode, "proc_ptds") ?
@@ -672,6 +726,191 @@ static void refused(void)
 	}
 }
 
+/* ---- launches: the compute gate ---- */
+
+#define FN ((CUfunction)0x1)		/* the fake runs any function */
+#define WORK 40000u			/* blocks: 40 ms at the fake's 1 us each */
+#define MS 1000000ull
+
+enum path { P_KERNEL, P_EX, P_COOP, P_MULTI, P_GRAPH, P_HOST, NPATHS };
+static const char *const path_name[NPATHS] = {
+	"cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel",
+	"cuLaunchCooperativeKernelMultiDevice", "cuGraphLaunch", "cuLaunchHostFunc",
+};
+static CUstream dev_stream[2];
+static CUgraphExec graph_big, graph_small;
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void nothing(void *data)
+{
+	(void)data;
+}
+
+/* A graph of @nodes kernels of @blocks each (built with the driver's own calls). */
+static CUgraphExec make_graph(unsigned int nodes, unsigned int blocks)
+{
+	struct {
+		CUDA_KERNEL_NODE_PARAMS p;
+		void *kern, *ctx;	/* _v2's tail */
+	} np;
+	CUgraph g = NULL;
+	CUgraphExec e = NULL;
+	CUgraphNode n, prev = NULL;
+
+	memset(&np, 0, sizeof(np));
+	np.p.func = FN;
+	np.p.gridDimX = blocks;
+	np.p.gridDimY = np.p.gridDimZ = np.p.blockDimX = np.p.blockDimY = np.p.blockDimZ = 1;
+	OK(cuGraphCreate(&g, 0));
+	for (unsigned int i = 0; i < nodes; i++) {
+		OK(cuGraphAddKernelNode_v2(&n, g, prev ? &prev : NULL, prev ? 1 : 0, &np.p));
+		prev = n;
+	}
+	OK(cuGraphInstantiateWithFlags(&e, g, 0));
+	return e;
+}
+
+/* Submit @blocks of work through @path on device 0 (and 1 for the multi-device one). */
+static void submit(enum path path, unsigned int blocks)
+{
+	CUlaunchConfig c = { blocks, 1, 1, 1, 1, 1, 0, NULL, NULL, 0 };
+	CUDA_LAUNCH_PARAMS list[2];
+
+	switch (path) {
+	case P_KERNEL:
+		OK(api.launch(FN, blocks, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+		break;
+	case P_EX:
+		OK(api.launch_ex(&c, FN, NULL, NULL));
+		break;
+	case P_COOP:
+		OK(api.launch_coop(FN, blocks, 1, 1, 1, 1, 1, 0, NULL, NULL));
+		break;
+	case P_MULTI:
+		for (int d = 0; d < 2; d++)
+			list[d] = (CUDA_LAUNCH_PARAMS){ FN, blocks, 1, 1, 1, 1, 1, 0,
+							dev_stream[d], NULL };
+		OK(api.launch_multi(list, 2, 0));
+		break;
+	case P_GRAPH:	/* 40 ms as 400 kernels: charged what it took */
+		OK(api.graph_launch(blocks > 1 ? graph_big : graph_small, NULL));
+		break;
+	case P_HOST:	/* the work as a kernel, then the host function */
+		if (blocks > 1)
+			OK(api.launch(FN, blocks, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+		OK(api.host_func(NULL, nothing, NULL));
+		break;
+	default:
+		break;
+	}
+}
+
+static void sync_all(void)
+{
+	use(1);
+	OK(api.ctx_sync());
+	use(0);
+	OK(api.ctx_sync());
+}
+
+/*
+ * 40 ms of work through @path, waited for; then how long the next call of
+ * @path held the calling thread, in ns.  At 50 % the first 40 ms leave a
+ * debt of about 20 ms, paid back at half speed.
+ */
+static uint64_t held(enum path path)
+{
+	use(0);
+	submit(path, WORK);
+	sync_all();
+	uint64_t t0 = now_ns();
+	submit(path, 1);
+	uint64_t dt = now_ns() - t0;
+	sync_all();
+	return dt;
+}
+
+static void check_held(const char *what, uint64_t dt, int gated)
+{
+	printf("  %s: the call waited %.1f ms\n", what, (double)dt / MS);
+	if (gated)
+		CHECK(dt >= 10 * MS, "%s: not gated (%.1f ms)", what, (double)dt / MS);
+	else
+		CHECK(dt < 5 * MS, "%s: gated without a limit (%.1f ms)", what, (double)dt / MS);
+}
+
+/* Captured launches do not run now: they pass, and the capture holds. */
+static void captured(int gated)
+{
+	CUstream s;
+	CUgraph g = NULL;
+	CUgraphExec e = NULL;
+	int status = -1;
+
+	use(0);
+	OK(api.stream_create(&s, 0));
+	submit(P_KERNEL, WORK);
+	sync_all();			/* the grant is over: the next launch would wait */
+	OK(cuStreamBeginCapture_v2(s, 0));
+	uint64_t t0 = now_ns();
+	for (int i = 0; i < 4; i++)
+		OK(api.launch(FN, WORK / 4, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
+	uint64_t dt = now_ns() - t0;
+	OK(cuStreamIsCapturing(s, &status));
+	CHECK(status == CU_STREAM_CAPTURE_STATUS_ACTIVE, "capture status %d", status);
+	OK(cuStreamEndCapture(s, &g));
+	printf("  captured launches: waited %.1f ms\n", (double)dt / MS);
+	CHECK(dt < 5 * MS, "captured launches waited %.1f ms", (double)dt / MS);
+	/* The graph is gated when it runs. */
+	OK(cuGraphInstantiateWithFlags(&e, g, 0));
+	sync_all();
+	OK(api.graph_launch(e, s));
+	sync_all();
+	uint64_t t1 = now_ns();
+	OK(api.graph_launch(e, s));
+	check_held("the captured graph, launched", now_ns() - t1, gated);
+	sync_all();
+}
+
+static void launches(void)
+{
+	const char *g = getenv("TEST_GATED");
+	int gated = !g || strcmp(g, "0");
+
+	for (int d = 0; d < 2; d++) {
+		use(d);
+		OK(api.stream_create(&dev_stream[d], 0));
+	}
+	use(0);
+	graph_big = make_graph(400, WORK / 400);
+	graph_small = make_graph(1, 1);
+	for (int p = 0; p < NPATHS; p++) {
+		if (!*(void **)((p == P_EX) ? (void *)&api.launch_ex : (void *)&api.launch)) {
+			printf("  %s: not at this version\n", path_name[p]);
+			continue;
+		}
+		check_held(path_name[p], held((enum path)p), gated);
+	}
+	captured(gated);
+	/* A forked child starts with no grant, and is held to the share on its own. */
+	fflush(stdout);
+	pid_t pid = fork();
+	if (pid == 0) {
+		check_held("cuLaunchKernel in a forked child", held(P_KERNEL), gated);
+		fflush(stdout);
+		_exit(failures ? 1 : 0);
+	}
+	int status = 0;
+	CHECK(pid > 0 && waitpid(pid, &status, 0) == pid, "fork");
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child failed");
+}
+
 /* cuGetProcAddress asked oddly: no crash, and never a wrapper of the wrong form. */
 static void lookup_edges(void)
 {
@@ -758,6 +997,8 @@ int main(int argc, char **argv)
 		refused();
 	} else if (!strcmp(scenario, "lookup")) {
 		lookup_edges();
+	} else if (!strcmp(scenario, "launch")) {
+		launches();
 	} else {
 		fprintf(stderr, "unknown scenario %s\n", scenario);
 		return 2;

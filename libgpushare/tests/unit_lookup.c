@@ -65,6 +65,41 @@ int main(void)
 	CHECK(is(at("cuMemUnmap", 10010, 0), NULL));
 	CHECK(is(at("cuMemAllocManaged", 12090, 0), "cuMemAllocManaged"));
 
+	/* Launches: each from the version that added it; per-thread forms
+	 * only when asked for, and only from their own version. */
+	CHECK(is(at("cuLaunchKernel", 4000, 0), "cuLaunchKernel"));
+	CHECK(is(at("cuLaunchKernel", 3020, 0), NULL));
+	CHECK(is(at("cuLaunchKernel", 12090, 0), "cuLaunchKernel"));
+	CHECK(is(at("cuLaunchKernel", 12090, PT), "cuLaunchKernel_ptsz"));
+	CHECK(is(at("cuLaunchKernel", 7000, PT), "cuLaunchKernel_ptsz"));
+	CHECK(is(at("cuLaunchKernel", 6050, PT), "cuLaunchKernel"));	/* no _ptsz yet */
+	CHECK(is(at("cuLaunchKernelEx", 11060, 0), "cuLaunchKernelEx"));
+	CHECK(is(at("cuLaunchKernelEx", 11050, 0), NULL));
+	CHECK(is(at("cuLaunchKernelEx", 11050, PT), NULL));
+	CHECK(is(at("cuLaunchKernelEx", 12090, PT), "cuLaunchKernelEx_ptsz"));
+	CHECK(is(at("cuLaunchCooperativeKernel", 9000, 0), "cuLaunchCooperativeKernel"));
+	CHECK(is(at("cuLaunchCooperativeKernel", 8000, 0), NULL));
+	CHECK(is(at("cuLaunchCooperativeKernel", 12090, PT), "cuLaunchCooperativeKernel_ptsz"));
+	CHECK(is(at("cuLaunchCooperativeKernelMultiDevice", 9000, 0),
+		 "cuLaunchCooperativeKernelMultiDevice"));
+	CHECK(is(at("cuLaunchCooperativeKernelMultiDevice", 12090, PT),
+		 "cuLaunchCooperativeKernelMultiDevice"));	/* no per-thread form */
+	CHECK(is(at("cuLaunchCooperativeKernelMultiDevice", 8000, 0), NULL));
+	CHECK(is(at("cuGraphLaunch", 10000, 0), "cuGraphLaunch"));
+	CHECK(is(at("cuGraphLaunch", 9020, 0), NULL));
+	CHECK(is(at("cuGraphLaunch", 10000, PT), "cuGraphLaunch_ptsz"));
+	CHECK(is(at("cuGraphLaunch", 12090, 1), "cuGraphLaunch"));	/* legacy flag */
+	CHECK(is(at("cuLaunchHostFunc", 10000, 0), "cuLaunchHostFunc"));
+	CHECK(is(at("cuLaunchHostFunc", 9020, PT), NULL));
+	CHECK(is(at("cuLaunchHostFunc", 12090, PT), "cuLaunchHostFunc_ptsz"));
+	CHECK(is(at("cuLaunchKernel_ptsz", 12090, 0), "cuLaunchKernel_ptsz"));
+	CHECK(is(at("cuLaunchKernel_ptsz", 6050, 0), NULL));
+	CHECK(is(at("cuGraphLaunch_ptsz", 12090, 0), "cuGraphLaunch_ptsz"));
+	/* The legacy launches are not wrapped. */
+	CHECK(is(at("cuLaunch", 12090, 0), NULL));
+	CHECK(is(at("cuLaunchGrid", 12090, 0), NULL));
+	CHECK(is(at("cuLaunchGridAsync", 12090, 0), NULL));
+
 	/* Names we do not wrap, and exact versioned names. */
 	CHECK(is(at("cuInit", 12090, 0), NULL));
 	CHECK(is(at("cuMemcpyHtoD", 12090, 0), NULL));

@@ -1,0 +1,581 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * The compute gate (see sched.h).
+ *
+ * Per device, a process holds a grant: until its end (CLOCK_MONOTONIC ns,
+ * the module's clock too) launches go straight to the driver.  The first
+ * launch after it (the slow path), under the device's mutex:
+ *   1. a launch into a stream being captured passes: it runs later, as a
+ *      graph, and is gated then;
+ *   2. module mode, in a slice and on time: try to renew it (ACQUIRE with
+ *      NOWAIT); granted, nothing needs to wait (see exchange());
+ *   3. otherwise drain: an end event on every stream launched on in the
+ *      slice, and wait for them; the slice's GPU time is the longest
+ *      start-to-end time among them (a start event goes before the first
+ *      launch on each stream in the slice); give the GPU back with it;
+ *   4. wait for the next grant (module: blocking ACQUIRE; standalone: the
+ *      core's acquire, sleeping until it says).
+ * Other threads reaching the slow path meanwhile wait on the mutex and
+ * then find the new grant.  Nothing here fails a launch: when an event
+ * call fails, the stream is synchronised instead and its time is not
+ * reported (the core then charges the time the GPU was held).
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <uapi/gpushare.h>
+#include <gs_sched.h>
+
+#include "cuda_abi.h"
+#include "env.h"
+#include "ledger.h"
+#include "sched.h"
+
+#define MAX_DEVICES 64
+#define MAX_STREAMS 8		/* streams timed per slice; more: drain the context */
+#define NEVER UINT64_MAX	/* a grant that never ends: the device is not gated */
+
+/* The TLS model of a library loaded at start (preloaded): no lookup call. */
+#define TLS __thread __attribute__((tls_model("initial-exec")))
+
+enum mode { MODE_UNKNOWN, MODE_OFF, MODE_STANDALONE, MODE_MODULE };
+enum how { HOW_UNKNOWN, HOW_PASS, HOW_STANDALONE, HOW_MODULE };
+
+struct tracked {
+	CUstream stream;	/* CU_STREAM_LEGACY, CU_STREAM_PER_THREAD or a handle */
+	pthread_t owner;	/* whose per-thread default stream */
+	bool timed;		/* its start event is recorded */
+};
+
+/* One device, in this process. */
+struct gate {
+	_Atomic uint64_t until;		/* the grant's end; 0: none */
+	_Atomic uint64_t gen;		/* the slice's number (unique in the process) */
+	pthread_mutex_t lock;		/* the rest */
+	enum how how;
+	bool in_slice;			/* something to drain and release */
+	int nstreams;
+	bool overflow;			/* more streams than tracked: drain the context */
+	struct tracked st[MAX_STREAMS];
+	uint64_t slice_ns;		/* module: the GPU's slice */
+	bool events_tried, have_events;
+	CUevent start[MAX_STREAMS], end[MAX_STREAMS];
+	/* standalone: this process's own schedule of the device */
+	struct gs_sched core;
+	struct gs_sched_ent ent;
+	struct gs_sched_client client;
+};
+
+static struct gate gates[MAX_DEVICES];
+static _Atomic uint64_t next_gen;
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static _Atomic int mode;		/* enum mode */
+static bool debug;
+static int ndevices;			/* 1: every launch is device 0's */
+static int nuuids, nlimits;
+static char uuids[GS_MAX_GPUS][GS_UUID_MAX];
+static uint32_t limits[GS_MAX_GPUS];
+
+/* What the last launch of this thread found: skips the lookups next time. */
+static TLS struct {
+	CUcontext ctx;		/* current context ... */
+	int dev;		/* ... and its device */
+	CUstream stream;	/* tracked in slice gen */
+	uint64_t gen;
+} last;
+
+static struct {
+	CUresult (*ctx_get_current)(CUcontext *);
+	CUresult (*ctx_get_device)(CUdevice *);
+	CUresult (*device_get_count)(int *);
+	CUresult (*is_capturing)(CUstream, int *);
+	CUresult (*event_create)(CUevent *, unsigned int);
+	CUresult (*event_destroy)(CUevent);
+	CUresult (*event_record)(CUevent, CUstream);
+	CUresult (*event_sync)(CUevent);
+	CUresult (*elapsed)(float *, CUevent, CUevent);
+	CUresult (*stream_sync)(CUstream);
+	CUresult (*ctx_sync)(void);
+} drv;
+
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void sleep_until(uint64_t t)
+{
+	struct timespec ts = { .tv_sec = (time_t)(t / 1000000000ull),
+			       .tv_nsec = (long)(t % 1000000000ull) };
+
+	while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+		;
+}
+
+/*
+ * The child of fork starts with no grant (its own /dev/gpushare file, its
+ * own standalone schedule) and no events: a CUDA context does not survive
+ * fork.  The slice numbers go on, so no thread's cache matches a new one.
+ */
+static void child_after_fork(void)
+{
+	for (int i = 0; i < MAX_DEVICES; i++) {
+		struct gate *g = &gates[i];
+		pthread_mutex_init(&g->lock, NULL);
+		atomic_store(&g->until, 0);
+		g->how = HOW_UNKNOWN;
+		g->in_slice = false;
+		g->nstreams = 0;
+		g->overflow = false;
+		g->events_tried = g->have_events = false;
+	}
+	memset(&last, 0, sizeof(last));
+}
+
+__attribute__((constructor)) static void sched_setup(void)
+{
+	for (int i = 0; i < MAX_DEVICES; i++)
+		pthread_mutex_init(&gates[i].lock, NULL);
+	pthread_atfork(NULL, NULL, child_after_fork);
+}
+
+#define LOAD(field, name) (drv.field = (__typeof__(drv.field))gs_driver_sym(name))
+
+/* Chosen once, at the first launch. */
+static void choose(void)
+{
+	const char *u = getenv("GPUSHARE_GPU_UUIDS"), *l = getenv("GPUSHARE_CORE_LIMIT");
+	const char *bad = NULL;
+	enum mode m = MODE_OFF;
+
+	debug = getenv("GPUSHARE_DEBUG") != NULL;
+	LOAD(ctx_get_current, "cuCtxGetCurrent");
+	LOAD(ctx_get_device, "cuCtxGetDevice");
+	LOAD(device_get_count, "cuDeviceGetCount");
+	LOAD(is_capturing, "cuStreamIsCapturing");
+	LOAD(event_create, "cuEventCreate");
+	LOAD(event_destroy, "cuEventDestroy_v2");
+	LOAD(event_record, "cuEventRecord");
+	LOAD(event_sync, "cuEventSynchronize");
+	LOAD(elapsed, "cuEventElapsedTime");
+	LOAD(stream_sync, "cuStreamSynchronize");
+	LOAD(ctx_sync, "cuCtxSynchronize");
+	if (!drv.event_destroy)
+		LOAD(event_destroy, "cuEventDestroy");
+	if (!drv.device_get_count || drv.device_get_count(&ndevices) != CUDA_SUCCESS)
+		ndevices = 0;
+
+	nuuids = u && *u ? gs_parse_uuids(u, uuids, GS_MAX_GPUS) : 0;
+	nlimits = l && *l ? gs_parse_percents(l, limits, GS_MAX_GPUS) : 0;
+	if (nuuids < 0)
+		bad = "GPUSHARE_GPU_UUIDS is not a list of at most 16 UUIDs";
+	else if (nlimits < 0)
+		bad = "GPUSHARE_CORE_LIMIT is not a list of at most 16 percents (0-100)";
+	else if (nuuids && nlimits && nuuids != nlimits)
+		bad = "GPUSHARE_CORE_LIMIT and GPUSHARE_GPU_UUIDS differ in length";
+	if (bad)
+		nlimits = 0;
+
+	if (!gs_isolation_compute(getenv("GPUSHARE_ISOLATION"))) {
+		m = MODE_OFF;
+	} else if (gs_ledger_mode() == GS_LEDGER_MODULE) {
+		m = MODE_MODULE;
+	} else if (bad && l && *l) {
+		fprintf(stderr, "gpushare: %s: GPU time is not limited\n", bad);
+	} else {
+		for (int i = 0; i < nlimits; i++)
+			if (limits[i] > 0 && limits[i] < 100)
+				m = MODE_STANDALONE;
+	}
+	if (debug) {
+		char buf[GS_MAX_GPUS * 12 + 1] = "";
+		uint32_t w[GS_MAX_GPUS];
+		int n = m == MODE_MODULE ? gs_ledger_weights(w, GS_MAX_GPUS) : nlimits;
+		for (int i = 0; i < n; i++)
+			snprintf(buf + strlen(buf), sizeof(buf) - strlen(buf), "%s%" PRIu32,
+				 i ? "," : "", m == MODE_MODULE ? w[i] : limits[i]);
+		if (m == MODE_MODULE)
+			fprintf(stderr, "gpushare: pid %d: compute module, weights [%s]\n",
+				(int)getpid(), buf);
+		else if (m == MODE_STANDALONE)
+			fprintf(stderr, "gpushare: pid %d: compute standalone, limits [%s] percent, %s\n",
+				(int)getpid(), buf, nuuids ? "GPUs by UUID" : "GPUs by CUDA ordinal");
+		else
+			fprintf(stderr, "gpushare: pid %d: compute off\n", (int)getpid());
+	}
+	atomic_store(&mode, m);
+}
+
+/* The device of a launch on the current context; cached per thread. */
+static int launch_device(void)
+{
+	CUcontext c = NULL;
+	CUdevice d;
+
+	if (ndevices == 1)
+		return 0;
+	if (!drv.ctx_get_current || drv.ctx_get_current(&c) != CUDA_SUCCESS || !c)
+		return -1;
+	if (c == last.ctx)
+		return last.dev;
+	if (!drv.ctx_get_device || drv.ctx_get_device(&d) != CUDA_SUCCESS)
+		return -1;
+	last.ctx = c;
+	last.dev = d;
+	return d;
+}
+
+/* The handle the driver's calls take for a tracked stream. */
+static CUstream drv_stream(CUstream s)
+{
+	return s == CU_STREAM_LEGACY ? NULL : s;
+}
+
+/*
+ * Is @s being captured?  An error counts as yes: during a capture the
+ * driver answers some streams with an error (the legacy stream while
+ * another is captured), and then nothing must be recorded into them.
+ */
+static bool capturing(CUstream s)
+{
+	int status = CU_STREAM_CAPTURE_STATUS_NONE;
+
+	if (!drv.is_capturing)
+		return false;
+	return drv.is_capturing(drv_stream(s), &status) != CUDA_SUCCESS ||
+	       status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+/* Events for timing, made once per device (in the context current then). */
+static void make_events(struct gate *g)
+{
+	int made = 0;
+
+	if (g->events_tried)
+		return;
+	g->events_tried = true;
+	if (!drv.event_create || !drv.event_record || !drv.event_sync || !drv.elapsed)
+		return;
+	for (; made < 2 * MAX_STREAMS; made++) {
+		CUevent *e = made < MAX_STREAMS ? &g->start[made] : &g->end[made - MAX_STREAMS];
+		if (drv.event_create(e, CU_EVENT_DEFAULT) != CUDA_SUCCESS)
+			break;
+	}
+	if (made == 2 * MAX_STREAMS) {
+		g->have_events = true;
+		return;
+	}
+	for (int i = 0; i < made && drv.event_destroy; i++)
+		drv.event_destroy(i < MAX_STREAMS ? g->start[i] : g->end[i - MAX_STREAMS]);
+}
+
+/* A launch on @s in the current slice: time @s from here if it is new. */
+static void track_locked(struct gate *g, CUstream s)
+{
+	pthread_t self = pthread_self();
+	int i;
+
+	if (g->in_slice) {
+		for (i = 0; i < g->nstreams; i++)
+			if (g->st[i].stream == s &&
+			    (s != CU_STREAM_PER_THREAD || pthread_equal(g->st[i].owner, self)))
+				break;
+		if (i == g->nstreams) {
+			if (capturing(s))
+				return;		/* not cached: asked again next time */
+			if (i == MAX_STREAMS) {
+				g->overflow = true;
+			} else {
+				make_events(g);
+				g->st[i].stream = s;
+				g->st[i].owner = self;
+				g->st[i].timed = g->have_events &&
+					drv.event_record(g->start[i], drv_stream(s)) == CUDA_SUCCESS;
+				g->nstreams++;
+			}
+		}
+	}
+	last.stream = s;
+	last.gen = atomic_load_explicit(&g->gen, memory_order_relaxed);
+}
+
+/*
+ * Wait for the slice's work and return its GPU time in ns (0: none
+ * measured).  A per-thread default stream of another thread cannot be
+ * named here, nor can more streams than tracked: the context is drained.
+ * A stream captured since it was tracked cannot be waited for; it is
+ * skipped.
+ */
+static uint64_t drain(struct gate *g)
+{
+	pthread_t self = pthread_self();
+	bool ended[MAX_STREAMS] = { false };
+	bool whole = g->overflow;
+	uint64_t used = 0;
+
+	for (int i = 0; i < g->nstreams; i++) {
+		struct tracked *t = &g->st[i];
+		if (t->stream == CU_STREAM_PER_THREAD && !pthread_equal(t->owner, self)) {
+			whole = true;
+			continue;
+		}
+		if (capturing(t->stream))
+			continue;
+		if (t->timed && drv.event_record(g->end[i], drv_stream(t->stream)) == CUDA_SUCCESS)
+			ended[i] = true;
+		else if (!drv.stream_sync || drv.stream_sync(drv_stream(t->stream)) != CUDA_SUCCESS)
+			whole = true;
+	}
+	for (int i = 0; i < g->nstreams; i++) {
+		float ms = 0;
+		if (!ended[i])
+			continue;
+		if (drv.event_sync(g->end[i]) != CUDA_SUCCESS) {
+			whole = true;
+			continue;
+		}
+		if (drv.elapsed(&ms, g->start[i], g->end[i]) == CUDA_SUCCESS && ms > 0 &&
+		    ms < 1e9f && (uint64_t)((double)ms * 1e6) > used)
+			used = (uint64_t)((double)ms * 1e6);
+	}
+	if (whole && drv.ctx_sync)
+		drv.ctx_sync();
+	g->nstreams = 0;
+	g->overflow = false;
+	return used;
+}
+
+/* A new grant until @until: a new slice (nothing tracked yet) when @fresh. */
+static void granted(struct gate *g, uint64_t until, bool in_slice)
+{
+	g->in_slice = in_slice;
+	g->nstreams = 0;
+	g->overflow = false;
+	atomic_store(&g->gen, atomic_fetch_add(&next_gen, 1) + 1);
+	atomic_store(&g->until, until);
+}
+
+static void pass(struct gate *g)
+{
+	g->how = HOW_PASS;
+	g->in_slice = false;
+	atomic_store(&g->until, NEVER);
+}
+
+static void say_pass(int dev, int err)
+{
+	const char *why = err == ENODEV ? "it is not one of this container's GPUs" :
+			  err == ENXIO ? "this container has no share of it" :
+			  err == ENOENT ? "this container is not registered (any more)" :
+			  strerror(err);
+
+	fprintf(stderr, "gpushare: launches on CUDA device %d are not scheduled: %s\n", dev, why);
+}
+
+/* ---- module mode: GPUSHARE_IOC_SCHED ---- */
+
+static int sched_op(int dev, uint32_t op, uint32_t flags, uint64_t used,
+		    struct gpushare_sched *q)
+{
+	memset(q, 0, sizeof(*q));
+	q->op = op;
+	q->flags = flags;
+	q->used_ns = used;
+	return gs_ledger_sched(dev, q);
+}
+
+static bool module_renew(struct gate *g, int dev)
+{
+	struct gpushare_sched q;
+
+	if (sched_op(dev, GPUSHARE_SCHED_ACQUIRE, GPUSHARE_SCHED_NOWAIT, 0, &q))
+		return false;
+	if (q.out_flags & GPUSHARE_SCHED_NATIVE) {
+		/* Switched to native: nothing to wait for, nothing to report. */
+		sched_op(dev, GPUSHARE_SCHED_RELEASE, 0, 0, &q);
+		granted(g, q.until, false);
+	} else {
+		atomic_store(&g->until, q.until);	/* the same slice, renewed */
+	}
+	return true;
+}
+
+static void module_acquire(struct gate *g, int dev)
+{
+	struct gpushare_sched q;
+
+	while (sched_op(dev, GPUSHARE_SCHED_ACQUIRE, 0, 0, &q)) {
+		if (errno == EINTR)
+			continue;
+		/* The container was deleted, or lost its share: pass from now on. */
+		say_pass(dev, errno);
+		pass(g);
+		return;
+	}
+	g->slice_ns = q.slice_ns;
+	granted(g, q.until, !(q.out_flags & GPUSHARE_SCHED_NATIVE));
+}
+
+/* ---- standalone: the core, this process its only client ---- */
+
+static void standalone_acquire(struct gate *g)
+{
+	for (;;) {
+		u64 now = mono_ns(), until;
+		if (gs_sched_acquire(&g->core, &g->client, now, &until) == GS_SCHED_GRANT) {
+			granted(g, until, true);
+			return;
+		}
+		/* Nobody else can wake us: sleep until the core says (bounded). */
+		if (until <= now)
+			until = now + 100000;
+		else if (until - now > 1000000000ull)
+			until = now + 1000000000ull;
+		sleep_until(until);
+	}
+}
+
+/* GPUSHARE_CORE_LIMIT for @dev: by its UUID's place, or by ordinal. */
+static uint32_t standalone_limit(int dev)
+{
+	char uuid[GS_UUID_MAX];
+
+	if (!nuuids)
+		return dev < nlimits ? limits[dev] : 0;
+	gs_cuda_attach(dev);
+	if (!gs_ledger_uuid(dev, uuid))
+		return 0;
+	for (int i = 0; i < nuuids; i++)
+		if (gs_uuid_equal(uuids[i], uuid))
+			return limits[i];
+	return 0;
+}
+
+/* The first slow path on @dev: how it is gated. */
+static void setup(struct gate *g, int dev)
+{
+	if (atomic_load(&mode) == MODE_MODULE) {
+		struct gpushare_sched q;
+		gs_cuda_attach(dev);
+		if (sched_op(dev, GPUSHARE_SCHED_INFO, 0, 0, &q) == 0) {
+			g->how = HOW_MODULE;
+			g->slice_ns = q.slice_ns;
+			return;
+		}
+		/* A module without the scheduler: the environment's limit, if any. */
+		if (errno != ENOTTY && errno != EINVAL) {
+			say_pass(dev, errno);
+			pass(g);
+			return;
+		}
+	}
+	uint32_t limit = standalone_limit(dev);
+	if (limit == 0 || limit >= 100) {
+		pass(g);
+		return;
+	}
+	uint64_t now = mono_ns();
+	gs_sched_init(&g->core, now);
+	gs_sched_set_policy(&g->core, 3, now);
+	if (gs_sched_add(&g->core, &g->ent, limit, 0, now)) {
+		pass(g);
+		return;
+	}
+	gs_sched_attach(&g->core, &g->client, &g->ent, now);
+	g->how = HOW_STANDALONE;
+}
+
+/*
+ * The grant is over: renew it, or drain, give back and wait for the next.
+ *
+ * Only the module renews without draining, and only on time (within a
+ * grace of the grant's end): the core charges a slice's holder for the
+ * hold, and learns what the work really took only at the release, so a
+ * process that queued work far past its slice (or came back long after
+ * it) must drain and report it before it gets more.  Standalone, the
+ * process is alone: it drains every slice, which costs the GPU one launch
+ * latency per slice and keeps the queue from running ahead of the share.
+ */
+static void exchange(struct gate *g, int dev)
+{
+	bool module = g->how == HOW_MODULE;
+
+	if (g->in_slice) {
+		uint64_t until = atomic_load(&g->until);
+		if (module && mono_ns() < until + g->slice_ns / 4 && module_renew(g, dev))
+			return;
+		uint64_t used = drain(g);
+		if (module) {
+			struct gpushare_sched q;
+			sched_op(dev, GPUSHARE_SCHED_RELEASE, 0, used, &q);
+		} else {
+			gs_sched_release(&g->core, &g->client, used, mono_ns());
+		}
+		g->in_slice = false;
+	}
+	if (module)
+		module_acquire(g, dev);
+	else
+		standalone_acquire(g);
+}
+
+static void slow(struct gate *g, int dev, CUstream s)
+{
+	if (capturing(s))
+		return;		/* captured work does not run now */
+	pthread_mutex_lock(&g->lock);
+	if (g->how == HOW_UNKNOWN)
+		setup(g, dev);
+	if (g->how != HOW_PASS) {
+		/* Another thread may have exchanged while this one waited. */
+		if (mono_ns() >= atomic_load(&g->until))
+			exchange(g, dev);
+		if (g->how != HOW_PASS)
+			track_locked(g, s);
+	}
+	pthread_mutex_unlock(&g->lock);
+}
+
+void gs_sched_gate(int dev, CUstream s, bool per_thread)
+{
+	int m = atomic_load_explicit(&mode, memory_order_acquire);
+
+	if (m == MODE_OFF)
+		return;
+	if (m == MODE_UNKNOWN) {
+		pthread_once(&once, choose);
+		if (atomic_load(&mode) == MODE_OFF)
+			return;
+	}
+	if (dev < 0)
+		dev = launch_device();
+	if (dev < 0 || dev >= MAX_DEVICES)
+		return;		/* no context: the driver will say */
+	if (!s)
+		s = per_thread ? CU_STREAM_PER_THREAD : CU_STREAM_LEGACY;
+	struct gate *g = &gates[dev];
+	uint64_t until = atomic_load_explicit(&g->until, memory_order_acquire);
+	if (until == NEVER)
+		return;
+	if (mono_ns() < until) {
+		if (last.stream == s &&
+		    last.gen == atomic_load_explicit(&g->gen, memory_order_relaxed))
+			return;
+		pthread_mutex_lock(&g->lock);
+		track_locked(g, s);
+		pthread_mutex_unlock(&g->lock);
+		return;
+	}
+	slow(g, dev, s);
+}
