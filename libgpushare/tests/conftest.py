@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,3 +208,127 @@ def quota_env(*limits: int, uuids: list[str] | None = None, **extra: str) -> dic
     }
     env.update(extra)
     return env
+
+
+# ---- the compute tests: loads on the fake driver's simulated GPU ----
+
+
+@dataclass(frozen=True)
+class Compute:
+    """Runs tests/compute_load.c on a simulated GPU shared by its processes.
+
+    Module mode: each simulated container is a FAKEGS_CONTAINER of the
+    /dev/gpushare stand-in, whose schedule (the real core) is shared through
+    FAKEGS_SCHED and set live through FAKEGS_CTL (tests/fake/fake_gsdev.c).
+    """
+
+    build: Build
+    gsdev: Path
+    load: Path
+    tmp: Path
+
+    @property
+    def ctl_path(self) -> Path:
+        return self.tmp / "ctl"
+
+    def ctl(self, *lines: str) -> None:
+        """Replace the stand-in's settings (applied at its next SCHED call)."""
+        tmp = self.tmp / "ctl.new"
+        tmp.write_text("".join(f"{ln}\n" for ln in lines))
+        tmp.rename(self.ctl_path)
+
+    def container(self, name: str, weight: int = 0, highprio: int = 0) -> dict[str, str]:
+        """The environment of a process of simulated container @name (GPU 0)."""
+        return {
+            "LD_PRELOAD": f"{self.gsdev} {self.build.lib}",
+            "FAKEGS_CONTAINER": name,
+            "FAKEGS_QUOTAS": f"0:{FAKE_MEMORY}:{weight}:{highprio}",
+            "FAKEGS_STATE": str(self.tmp / f"ledger-{name}"),
+            "FAKEGS_SCHED": str(self.tmp / "sched"),
+            "FAKEGS_CTL": str(self.ctl_path),
+            "GPUSHARE_GPU_UUIDS": FAKE_UUIDS[0],
+        }
+
+    def standalone(self, core_limit: str | None, *, preload: str = "lib") -> dict[str, str]:
+        """A process in standalone mode (no /dev/gpushare)."""
+        lib = {"lib": self.build.lib, "nolookup": self.build.nolookup, "none": None}[preload]
+        env = {"LD_PRELOAD": str(lib) if lib else ""}
+        if core_limit is not None:
+            env["GPUSHARE_CORE_LIMIT"] = core_limit
+        return env
+
+    def start(
+        self,
+        env: dict[str, str],
+        path: str = "kernel",
+        *,
+        kernel_us: int = 100,
+        seconds: float = 2.0,
+        device: int = 0,
+        lookup: str = "direct",
+        t0: int | None = None,
+        trace_ms: int | None = None,
+    ) -> subprocess.Popen[str]:
+        """Start one load; @t0 (time.monotonic_ns()) makes several overlap."""
+        full = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in _SCRUBBED and not k.startswith(_SCRUBBED_PREFIXES)
+        }
+        full["LD_LIBRARY_PATH"] = str(self.build.fake_dir)
+        full["FAKECUDA_DEVICES"] = "2"
+        full["FAKECUDA_GPU_STATE"] = str(self.tmp / "gpu")
+        if t0 is not None:
+            full["COMPUTE_LOAD_T0"] = str(t0)
+        if trace_ms is not None:
+            full["COMPUTE_LOAD_TRACE_MS"] = str(trace_ms)
+        full.update(env)
+        argv = [str(self.load), path, str(kernel_us), str(seconds), str(device), lookup]
+        return subprocess.Popen(
+            argv, env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+
+    @staticmethod
+    def result(proc: subprocess.Popen[str], timeout: float = 60) -> dict[str, Any]:
+        """A load's RESULT line, with its share of the GPU over its run."""
+        out, err = proc.communicate(timeout=timeout)
+        lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+        if proc.returncode != 0 or not lines:
+            pytest.fail(
+                f"compute_load {proc.args!r} failed (exit {proc.returncode}):\n"
+                f"--- stdout\n{out}\n--- stderr\n{err}",
+                pytrace=False,
+            )
+        r: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
+        r["share"] = r["gpu_ns"] / r["wall_ns"]
+        r["stderr"] = err
+        return r
+
+    def run(self, *loads: dict[str, Any], lead_s: float = 0.3) -> list[dict[str, Any]]:
+        """Run loads (start()'s keyword arguments, env included) together:
+        they begin launching at the same moment, @lead_s from now."""
+        t0 = time.monotonic_ns() + int(lead_s * 1e9)
+        procs = [self.start(**{"t0": t0, **load}) for load in loads]
+        return [self.result(p) for p in procs]
+
+
+@pytest.fixture(scope="session")
+def compute_bins(build: Build) -> tuple[Path, Path]:
+    """The stand-in and the workload, built into the session's build."""
+    gsdev = build.fake_dir / "fake_gsdev.so"
+    load = build.dir / "tests" / "compute_load"
+    proc = subprocess.run(
+        ["make", "-C", str(LIBDIR), f"BUILD={build.dir}", str(gsdev), str(load)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"building the compute tests failed:\n{proc.stdout}\n{proc.stderr}")
+    return gsdev, load
+
+
+@pytest.fixture
+def compute(build: Build, compute_bins: tuple[Path, Path], tmp_path: Path) -> Compute:
+    """A fresh simulated GPU and schedule for one test."""
+    return Compute(build, compute_bins[0], compute_bins[1], tmp_path)

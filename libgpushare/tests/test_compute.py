@@ -1,0 +1,202 @@
+"""Compute isolation on the fake driver's simulated GPU (issue 11's CI tests).
+
+Each load (tests/compute_load.c) launches kernels through libgpushare.so as
+a real program would; the fake GPU runs one kernel at a time and tells each
+process how much kernel time it ran.  Module mode goes through the
+/dev/gpushare stand-in (the real scheduler core, shared by the simulated
+containers of a test); standalone mode through GPUSHARE_CORE_LIMIT.  A
+share is GPU time over wall time, a ratio of simulated GPU time: the
+criteria are the issue's (1:2 within 5 %, fixed shares within 3 points).
+`pytest -s` prints the measured figures.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from conftest import Compute
+
+PATHS = ("kernel", "ex", "coop", "multi", "graph", "capture", "host")
+
+
+def _pct(r: dict[str, Any]) -> float:
+    return 100 * float(r["share"])
+
+
+def _show(label: str, results: list[dict[str, Any]]) -> str:
+    text = f"{label}: " + ", ".join(
+        f"{r['path']}/{r['lookup']} {_pct(r):.1f}% ({r['launches']} launches)" for r in results
+    )
+    print(text)
+    return text
+
+
+def _window_share(r: dict[str, Any], trace_ms: int, t_from: float, t_to: float) -> float:
+    """The load's share of the GPU between @t_from and @t_to seconds."""
+    lo, hi = round(t_from * 1000 / trace_ms), round(t_to * 1000 / trace_ms)
+    samples = r["trace"][lo:hi]
+    assert len(samples) == hi - lo, f"trace too short: {len(r['trace'])} samples"
+    return 100 * sum(samples) / ((hi - lo) * trace_ms * 1e6)
+
+
+def test_weights_one_to_two_give_gpu_time_one_to_two(compute: Compute) -> None:
+    # Policy 2 (weighted preemptive, the default): weights 30 and 60.
+    a, b = compute.run(
+        {"env": compute.container("a", 30), "seconds": 3},
+        {"env": compute.container("b", 60), "seconds": 3},
+    )
+    ratio = b["gpu_ns"] / a["gpu_ns"]
+    msg = _show(f"weights 1:2 -> 1:{ratio:.3f}", [a, b])
+    assert abs(ratio / 2 - 1) <= 0.05, msg
+    # Together they keep the GPU busy (policy 2 is work-conserving).
+    assert _pct(a) + _pct(b) >= 90, msg
+
+
+def test_fixed_shares_hold_in_module_mode(compute: Compute) -> None:
+    compute.ctl("policy 0 3")
+    results = compute.run(
+        *({"env": compute.container(f"c{w}", w), "seconds": 3} for w in (10, 30, 50))
+    )
+    msg = _show("policy 3, 10/30/50", results)
+    for want, r in zip((10, 30, 50), results, strict=True):
+        assert abs(_pct(r) - want) <= 3, msg
+
+
+def test_fixed_shares_hold_in_standalone_mode(compute: Compute) -> None:
+    # GPUSHARE_CORE_LIMIT by CUDA ordinal; one process per fake GPU (each
+    # process holds only itself to its share).
+    env = compute.standalone("10,30,50")
+    loads = [{"env": {**env, "FAKECUDA_DEVICES": "3"}, "device": i} for i in range(3)]
+    results = compute.run(*loads)
+    msg = _show("standalone 10/30/50", results)
+    for want, r in zip((10, 30, 50), results, strict=True):
+        assert abs(_pct(r) - want) <= 3, msg
+
+
+def test_a_graph_is_throttled_like_its_kernels_one_by_one(compute: Compute) -> None:
+    # Two containers of 30 % each under policy 3: one launches a graph of
+    # 50 kernels (5 ms of GPU time per launch), the other the same kernels
+    # one by one.  Both get their share: a graph is charged what it took.
+    compute.ctl("policy 0 3")
+    graph, single = compute.run(
+        {
+            "env": {**compute.container("graph", 30), "COMPUTE_LOAD_GRAPH_NODES": "50"},
+            "path": "graph",
+            "seconds": 3,
+        },
+        {"env": compute.container("single", 30), "path": "kernel", "seconds": 3},
+    )
+    msg = _show("graph vs kernels at 30 %", [graph, single])
+    assert graph["kernels"] == 50 * graph["launches"], msg
+    assert abs(_pct(graph) - 30) <= 3, msg
+    assert abs(_pct(graph) - _pct(single)) <= 3, msg
+
+
+def test_high_priority_preempts_within_a_slice_and_keeps_to_prio_ratio(
+    compute: Compute,
+) -> None:
+    slice_ms, ratio, trace_ms = 20, 60, 100
+    compute.ctl("policy 0 2", f"prio_ratio 0 {ratio}", f"slice_us 0 {slice_ms * 1000}")
+    t0 = time.monotonic_ns() + 300_000_000
+    low = compute.start(compute.container("low", 50), seconds=3.5, t0=t0)
+    high = compute.start(
+        compute.container("high", 50, highprio=1),
+        seconds=2.5,
+        t0=t0 + 1_000_000_000,
+        trace_ms=trace_ms,
+    )
+    lo, hi = compute.result(low), compute.result(high)
+    first_ms = hi["first_ns"] / 1e6
+    windows = [_window_share(hi, trace_ms, t / 10, t / 10 + 0.5) for t in range(0, 20, 5)]
+    msg = _show(
+        f"high priority: first grant after {first_ms:.1f} ms, 0.5 s windows "
+        + "/".join(f"{w:.0f}" for w in windows)
+        + " %",
+        [hi, lo],
+    )
+    # Within one slice and its grace (GS_SCHED_GRACE: a quarter slice) of
+    # asking, with a slice's margin for the test machine's own scheduling.
+    assert first_ms <= slice_ms * 1.25 + slice_ms, msg
+    # Served first (more than its weight alone would give), never beyond
+    # prio_ratio while the other container has work.
+    assert _pct(hi) > 50 + 3, msg
+    assert all(w <= ratio + 3 for w in windows), msg
+
+
+def test_switching_the_policy_live_changes_the_shares_within_a_second(
+    compute: Compute,
+) -> None:
+    # Policy 3 with 20/20 caps both at 20 %; switched to 2 (weights 20:20)
+    # at 1.2 s, each gets half of the GPU.
+    trace_ms = 100
+    compute.ctl("policy 0 3")
+    t0 = time.monotonic_ns() + 300_000_000
+    procs = [
+        compute.start(compute.container(n, 20), seconds=3.2, t0=t0, trace_ms=trace_ms)
+        for n in ("a", "b")
+    ]
+    time.sleep((t0 - time.monotonic_ns()) / 1e9 + 1.2)
+    compute.ctl("policy 0 2")
+    a, b = (compute.result(p) for p in procs)
+    before = [_window_share(r, trace_ms, 0.2, 1.2) for r in (a, b)]
+    after = [_window_share(r, trace_ms, 2.2, 3.1) for r in (a, b)]
+    msg = _show(
+        f"policy 3 -> 2: before {before[0]:.1f}/{before[1]:.1f} %, "
+        f"from 1 s after {after[0]:.1f}/{after[1]:.1f} %",
+        [a, b],
+    )
+    assert all(abs(s - 20) <= 3 for s in before), msg
+    assert all(abs(s - 50) <= 5 for s in after), msg
+
+
+def test_no_limit_gets_the_whole_gpu_and_costs_little_per_launch(compute: Compute) -> None:
+    (gated,) = compute.run({"env": compute.standalone(None), "seconds": 1})
+    (bare,) = compute.run({"env": compute.standalone(None, preload="none"), "seconds": 1})
+    msg = _show("no limit (library, none)", [gated, bare])
+    assert _pct(gated) >= 90, msg
+    assert _pct(gated) >= _pct(bare) - 3, msg
+    # The library's cost per launch: kernels of no duration, so the loop is
+    # all launches (printed, not asserted: it is this machine's speed).
+    zero = {"FAKECUDA_NS_PER_BLOCK": "0"}
+    per_launch = {}
+    for name, preload in (("library", "lib"), ("none", "none")):
+        (r,) = compute.run(
+            {"env": {**compute.standalone(None, preload=preload), **zero}, "seconds": 0.5}
+        )
+        per_launch[name] = r["wall_ns"] / r["launches"]
+    print(
+        f"ns per launch: library {per_launch['library']:.0f}, none {per_launch['none']:.0f}, "
+        f"overhead {per_launch['library'] - per_launch['none']:.0f}"
+    )
+
+
+def test_every_launch_path_is_throttled(compute: Compute) -> None:
+    # One fake GPU per path, each process held to 30 % in standalone mode.
+    env = {**compute.standalone(",".join(["30"] * len(PATHS))), "FAKECUDA_DEVICES": "8"}
+    results = compute.run(*({"env": env, "path": p, "device": i} for i, p in enumerate(PATHS)))
+    msg = _show("every path at 30 %", results)
+    for r in results:
+        assert abs(_pct(r) - 30) <= 3, msg
+    host = results[PATHS.index("host")]
+    assert host["host_ran"] == host["launches"] and not host["host_disorder"], msg
+
+
+def test_lookups_are_gated_and_the_suite_sees_a_bypass(compute: Compute) -> None:
+    # Entry points found by dlsym and by cuGetProcAddress are throttled like
+    # direct calls; with the build that does not wrap lookups, the dlsym
+    # path escapes, and the share is not held: the tests above would fail.
+    env = {"FAKECUDA_DEVICES": "3"}
+    dlsym, proc, bypass = compute.run(
+        {"env": {**compute.standalone("30,30,30"), **env}, "lookup": "dlsym", "device": 0},
+        {"env": {**compute.standalone("30,30,30"), **env}, "lookup": "proc", "device": 1},
+        {
+            "env": {**compute.standalone("30,30,30", preload="nolookup"), **env},
+            "lookup": "dlsym",
+            "device": 2,
+        },
+    )
+    msg = _show("lookups at 30 % (dlsym, proc, dlsym without wrappers)", [dlsym, proc, bypass])
+    assert abs(_pct(dlsym) - 30) <= 3, msg
+    assert abs(_pct(proc) - 30) <= 3, msg
+    assert _pct(bypass) > 30 + 30, msg
