@@ -39,7 +39,7 @@
 #include "interpose.h"
 #include "ledger.h"
 #include "lookup.h"
-#include "sched.h"
+#include "sched_gate.h"
 #include "table.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -763,7 +763,7 @@ static CUresult w_cuMipmappedArrayDestroy(CUmipmappedArray m)
 EXPORT_AS(cuMipmappedArrayDestroy, w_cuMipmappedArrayDestroy);
 
 /*
- * ---- launches: the compute gate (sched.h) ----
+ * ---- launches: the compute gate (sched_gate.h) ----
  *
  * Every way to put work on a GPU's queue waits at the gate first, on the
  * stream it is for (a _ptsz entry point's stream 0 is the per-thread

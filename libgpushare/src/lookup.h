@@ -49,7 +49,7 @@ enum gs_fn {
 	GS_FN_cuArrayDestroy,
 	GS_FN_cuMipmappedArrayCreate,
 	GS_FN_cuMipmappedArrayDestroy,
-	/* launches (the compute scheduler's gate, sched.h) */
+	/* launches (the compute gate, sched_gate.h) */
 	GS_FN_cuLaunchKernel,
 	GS_FN_cuLaunchKernel_ptsz,
 	GS_FN_cuLaunchKernelEx,

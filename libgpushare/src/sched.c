@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /*
- * The compute gate (see sched.h).
+ * The compute gate (see sched_gate.h).
  *
  * Per device, a process holds a grant: until its end (CLOCK_MONOTONIC ns,
  * the module's clock too) launches go straight to the driver.  The first
@@ -36,7 +36,7 @@
 #include "cuda_abi.h"
 #include "env.h"
 #include "ledger.h"
-#include "sched.h"
+#include "sched_gate.h"
 
 #define MAX_DEVICES 64
 #define MAX_STREAMS 8		/* streams timed per slice; more: drain the context */

@@ -23,9 +23,12 @@
  * the next grant (one thread at a time; the others wait for its answer).
  * Work submitted to a stream that is being captured does not run now and
  * is not gated (the graph is, when launched).
+ *
+ * (Named sched_gate.h, not sched.h: the tests build with -Isrc, where a
+ * sched.h would stand in for the C library's <sched.h>.)
  */
-#ifndef GPUSHARE_SCHED_H
-#define GPUSHARE_SCHED_H
+#ifndef GPUSHARE_SCHED_GATE_H
+#define GPUSHARE_SCHED_GATE_H
 
 #include <stdbool.h>
 
@@ -44,4 +47,4 @@ void *gs_driver_sym(const char *name);
 /* From cuda.c: tell the ledger @ordinal's UUID (once; reads it from the driver). */
 void gs_cuda_attach(int ordinal);
 
-#endif /* GPUSHARE_SCHED_H */
+#endif /* GPUSHARE_SCHED_GATE_H */
