@@ -16,8 +16,10 @@
  * SECONDS     how long to launch (fractions allowed)
  * DEVICE      CUDA ordinal (default 0)
  * LOOKUP      how the launch and synchronisation entry points are found:
- *             direct (linked, the default), dlsym (dlopen + dlsym) or proc
- *             (cuGetProcAddress_v2)
+ *             direct (linked, the default), dlsym (dlopen + dlsym), proc
+ *             (cuGetProcAddress_v2) or ptds (cuGetProcAddress_v2 asking for
+ *             the per-thread default stream's variants, the _ptsz ones,
+ *             launching on stream 0: the thread's default stream)
  *
  * Environment: COMPUTE_LOAD_T0 (CLOCK_MONOTONIC ns) starts the launches
  * then, after the set-up, so that several loads overlap exactly;
@@ -108,9 +110,11 @@ static void *entry(const char *how, const char *name, const char *versioned, voi
 	} else if (!strcmp(how, "dlsym")) {
 		void *h = dlopen("libcuda.so.1", RTLD_NOW);
 		p = h ? dlsym(h, versioned) : NULL;
-	} else if (!strcmp(how, "proc")) {
+	} else if (!strcmp(how, "proc") || !strcmp(how, "ptds")) {
 		CUdriverProcAddressQueryResult st;
-		check(cuGetProcAddress_v2(name, &p, 12090, 0, &st), name);
+		cuuint64_t flags = strcmp(how, "ptds") ? CU_GET_PROC_ADDRESS_DEFAULT :
+				   CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+		check(cuGetProcAddress_v2(name, &p, 12090, flags, &st), name);
 	} else {
 		fprintf(stderr, "compute_load: unknown lookup %s\n", how);
 		exit(2);
@@ -197,7 +201,7 @@ int main(int argc, char **argv)
 {
 	if (argc < 4 || argc > 6) {
 		fprintf(stderr, "usage: compute_load kernel|ex|coop|multi|graph|capture|host "
-				"KERNEL_US SECONDS [DEVICE [direct|dlsym|proc]]\n");
+				"KERNEL_US SECONDS [DEVICE [direct|dlsym|proc|ptds]]\n");
 		return 2;
 	}
 	const char *path = argv[1];
@@ -217,6 +221,8 @@ int main(int argc, char **argv)
 	check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
 	check(cuStreamCreate(&s, 0), "cuStreamCreate");
 	resolve(how);
+	if (!strcmp(how, "ptds"))
+		s = NULL;	/* with a _ptsz entry point: the per-thread stream */
 
 	const char *gn = getenv("COMPUTE_LOAD_GRAPH_NODES");
 	if (gn && atoi(gn) > 0)
