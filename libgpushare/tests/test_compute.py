@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from conftest import Compute
+from conftest import Client, Compute
 
 PATHS = ("kernel", "ex", "coop", "multi", "graph", "capture", "host")
 
@@ -213,3 +213,48 @@ def test_lookups_are_gated_and_the_suite_sees_a_bypass(compute: Compute) -> None
     for r in results[:-1]:
         assert abs(_pct(r) - 30) <= 3, msg
     assert _pct(results[-1]) > 30 + 30, msg
+
+
+def test_the_fake_gpu_runs_one_kernel_at_a_time_and_times_it(client: Client) -> None:
+    # The test bed itself, without the library: kernels of 1 us per block
+    # queue behind each other on one device, whatever their stream; events
+    # time them; capture runs nothing and forbids synchronising.
+    r = client.run(
+        """
+device(0)
+f = d.CUfunction(0x1000)
+s1, s2 = ok(d.cuStreamCreate, 0), ok(d.cuStreamCreate, 0)
+a, b = ok(d.cuEventCreate, 0), ok(d.cuEventCreate, 0)
+ok(d.cuEventRecord, a, s1)
+ok(d.cuLaunchKernel, f, 2000, 1, 1, 32, 1, 1, 0, s1, 0, 0)
+ok(d.cuLaunchKernel, f, 1000, 2, 1, 32, 1, 1, 0, s2, 0, 0)
+ok(d.cuEventRecord, b, s2)
+R["query"] = call(d.cuEventQuery, b)[0]
+ok(d.cuEventSynchronize, b)
+R["two_streams_ms"] = ok(d.cuEventElapsedTime, a, b)
+g = ok(d.cuGraphCreate, 0)
+p = d.CUDA_KERNEL_NODE_PARAMS()
+p.func, p.gridDimX, p.gridDimY, p.gridDimZ = f, 500, 1, 1
+for _ in range(4):
+    ok(d.cuGraphAddKernelNode, g, None, 0, p)
+x = ok(d.cuGraphInstantiate, g, 0)
+ok(d.cuEventRecord, a, s1)
+ok(d.cuGraphLaunch, x, s1)
+ok(d.cuEventRecord, b, s1)
+ok(d.cuStreamSynchronize, s1)
+R["graph_ms"] = ok(d.cuEventElapsedTime, a, b)
+ok(d.cuStreamBeginCapture, s1, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL)
+R["capturing"] = int(ok(d.cuStreamIsCapturing, s1))
+ok(d.cuLaunchKernel, f, 1000, 1, 1, 32, 1, 1, 0, s1, 0, 0)
+R["sync_in_capture"] = call(d.cuStreamSynchronize, s1)[0]
+R["end_capture"] = call(d.cuStreamEndCapture, s1)[0]
+""",
+        preload=None,
+    )
+    assert r["query"] == "CUDA_ERROR_NOT_READY"
+    # Lower bounds: the work itself; upper: plus the launching process's pace.
+    assert 4.0 <= r["two_streams_ms"] < 6, r
+    assert 2.0 <= r["graph_ms"] < 4, r
+    assert r["capturing"] == 1
+    assert r["sync_in_capture"] == "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
+    assert r["end_capture"] == "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"
