@@ -153,6 +153,38 @@ for env in GPUSHARE_CORE_LIMIT= GPUSHARE_CORE_LIMIT=100,100 \
 	run "$LIB" direct launch $env TEST_GATED=0 >/dev/null || { echo "FAIL: gated with $env"; fail=1; }
 done
 echo "compute: no limit, 100 %, isolation memory/none, another GPU's limit: not gated"
+# Module mode through the stand-in: fixed share 50 % on both GPUs (module GPU
+# 5 is device 1, 3 is device 0); the environment neither sets nor lifts it.
+printf 'policy 3 3\npolicy 5 3\n' >"$TMP/ctl"
+GATE="FAKEGS_QUOTAS=5:$((1024 * MiB)):50,3:$((512 * MiB)):50 GPUSHARE_GPU_UUIDS=$UUID1,$UUID0 FAKEGS_CTL=$TMP/ctl"
+for mode in direct proc_ptds; do
+	n=$((n + 1))
+	run "$GSDEV" $mode launch $GATE GPUSHARE_CORE_LIMIT=100,100 FAKEGS_STATE="$TMP/state$n" \
+		FAKEGS_SCHED="$TMP/sched$n" || fail=1
+done
+n=$((n + 1))
+if run "$GSDEV" direct launch $GATE GPUSHARE_DEBUG=1 FAKEGS_STATE="$TMP/state$n" \
+	FAKEGS_SCHED="$TMP/sched$n" 2>&1 | grep -q "compute module, weights \[50,50\]"; then
+	echo "compute: module mode said, with the registration's weights"
+else
+	echo "FAIL: module compute mode not said"
+	fail=1
+fi
+# A device that is not the container's is not gated, and that is said once
+# per process (device 0: the test and its forked child; device 1: the test).
+n=$((n + 1))
+out=$(run "$GSDEV" direct launch $GATE GPUSHARE_GPU_UUIDS=$OTHER,$OTHER TEST_GATED=0 \
+	FAKEGS_STATE="$TMP/state$n" FAKEGS_SCHED="$TMP/sched$n" 2>&1)
+if [ "$(printf '%s\n' "$out" | grep -c "launches on CUDA device 0 are not scheduled")" = 2 ] &&
+	[ "$(printf '%s\n' "$out" | grep -c "launches on CUDA device 1 are not scheduled")" = 1 ] &&
+	printf '%s\n' "$out" | grep -q "^direct launch: ok"; then
+	echo "compute: module mode, a GPU not the container's: not gated, said once per process"
+else
+	printf '%s\n' "$out"
+	echo "FAIL: module mode, a GPU not the container's"
+	fail=1
+fi
+
 # The mode is said once with GPUSHARE_DEBUG; a malformed limit is said and off.
 if run "$LIB" direct launch GPUSHARE_CORE_LIMIT=30,50 GPUSHARE_DEBUG=1 2>&1 |
 	grep -c "compute standalone, limits \[30,50\] percent, GPUs by CUDA ordinal" | grep -qx 1; then
