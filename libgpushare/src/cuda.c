@@ -776,7 +776,9 @@ static CUresult launch_kernel(enum gs_fn fn, bool pt, CUfunction f, unsigned int
 			      unsigned int bz, unsigned int shared, CUstream s, void **params,
 			      void **extra)
 {
-	gs_sched_gate(-1, s, pt);
+	CUresult r = gs_sched_gate(-1, s, pt);
+	if (r != CUDA_SUCCESS)
+		return r;
 	cuLaunchKernel_t real_fn = (cuLaunchKernel_t)driver_fn(fn);
 	return real_fn ? real_fn(f, gx, gy, gz, bx, by, bz, shared, s, params, extra) :
 			 CUDA_ERROR_NOT_FOUND;
@@ -805,8 +807,9 @@ EXPORT_AS(cuLaunchKernel_ptsz, w_cuLaunchKernel_ptsz);
 static CUresult launch_ex(enum gs_fn fn, bool pt, const CUlaunchConfig *config, CUfunction f,
 			  void **params, void **extra)
 {
-	if (config)	/* NULL: the driver refuses it */
-		gs_sched_gate(-1, config->hStream, pt);
+	CUresult r = config ? gs_sched_gate(-1, config->hStream, pt) : CUDA_SUCCESS;
+	if (r != CUDA_SUCCESS)	/* (a NULL config: the driver refuses it) */
+		return r;
 	cuLaunchKernelEx_t real_fn = (cuLaunchKernelEx_t)driver_fn(fn);
 	return real_fn ? real_fn(config, f, params, extra) : CUDA_ERROR_NOT_FOUND;
 }
@@ -829,7 +832,9 @@ static CUresult launch_coop(enum gs_fn fn, bool pt, CUfunction f, unsigned int g
 			    unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by,
 			    unsigned int bz, unsigned int shared, CUstream s, void **params)
 {
-	gs_sched_gate(-1, s, pt);
+	CUresult r = gs_sched_gate(-1, s, pt);
+	if (r != CUDA_SUCCESS)
+		return r;
 	cuLaunchCooperativeKernel_t real_fn = (cuLaunchCooperativeKernel_t)driver_fn(fn);
 	return real_fn ? real_fn(f, gx, gy, gz, bx, by, bz, shared, s, params) :
 			 CUDA_ERROR_NOT_FOUND;
@@ -860,8 +865,11 @@ EXPORT_AS(cuLaunchCooperativeKernel_ptsz, w_cuLaunchCooperativeKernel_ptsz);
 static CUresult w_cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list,
 						       unsigned int n, unsigned int flags)
 {
-	for (unsigned int i = 0; list && i < n; i++)
-		gs_sched_gate(stream_device(list[i].hStream), list[i].hStream, false);
+	for (unsigned int i = 0; list && i < n; i++) {
+		CUresult r = gs_sched_gate(stream_device(list[i].hStream), list[i].hStream, false);
+		if (r != CUDA_SUCCESS)
+			return r;
+	}
 	return REAL(cuLaunchCooperativeKernelMultiDevice_t, cuLaunchCooperativeKernelMultiDevice,
 		    list, n, flags);
 }
@@ -870,14 +878,18 @@ EXPORT_AS(cuLaunchCooperativeKernelMultiDevice, w_cuLaunchCooperativeKernelMulti
 /* A graph is gated as a whole; its time is measured on the GPU like any work. */
 static CUresult w_cuGraphLaunch(CUgraphExec exec, CUstream s)
 {
-	gs_sched_gate(-1, s, false);
+	CUresult r = gs_sched_gate(-1, s, false);
+	if (r != CUDA_SUCCESS)
+		return r;
 	return REAL(cuGraphLaunch_t, cuGraphLaunch, exec, s);
 }
 EXPORT_AS(cuGraphLaunch, w_cuGraphLaunch);
 
 static CUresult w_cuGraphLaunch_ptsz(CUgraphExec exec, CUstream s)
 {
-	gs_sched_gate(-1, s, true);
+	CUresult r = gs_sched_gate(-1, s, true);
+	if (r != CUDA_SUCCESS)
+		return r;
 	return REAL(cuGraphLaunch_t, cuGraphLaunch_ptsz, exec, s);
 }
 EXPORT_AS(cuGraphLaunch_ptsz, w_cuGraphLaunch_ptsz);
@@ -885,14 +897,18 @@ EXPORT_AS(cuGraphLaunch_ptsz, w_cuGraphLaunch_ptsz);
 /* Gated like a kernel, so nothing queued after it can overtake what was gated. */
 static CUresult w_cuLaunchHostFunc(CUstream s, CUhostFn fn, void *data)
 {
-	gs_sched_gate(-1, s, false);
+	CUresult r = gs_sched_gate(-1, s, false);
+	if (r != CUDA_SUCCESS)
+		return r;
 	return REAL(cuLaunchHostFunc_t, cuLaunchHostFunc, s, fn, data);
 }
 EXPORT_AS(cuLaunchHostFunc, w_cuLaunchHostFunc);
 
 static CUresult w_cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn, void *data)
 {
-	gs_sched_gate(-1, s, true);
+	CUresult r = gs_sched_gate(-1, s, true);
+	if (r != CUDA_SUCCESS)
+		return r;
 	return REAL(cuLaunchHostFunc_t, cuLaunchHostFunc_ptsz, s, fn, data);
 }
 EXPORT_AS(cuLaunchHostFunc_ptsz, w_cuLaunchHostFunc_ptsz);

@@ -46,7 +46,7 @@
 #define TLS __thread __attribute__((tls_model("initial-exec")))
 
 enum mode { MODE_UNKNOWN, MODE_OFF, MODE_STANDALONE, MODE_MODULE };
-enum how { HOW_UNKNOWN, HOW_PASS, HOW_STANDALONE, HOW_MODULE };
+enum how { HOW_UNKNOWN, HOW_PASS, HOW_REFUSED, HOW_STANDALONE, HOW_MODULE };
 
 struct tracked {
 	CUstream stream;	/* CU_STREAM_LEGACY, CU_STREAM_PER_THREAD or a handle */
@@ -187,10 +187,16 @@ static void choose(void)
 	if (bad)
 		nlimits = 0;
 
-	if (!gs_isolation_compute(getenv("GPUSHARE_ISOLATION"))) {
-		m = MODE_OFF;
-	} else if (gs_ledger_mode() == GS_LEDGER_MODULE) {
+	/*
+	 * With a registration the module decides, as for memory: any process
+	 * can set GPUSHARE_ISOLATION for its children, so it cannot turn the
+	 * schedule off (a container without a compute share is registered
+	 * with weight 0 and scheduled as best effort).
+	 */
+	if (gs_ledger_mode() == GS_LEDGER_MODULE) {
 		m = MODE_MODULE;
+	} else if (!gs_isolation_compute(getenv("GPUSHARE_ISOLATION"))) {
+		m = MODE_OFF;
 	} else if (bad && l && *l) {
 		fprintf(stderr, "gpushare: %s: GPU time is not limited\n", bad);
 	} else {
@@ -373,6 +379,28 @@ static void pass(struct gate *g)
 	atomic_store(&g->until, NEVER);
 }
 
+/*
+ * Module mode, a device that is not one of the container's: its launches
+ * are refused (fail closed, as its memory is), or a tenant could leave a
+ * GPU unscheduled by rewriting GPUSHARE_GPU_UUIDS.  @until stays 0, so
+ * every launch comes to the slow path and is refused there.
+ */
+static void refuse(struct gate *g, int dev, int err)
+{
+	fprintf(stderr, "gpushare: launches on CUDA device %d are refused: %s\n", dev,
+		err == ENODEV ? "it is not one of this container's GPUs" :
+				"this container has no share of it");
+	g->how = HOW_REFUSED;
+	g->in_slice = false;
+	atomic_store(&g->until, 0);
+}
+
+/* Module mode: errors meaning the device is not the container's. */
+static bool not_ours(int err)
+{
+	return err == ENODEV || err == ENXIO;
+}
+
 static void say_pass(int dev, int err)
 {
 	const char *why = err == ENODEV ? "it is not one of this container's GPUs" :
@@ -418,7 +446,11 @@ static void module_acquire(struct gate *g, int dev)
 	while (sched_op(dev, GPUSHARE_SCHED_ACQUIRE, 0, 0, &q)) {
 		if (errno == EINTR)
 			continue;
-		/* The container was deleted, or lost its share: pass from now on. */
+		if (not_ours(errno)) {
+			refuse(g, dev, errno);
+			return;
+		}
+		/* The container was deleted: its processes are on their way out. */
 		say_pass(dev, errno);
 		pass(g);
 		return;
@@ -471,6 +503,10 @@ static void setup(struct gate *g, int dev)
 		if (sched_op(dev, GPUSHARE_SCHED_INFO, 0, 0, &q) == 0) {
 			g->how = HOW_MODULE;
 			g->slice_ns = q.slice_ns;
+			return;
+		}
+		if (not_ours(errno)) {
+			refuse(g, dev, errno);
 			return;
 		}
 		/* A module without the scheduler: the environment's limit, if any. */
@@ -530,52 +566,59 @@ static void exchange(struct gate *g, int dev)
 		standalone_acquire(g);
 }
 
-static void slow(struct gate *g, int dev, CUstream s)
+static CUresult slow(struct gate *g, int dev, CUstream s)
 {
-	if (capturing(s))
-		return;		/* captured work does not run now */
+	CUresult r = CUDA_SUCCESS;
+
 	pthread_mutex_lock(&g->lock);
 	if (g->how == HOW_UNKNOWN)
 		setup(g, dev);
-	if (g->how != HOW_PASS) {
+	if (g->how == HOW_REFUSED) {
+		r = CUDA_ERROR_NOT_PERMITTED;
+	} else if (capturing(s)) {
+		/* captured work does not run now */
+	} else if (g->how != HOW_PASS) {
 		/* Another thread may have exchanged while this one waited. */
 		if (mono_ns() >= atomic_load(&g->until))
 			exchange(g, dev);
-		if (g->how != HOW_PASS)
+		if (g->how == HOW_REFUSED)
+			r = CUDA_ERROR_NOT_PERMITTED;
+		else if (g->how != HOW_PASS)
 			track_locked(g, s);
 	}
 	pthread_mutex_unlock(&g->lock);
+	return r;
 }
 
-void gs_sched_gate(int dev, CUstream s, bool per_thread)
+CUresult gs_sched_gate(int dev, CUstream s, bool per_thread)
 {
 	int m = atomic_load_explicit(&mode, memory_order_acquire);
 
 	if (m == MODE_OFF)
-		return;
+		return CUDA_SUCCESS;
 	if (m == MODE_UNKNOWN) {
 		pthread_once(&once, choose);
 		if (atomic_load(&mode) == MODE_OFF)
-			return;
+			return CUDA_SUCCESS;
 	}
 	if (dev < 0)
 		dev = launch_device();
 	if (dev < 0 || dev >= MAX_DEVICES)
-		return;		/* no context: the driver will say */
+		return CUDA_SUCCESS;	/* no context: the driver will say */
 	if (!s)
 		s = per_thread ? CU_STREAM_PER_THREAD : CU_STREAM_LEGACY;
 	struct gate *g = &gates[dev];
 	uint64_t until = atomic_load_explicit(&g->until, memory_order_acquire);
 	if (until == NEVER)
-		return;
+		return CUDA_SUCCESS;
 	if (mono_ns() < until) {
 		if (last.stream == s &&
 		    last.gen == atomic_load_explicit(&g->gen, memory_order_relaxed))
-			return;
+			return CUDA_SUCCESS;
 		pthread_mutex_lock(&g->lock);
 		track_locked(g, s);
 		pthread_mutex_unlock(&g->lock);
-		return;
+		return CUDA_SUCCESS;
 	}
-	slow(g, dev, s);
+	return slow(g, dev, s);
 }

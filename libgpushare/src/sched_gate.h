@@ -3,10 +3,10 @@
  * The compute gate: every launch (kernels, graphs, host functions) calls
  * gs_sched_gate() before it reaches the driver, and the gate delays the
  * calling thread until its process may submit work to that GPU.  Work is
- * never reordered or refused: only the caller waits.
+ * never reordered: only the caller waits.
  *
  * Modes, chosen once at the first launch:
- *  - off: GPUSHARE_ISOLATION memory or none, or no module registration and
+ *  - off: no module registration, and GPUSHARE_ISOLATION memory or none or
  *    no GPUSHARE_CORE_LIMIT in 1..99 on any GPU.  One atomic load.
  *  - module: /dev/gpushare (GPUSHARE_IOC_SCHED) decides, for every process
  *    of the container together.  A device that is not one of the
@@ -37,9 +37,11 @@
 /*
  * Before a launch on @stream, on CUDA device @ordinal (-1: the current
  * context's).  @per_thread: a _ptsz entry point, whose stream 0 is the
- * per-thread default stream.
+ * per-thread default stream.  CUDA_SUCCESS: launch it;
+ * CUDA_ERROR_NOT_PERMITTED: module mode, a device that is not one of the
+ * container's (return it to the caller without launching).
  */
-void gs_sched_gate(int ordinal, CUstream stream, bool per_thread);
+CUresult gs_sched_gate(int ordinal, CUstream stream, bool per_thread);
 
 /* From cuda.c: the real driver's entry point @name (NULL if none). */
 void *gs_driver_sym(const char *name);

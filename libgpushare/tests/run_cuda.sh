@@ -170,20 +170,28 @@ else
 	echo "FAIL: module compute mode not said"
 	fail=1
 fi
-# A device that is not the container's is not gated, and that is said once
-# per process (device 0: the test and its forked child; device 1: the test).
+# A device that is not the container's is refused (fail closed, as its
+# memory is), said once per process and device (device 0: the test; device
+# 1: the test), so rewriting GPUSHARE_GPU_UUIDS leaves no GPU unscheduled.
 n=$((n + 1))
-out=$(run "$GSDEV" direct launch $GATE GPUSHARE_GPU_UUIDS=$OTHER,$OTHER TEST_GATED=0 \
+out=$(run "$GSDEV" direct launch_refused $GATE GPUSHARE_GPU_UUIDS=$OTHER,$OTHER \
 	FAKEGS_STATE="$TMP/state$n" FAKEGS_SCHED="$TMP/sched$n" 2>&1)
-if [ "$(printf '%s\n' "$out" | grep -c "launches on CUDA device 0 are not scheduled")" = 2 ] &&
-	[ "$(printf '%s\n' "$out" | grep -c "launches on CUDA device 1 are not scheduled")" = 1 ] &&
-	printf '%s\n' "$out" | grep -q "^direct launch: ok"; then
-	echo "compute: module mode, a GPU not the container's: not gated, said once per process"
+if [ "$(printf '%s\n' "$out" | grep -c "launches on CUDA device 0 are refused")" = 1 ] &&
+	[ "$(printf '%s\n' "$out" | grep -c "launches on CUDA device 1 are refused")" = 1 ] &&
+	printf '%s\n' "$out" | grep -q "^direct launch_refused: ok"; then
+	echo "compute: module mode, a GPU not the container's: launches refused, said once"
 else
 	printf '%s\n' "$out"
 	echo "FAIL: module mode, a GPU not the container's"
 	fail=1
 fi
+# With a registration the environment cannot turn the schedule off.
+for hostile in GPUSHARE_ISOLATION=none GPUSHARE_ISOLATION=memory GPUSHARE_CORE_LIMIT=; do
+	n=$((n + 1))
+	run "$GSDEV" direct launch $GATE $hostile FAKEGS_STATE="$TMP/state$n" \
+		FAKEGS_SCHED="$TMP/sched$n" >/dev/null || { echo "FAIL: module mode ungated by $hostile"; fail=1; }
+done
+echo "compute: module mode stays gated whatever GPUSHARE_ISOLATION / GPUSHARE_CORE_LIMIT say"
 
 # The mode is said once with GPUSHARE_DEBUG; a malformed limit is said and off.
 if run "$LIB" direct launch GPUSHARE_CORE_LIMIT=30,50 GPUSHARE_DEBUG=1 2>&1 |
