@@ -43,6 +43,7 @@ GPU_FILES = {
     "free_memsize": 0o444,
     "nr_inst": 0o444,
     "orphaned_memsize": 0o444,
+    "slice_us": 0o644,
 }
 CTR_FILES = {
     "id": 0o444,
@@ -52,6 +53,7 @@ CTR_FILES = {
     "meminfo": 0o444,
     "cgroup": 0o444,
     "memused": 0o444,
+    "gputime": 0o444,
 }
 # Not a decimal number (optionally with one newline), or beyond 64 bits.
 NOT_NUMBERS = [
@@ -122,6 +124,7 @@ def test_gpu_directory() -> None:
         "free_memsize": 17179869184,
         "nr_inst": 0,
         "orphaned_memsize": 0,
+        "slice_us": 10000,
     }
     assert value(ROOT / "0/major") == 10
     assert read(CTL) == "gpu 0 17179869184\n"
@@ -133,6 +136,7 @@ def test_gpu_directory() -> None:
         ("max_inst", [1, 25, 7], [0, 26, 1000]),
         ("policy", [0, 5, 1], [6, 100]),
         ("prio_ratio", [20, 99, 50], [0, 19, 100]),
+        ("slice_us", [1000, 1000000, 20000], [0, 999, 1000001]),
     ],
 )
 def test_gpu_settings(name: str, good: list[int], bad: list[int]) -> None:
@@ -145,7 +149,8 @@ def test_gpu_settings(name: str, good: list[int], bad: list[int]) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["free_weight", "major", "total_memsize", "free_memsize", "nr_inst"]
+    "name",
+    ["free_weight", "major", "total_memsize", "free_memsize", "nr_inst", "orphaned_memsize"],
 )
 def test_gpu_read_only_files(name: str) -> None:
     ok("gpu 0 1000")
@@ -212,8 +217,9 @@ def test_container_settings() -> None:
     refused(f"{b}/highprio", "2", errno.EINVAL)
     for name in ("memsize", "weight", "highprio"):
         refused(f"{b}/{name}", NOT_NUMBERS, errno.EINVAL)
-    for name in ("id", "meminfo", "cgroup"):
+    for name in ("id", "meminfo", "cgroup", "memused", "gputime"):
         refused(f"{b}/{name}", "1", errno.EACCES)
+    assert value(ROOT / b / "gputime") == 0  # it never asked for the GPU
     assert read(ROOT / b / "meminfo") == "Free: 1\n"
     ok("del a")
     ok("del b")
@@ -241,6 +247,7 @@ def test_inst_ctl_errors_change_nothing() -> None:
             "add ./.. 0:1",
             "add . 0:1",
             "add max_inst 0:1",
+            "add slice_us 0:1",
             "add " + "a" * 65 + " 0:1",
             "add x 0:10 extra",
             "del",
