@@ -94,7 +94,7 @@ def cases() -> dict[str, object]:
     head = abi.pack_query(0, 0)
     out["cap_0"] = [ioctl(head), fields(head)[6]]
     out["bad_pointer"] = ioctl(abi.pack_query(8, 4))
-    out["other_request"] = ioctl(abi.pack_query(addr, 4), abi.IOC_MEM + 1)
+    out["other_request"] = ioctl(abi.pack_query(addr, 4), abi.IOC_SCHED + 1)
     return out
 
 

@@ -154,7 +154,7 @@ def test_device_node() -> None:
     fd = os.open(DEV, os.O_RDONLY)  # root may always open it
     try:
         old_query = (2 << 30) | (472 << 16) | (ord("G") << 8) | 1  # 0.1.0's _IOR('G', 1, 472 bytes)
-        for request in (abi.IOC_MEM + 1, old_query):
+        for request in (abi.IOC_SCHED + 1, old_query):
             with pytest.raises(OSError) as e:
                 fcntl.ioctl(fd, request, bytearray(abi.QUERY_SIZE))
             assert e.value.errno == errno.ENOTTY
