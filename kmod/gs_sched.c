@@ -146,13 +146,16 @@ static void gs_charge(const struct gs_sched *s, struct gs_sched_ent *e,
 		e->tokens -= (s64)ns;
 }
 
-/* Give back @ns charged for a hold that others' late work filled. */
+/*
+ * Give back the tokens of @ns charged for a hold that others' late work
+ * filled.  used_ns stays: it is a counter (procfs gputime, status, metrics)
+ * and never goes down; the hold was @e's, even if the GPU was busy.
+ */
 static void gs_credit(const struct gs_sched *s, struct gs_sched_ent *e,
 		      u64 ns, bool free)
 {
 	s64 cap = gs_cap(s, e);
 
-	e->used_ns = gs_sub0(e->used_ns, ns);
 	if (free || !e->rate)
 		return;
 	if (ns >= (u64)(cap - e->tokens))

@@ -98,7 +98,7 @@ struct gs_sched_ent {
 	u32 in_slice;		/* clients in the current slice */
 	u32 rate;		/* ppm, from the policy; 0: best effort */
 	s64 tokens;		/* ns it may still use; < 0: its debt */
-	u64 used_ns;		/* everything it was charged, ns */
+	u64 used_ns;		/* everything it was charged, ns: never decreases */
 	u64 last_grant;		/* when it last got a slice (round robin) */
 	bool added;		/* in its gs_sched */
 	u32 frac;		/* tokens' fraction, ns * ppm */

@@ -64,6 +64,7 @@ struct ctr {
 	u64 gpu_ns;		/* GPU time in the measuring window */
 	u64 last_end;		/* its last work on the GPU ended */
 	u64 max_gap;		/* longest time without its work on the GPU */
+	u64 seen_used;		/* gs_sched_used() last time: it never goes down */
 };
 
 struct sim {
@@ -293,6 +294,17 @@ static void run_until(u64 t)
 			break;
 		sim.now = sim.p[best].wake;
 		step(&sim.p[best]);
+		for (i = 0; i < sim.nctr; i++) {
+			struct ctr *c = &sim.ctr[i];
+			u64 used;
+
+			if (!c->e.added)
+				continue;
+			used = gs_sched_used(&sim.s, &c->e, sim.now);
+			if (used < c->seen_used)
+				CHECK(used >= c->seen_used);	/* a counter */
+			c->seen_used = used;
+		}
 	}
 	sim.now = t;
 }

@@ -67,9 +67,9 @@ def spec(rng: random.Random) -> str:
 
 
 def check_state(state: abi.SchedState) -> str | None:
-    """What is wrong with an answer's outputs, if anything.  (A container's
-    gputime may go down: the core refunds a holder the time another's late
-    work filled, so it is not checked for monotony.)"""
+    """What is wrong with an answer's outputs, if anything.  (gputime's
+    monotony is checked by the core's unit test, kmod/tests/test_sched.c:
+    here containers are deleted and added again under the same IDs.)"""
     if state.policy > abi.POLICY_MAX:
         return f"policy {state.policy}"
     if state.out_flags != (abi.SCHED_NATIVE if state.policy == 5 else 0):
