@@ -56,7 +56,7 @@ def _compute(share: dict[str, Any]) -> str | None:
     if "compute_rule" not in share:
         return None
     target = share.get("compute_target")
-    text = "compute no limit" if target is None else f"compute {target}% target"
+    text = "compute no share" if target is None else f"compute {target}% target"
     policy = share.get("compute_policy")
     if isinstance(policy, int) and 0 <= policy < len(_POLICY_NAMES):
         text += f" (policy {policy} {_POLICY_NAMES[policy]})"

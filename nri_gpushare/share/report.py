@@ -61,8 +61,10 @@ def compute_rule(
 ) -> tuple[int | None, str]:
     """The share's scheduling policy (None when the module does not schedule
     it, or its policy is not known yet) and what its target means there."""
-    if alloc.isolation != "full":
-        return None, f"no limit: isolation {alloc.isolation} does not schedule compute"
+    if alloc.isolation == "none":
+        return None, "no limit: isolation none does not schedule compute"
+    if alloc.isolation == "memory":
+        core = 0  # registered without a compute share: best effort
     if not registered:
         if alloc.interposer and core:
             return None, (
@@ -83,7 +85,10 @@ def compute_rule(
         if policy == 4:
             rule += "; time nobody due wants goes to any container waiting"
     elif not core:
-        rule = "no gpu-core: best effort, served when no container with a share waits"
+        rule = (
+            "no compute share (no gpu-core, or isolation memory): best effort, "
+            "served when no container with a share waits"
+        )
     elif policy == 2:
         rule = f"weight {core} against the other containers using the GPU; alone, the whole GPU"
     else:

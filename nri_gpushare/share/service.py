@@ -563,8 +563,9 @@ class ShareService:
 
     def _unmeasured(self, alloc: Allocation) -> str | None:
         """Why the module measures no GPU time for `alloc`, None when it does."""
-        if alloc.isolation != "full":
-            return f"unknown: isolation {alloc.isolation} does not schedule compute"
+        if alloc.isolation == "none":
+            return "unknown: isolation none does not schedule compute"
+        # isolation memory: registered with weight 0, scheduled as best effort.
         if alloc.container_id in self.link.registered:
             return None if self.gputime is not None else "unknown: no gputime reader"
         if alloc.interposer and any(s.core_percent for s in alloc.shares):
