@@ -24,4 +24,5 @@ test: prereqs
 bench: prereqs
 	$(PYTHON) bench/create_latency.py
 	$(PYTHON) bench/interposer_overhead.py
+	$(PYTHON) bench/interposer_compute.py
 	$(PYTHON) bench/container_start.py
