@@ -147,6 +147,23 @@ static void gs_charge(const struct gs_sched *s, struct gs_sched_ent *e,
 }
 
 /*
+ * Take @ns of tokens from @e for a time the GPU was kept idle for it (an
+ * offer it did not take): not GPU time it used, so used_ns stays.
+ */
+static void gs_forfeit(const struct gs_sched *s, struct gs_sched_ent *e,
+		       u64 ns, bool free)
+{
+	s64 floor = gs_floor(s);
+
+	if (free || !e->rate || !ns)
+		return;
+	if (e->tokens <= floor || ns >= (u64)(e->tokens - floor))
+		e->tokens = floor;
+	else
+		e->tokens -= (s64)ns;
+}
+
+/*
  * Give back the tokens of @ns charged for a hold that others' late work
  * filled.  used_ns stays: it is a counter (procfs gputime, status, metrics)
  * and never goes down; the hold was @e's, even if the GPU was busy.
@@ -686,6 +703,14 @@ enum gs_sched_answer gs_sched_acquire(struct gs_sched *s,
 			*until = gs_add(s->offer_at, gs_grace(s));
 			return GS_SCHED_WAIT;
 		}
+		/*
+		 * The GPU stood idle a grace for p: that is p's cost, not the
+		 * others' (or a client that only ever asks while others hold
+		 * the GPU, never taking it, would idle it at every change of
+		 * hands for free), and p goes to the back of the round robin.
+		 */
+		gs_forfeit(s, p, gs_grace(s), free);
+		p->last_grant = now;
 		p->stale = true;
 		s->offer = NULL;
 	}

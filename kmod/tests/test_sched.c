@@ -767,6 +767,44 @@ static void test_hostile(void)
 	CHECK(near(share(k), 50, 1));
 }
 
+/*
+ * A client that asks (as with GPUSHARE_SCHED_NOWAIT) only while others
+ * hold the GPU, so that it is never granted and never charged, yet is
+ * due for the GPU at every change of hands: the grace the others wait
+ * for it each time costs it, not them.
+ */
+static void test_offer_grief(void)
+{
+	static const u32 policies[] = { 3, 2 };
+	static const u32 weights[][2] = { { 45, 10 }, { 50, 1 } };
+	static const double want[] = { 45, 100.0 * 50 / 101 };
+	struct gs_sched_client hc;
+	int a, b, h, k;
+	u64 until, t;
+
+	for (k = 0; k < 2; k++) {
+		sim_init(policies[k], 10 * MS);
+		a = add_ctr(weights[k][0], 0);
+		b = add_ctr(weights[k][0], 0);
+		h = add_ctr(weights[k][1], 0);
+		add_proc(a, 1 * MS, 0, 0, 0);
+		add_proc(b, 1 * MS, 0, 0, 0);
+		gs_sched_attach(&sim.s, &hc, &sim.ctr[h].e, 0);
+		measure(0, 20 * SEC);
+		for (t = 0; t < 20 * SEC; t += 500 * US) {
+			run_until(t);
+			if (sim.s.holder && sim.s.holder != &sim.ctr[h].e)
+				gs_sched_acquire(&sim.s, &hc, sim.now, &until);
+		}
+		run_until(20 * SEC);
+		printf("policy %u, a waiter that never comes: %.2f %% %.2f %% (want %.2f)\n",
+		       policies[k], share(a), share(b), want[k]);
+		CHECK(near(share(a), want[k], 1));
+		CHECK(near(share(b), want[k], 1));
+		CHECK(sim.ctr[h].e.used_ns == 0);
+	}
+}
+
 int main(void)
 {
 	test_fair_share();
@@ -780,6 +818,7 @@ int main(void)
 	test_switch();
 	test_stopped();
 	test_hostile();
+	test_offer_grief();
 	printf("%d passed, %d failed\n", passed, failed);
 	return failed ? 1 : 0;
 }
