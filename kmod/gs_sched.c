@@ -76,7 +76,7 @@ static inline bool gs_native(const struct gs_sched *s)
 static inline s64 gs_cap(const struct gs_sched *s,
 			 const struct gs_sched_ent *e)
 {
-	if (e->waiting || e->in_slice || e->late || s->holder == e)
+	if (e->waiting || e->in_slice || s->holder == e)
 		return (s64)(GS_SCHED_NATIVE_NS + s->slice_ns);
 	return (s64)s->slice_ns;
 }

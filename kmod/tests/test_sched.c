@@ -805,6 +805,33 @@ static void test_offer_grief(void)
 	}
 }
 
+/*
+ * A process that launched once and went idle: its slice is taken away at
+ * the grace and it never reports.  Its container wants nothing, so it
+ * saves a slice at most, and does not burst past a fixed share later.
+ */
+static void test_idle_late(void)
+{
+	struct gs_sched_client idle;
+	u64 until;
+	int a, b;
+
+	sim_init(3, 10 * MS);
+	a = add_ctr(10, 0);
+	b = add_ctr(50, 0);
+	gs_sched_attach(&sim.s, &idle, &sim.ctr[a].e, 0);
+	CHECK(gs_sched_acquire(&sim.s, &idle, 0, &until) == GS_SCHED_GRANT);
+	add_proc(b, 1 * MS, 0, 0, 0);
+	run_until(10 * SEC);
+	CHECK(sim.ctr[a].e.tokens <= (s64)sim.s.slice_ns);
+	add_proc(a, 1 * MS, 0, 0, 10 * SEC);
+	measure(10 * SEC, 12 * SEC);
+	run_until(12 * SEC);
+	printf("fixed 10 %% after 10 s idle in a lost slice: %.2f %% over 2 s\n",
+	       share(a));
+	CHECK(near(share(a), 10, 1));
+}
+
 int main(void)
 {
 	test_fair_share();
@@ -819,6 +846,7 @@ int main(void)
 	test_stopped();
 	test_hostile();
 	test_offer_grief();
+	test_idle_late();
 	printf("%d passed, %d failed\n", passed, failed);
 	return failed ? 1 : 0;
 }
