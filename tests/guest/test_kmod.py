@@ -1,6 +1,8 @@
 """gpushare.ko in a real kernel: builds the module (from a copy of kmod/, or of
-$GPUSHARE_KMOD_SRC), the test-only kretprobe module tests/guest/kprobe_widen/
-and kmod_query, boots Debian's 6.1 kernel under qemu once and runs the
+$GPUSHARE_KMOD_SRC), the test-only kretprobe module tests/guest/kprobe_widen/,
+kmod_query and the interposer's side (libgpushare.so, the fake CUDA driver
+and libgpushare/tests/compute_load, for kmod_guest_sched_interposer.py),
+boots Debian's 6.1 kernel under qemu once and runs the
 in-guest suite (tests/guest/kmod_guest_*.py, with the fixtures of
 tests/guest/kmod_support.py, whose Agent drives the memory ledger's
 processes) there as root.  The guest's exit status is the
@@ -20,6 +22,7 @@ compiler) fails instead of skipping.
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -43,6 +46,15 @@ PASS_THROUGH = ("GPUSHARE_RANDOM_SEED", "GPUSHARE_STRESS_S", "GPUSHARE_RACE_S")
 pytestmark = pytest.mark.guest
 
 
+def build_cuda_side(build: Path) -> Path:
+    """libgpushare.so, the fake CUDA driver (fake/) and tests/compute_load,
+    all under build (returned).  The guest runs the host's root file system,
+    so they are dynamically linked against the libraries it sees too."""
+    make = ["make", "-s", "-C", str(REPO / "libgpushare"), f"BUILD={build}"]
+    subprocess.run([*make, "all", "fake", str(build / "tests" / "compute_load")], check=True)
+    return build
+
+
 def test_kmod_suite_in_guest(tmp_path: Path) -> None:
     kernel = require_guest()
     c_compiler()
@@ -52,10 +64,12 @@ def test_kmod_suite_in_guest(tmp_path: Path) -> None:
     ko = build_module(src, tmp_path / "kmod", kernel)
     widen = build_module(WIDEN, tmp_path / "kprobe_widen", kernel)
     query = build_kmod_query(tmp_path / "kmod_query", kmod=src)
+    cuda = build_cuda_side(tmp_path / "cuda")
     env = {
         "GPUSHARE_KO": str(ko),
         "GPUSHARE_WIDEN_KO": str(widen),
         "GPUSHARE_KMOD_QUERY": str(query),
+        "GPUSHARE_CUDA_BUILD": str(cuda),
     }
     env |= {k: os.environ[k] for k in PASS_THROUGH if os.environ.get(k)}
     stress = sum(float(os.environ.get(k) or 0) for k in PASS_THROUGH[1:])
