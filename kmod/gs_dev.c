@@ -27,6 +27,7 @@
 #include <linux/rcupdate.h>
 #include <linux/sched.h>
 #include <linux/slab.h>
+#include <linux/time_namespace.h>
 #include <linux/timekeeping.h>
 #include <linux/uaccess.h>
 #include <linux/wait.h>
@@ -98,8 +99,11 @@ static int gs_dev_open(struct inode *inode, struct file *file)
 /*
  * @fh leaves every GPU's schedule: a slice it is in ends for it (for its
  * container when it was the last client there), it stops waiting, and
- * the waiters ask again.  Under gs_mem_lock, which del holds while it
- * detaches the clients of every file of a container.
+ * the waiters ask again when that may let one of them in (the core says
+ * so: a file that only asked, of a container with others, wakes nobody,
+ * so that a loop of open, ACQUIRE NOWAIT, close cannot make every waiter
+ * on the GPU run).  Under gs_mem_lock, which del holds while it detaches
+ * the clients of every file of a container.
  */
 static void gs_fh_sched_detach(struct gs_fh *fh)
 {
@@ -113,8 +117,8 @@ static void gs_fh_sched_detach(struct gs_fh *fh)
 			continue;	/* never asked, or del detached it */
 		gpu = gs_gpus[ctr->quota[i].gpu];
 		spin_lock(&gpu->sched_lock);
-		gs_sched_detach(&gpu->sched, &fh->sched[i], ktime_get_ns());
-		gs_sched_kick(gpu);
+		if (gs_sched_detach(&gpu->sched, &fh->sched[i], ktime_get_ns()))
+			gs_sched_kick(gpu);
 		spin_unlock(&gpu->sched_lock);
 	}
 }
@@ -441,6 +445,26 @@ static int gs_sched_op(struct gs_fh *fh, struct gpushare_sched *m, bool *filled)
 }
 
 /*
+ * @ns of the host's CLOCK_MONOTONIC (ktime_get_ns(), the scheduler's
+ * clock) as the calling task sees that clock: a container in its own time
+ * namespace has an offset, and its interposer compares until with its
+ * clock_gettime(CLOCK_MONOTONIC).  Saturating; 0 ("none") and the far
+ * future stay as they are.
+ */
+static u64 gs_mono_to_user(u64 ns)
+{
+	struct timespec64 ts;
+	s64 v;
+
+	if (!ns || ns >= KTIME_MAX)
+		return ns;
+	ts = ns_to_timespec64(ns);
+	timens_add_monotonic(&ts);
+	v = timespec64_to_ns(&ts);	/* KTIME_MAX on overflow */
+	return v > 0 ? v : 0;
+}
+
+/*
  * GPUSHARE_IOC_SCHED with an extensible structure, as MEM's (see the uapi
  * header).  The structure is known writable before anything changes.
  */
@@ -463,6 +487,7 @@ static long gs_sched_ioctl(struct gs_fh *fh, struct gpushare_sched __user *um)
 		return -EFAULT;
 
 	ret = gs_sched_op(fh, &m, &filled);
+	m.until = gs_mono_to_user(m.until);	/* the only absolute time */
 	if (filled && copy_to_user(um, &m, out))
 		return -EFAULT;
 	return ret;

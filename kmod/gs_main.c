@@ -246,6 +246,7 @@ static void gs_sched_del_ctr(struct gs_ctr *ctr)
 				gs_sched_detach(&gpu->sched, c, now);
 		}
 		gs_sched_del(&gpu->sched, &ctr->share[i].ent, now);
+		/* Always: its own waiters must wake to get ENOENT. */
 		gs_sched_kick(gpu);
 		spin_unlock(&gpu->sched_lock);
 	}

@@ -60,7 +60,7 @@ static inline u64 gs_grace(const struct gs_sched *s)
 /* The deepest debt: a second and a few slices, whatever was reported. */
 static inline s64 gs_floor(const struct gs_sched *s)
 {
-	return -(s64)(GS_SCHED_NATIVE_NS + 4 * s->slice_ns);
+	return -(s64)(GS_SCHED_SAVE_NS + 4 * s->slice_ns);
 }
 
 static inline bool gs_native(const struct gs_sched *s)
@@ -77,7 +77,7 @@ static inline s64 gs_cap(const struct gs_sched *s,
 			 const struct gs_sched_ent *e)
 {
 	if (e->waiting || e->in_slice || s->holder == e)
-		return (s64)(GS_SCHED_NATIVE_NS + s->slice_ns);
+		return (s64)(GS_SCHED_SAVE_NS + s->slice_ns);
 	return (s64)s->slice_ns;
 }
 
@@ -228,12 +228,14 @@ static void gs_refund(struct gs_sched *s, u64 from, u64 to)
 		s->hold_start += b - a;
 }
 
-static void gs_rates(struct gs_sched *s)
+/* Every entity's rate from the policy; true when one of them changed. */
+static bool gs_rates(struct gs_sched *s)
 {
 	u32 max_inst = s->max_inst ? s->max_inst : 1;
 	u32 ratio = s->prio_ratio < 100 ? s->prio_ratio : 100;
 	u64 wsum = 0, rate;
 	u32 online = 0, i;
+	bool changed = false;
 
 	/* High-priority entities do not dilute the others' shares. */
 	for (i = 0; i < s->nents; i++) {
@@ -272,8 +274,22 @@ static void gs_rates(struct gs_sched *s)
 				break;
 			}
 		}
+		changed |= e->rate != (u32)rate;
 		e->rate = (u32)rate;
 	}
+	return changed;
+}
+
+/*
+ * A slice is in progress: until it ends, every other entity's waiter has
+ * been told to ask again at its end at the latest (or is woken when the
+ * GPU changes hands before), and nothing but the holder's release can
+ * let one in earlier; so a change of the waiting or online set, or of the
+ * rates, needs no wake-up then: the waiters see it at their next ask.
+ */
+static inline bool gs_live(const struct gs_sched *s, u64 now)
+{
+	return s->holder && now < s->hold_until;
 }
 
 static void gs_wait(struct gs_sched_client *c)
@@ -618,17 +634,21 @@ void gs_sched_attach(struct gs_sched *s, struct gs_sched_client *c,
 	gs_rates(s);
 }
 
-void gs_sched_detach(struct gs_sched *s, struct gs_sched_client *c, u64 now)
+bool gs_sched_detach(struct gs_sched *s, struct gs_sched_client *c, u64 now)
 {
 	struct gs_sched_ent *e = c->ent;
+	bool changed;
 
 	if (!e)
-		return;
-	gs_sched_release(s, c, 0, now);
+		return false;
+	changed = gs_sched_release(s, c, 0, now);
 	if (e->clients)
 		e->clients--;
 	c->ent = NULL;
-	gs_rates(s);
+	/* Its entity went offline: the others' rates may be higher now. */
+	if (gs_rates(s) && !gs_live(s, s->now))
+		changed = true;
+	return changed;
 }
 
 enum gs_sched_answer gs_sched_acquire(struct gs_sched *s,
@@ -644,7 +664,7 @@ enum gs_sched_answer gs_sched_acquire(struct gs_sched *s,
 	if (gs_native(s) || !e) {
 		if (e)
 			gs_unwait(c);
-		*until = gs_add(now, GS_SCHED_NATIVE_NS);
+		*until = gs_add(now, s->slice_ns);
 		return GS_SCHED_GRANT;
 	}
 	e->stale = false;
@@ -721,7 +741,7 @@ bool gs_sched_release(struct gs_sched *s, struct gs_sched_client *c,
 {
 	struct gs_sched_ent *e = c->ent;
 	struct gs_sched_forced *f = NULL;
-	bool changed;
+	bool changed, waited = c->waiting;
 	u64 extra, from;
 
 	if (!e)
@@ -729,6 +749,12 @@ bool gs_sched_release(struct gs_sched *s, struct gs_sched_client *c,
 	now = gs_advance(s, now);
 	changed = gs_expire(s, now);
 	gs_unwait(c);
+	/*
+	 * Its entity no longer waits: an offer to it, or a decision that
+	 * counted it among the waiters (high priority alone), may change.
+	 */
+	if (waited && !e->waiting && !gs_live(s, now))
+		changed = true;
 	if (!c->slice)
 		return changed;
 	if (used_ns > now - c->since)

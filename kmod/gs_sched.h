@@ -15,9 +15,11 @@
  * processes (clients) submit work meanwhile.  A client asks with
  * gs_sched_acquire(): GS_SCHED_GRANT means "submit until *until", and
  * GS_SCHED_WAIT means "not yet: ask again at *until, or when woken" (the
- * caller wakes its waiters after every call that returns true or changes
- * a setting).  When the slice is over, a client waits for its work to
- * finish (so that the next holder runs alone) and calls
+ * caller wakes its waiters after every release or detach that returns
+ * true, every acquire that changes the holder, the slice or the offer,
+ * and every change of a setting or of the entities).  When the slice is
+ * over, a client waits for its work to finish (so that the next holder
+ * runs alone) and calls
  * gs_sched_release() with the GPU time its work took, measured on the
  * GPU.  A holder whose clients do not release within GS_SCHED_GRACE(s)
  * after the slice loses it anyway, so a stopped or dead process can
@@ -32,7 +34,7 @@
  * granted a slice only with tokens >= 0, so over time it gets exactly its
  * rate, never more, whatever its work looks like (one long CUDA graph or
  * a thousand small kernels).  An entity that waits (or holds) keeps what
- * it accrues meanwhile, up to GS_SCHED_NATIVE_NS and a slice, so others'
+ * it accrues meanwhile, up to GS_SCHED_SAVE_NS and a slice, so others'
  * long work does not cost it its share.  Work reported past a slice taken
  * away is charged to its entity and refunded to the holders it kept off
  * the serial GPU meanwhile.  A slice granted to an entity with no
@@ -48,7 +50,9 @@
  *   3 fixed share   weight percent, never more
  *   4 weak          as 1, but work-conserving: a slice nobody eligible
  *                   wants goes to any waiter
- *   5 native        no scheduling: every acquire is granted at once
+ *   5 native        no scheduling: every acquire is granted at once, for
+ *                   one slice (so that a switch away from 5 bites within
+ *                   a slice: the client just asks again then)
  * Under 2 and 3, an entity of weight 0 has no rate: it is best effort,
  * served only when no rate-limited entity is eligible and waiting.
  * High priority: a highprio entity that waits is served first, at a rate
@@ -81,8 +85,8 @@ typedef __s64 s64;
 #define GS_SCHED_SLICE_NS	(10ull * 1000 * 1000)	/* default slice */
 /* How long past its slice a holder keeps the GPU waiting for a release. */
 #define GS_SCHED_GRACE(s)	((s)->slice_ns / 4)
-/* A native (policy 5) grant: come back no sooner than this. */
-#define GS_SCHED_NATIVE_NS	(1000ull * 1000 * 1000)
+/* What a waiting entity may save, and (with a few slices) its deepest debt. */
+#define GS_SCHED_SAVE_NS	(1000ull * 1000 * 1000)
 
 enum gs_sched_answer {
 	GS_SCHED_WAIT,
@@ -173,18 +177,27 @@ void gs_sched_set_weight(struct gs_sched *s, struct gs_sched_ent *e,
 void gs_sched_set_highprio(struct gs_sched *s, struct gs_sched_ent *e,
 			   u32 highprio, u64 now);
 
-/* A client starts or stops using @e's GPU (detach also leaves its slice). */
+/*
+ * A client starts or stops using @e's GPU.  Detach also leaves its slice
+ * and stops its waiting, as a release of nothing; it returns true when
+ * that may let a waiter in sooner (wake the waiters): the release's
+ * answer, or, outside a slice in progress, the rates changed (its entity
+ * went offline).  Detaching a client that neither waits nor is the last
+ * of its entity's in a slice, with other clients of its entity left,
+ * changes nothing a waiter depends on and returns false, so that a
+ * process looping open, ask, close does not wake everybody each time.
+ */
 void gs_sched_attach(struct gs_sched *s, struct gs_sched_client *c,
 		     struct gs_sched_ent *e, u64 now);
-void gs_sched_detach(struct gs_sched *s, struct gs_sched_client *c, u64 now);
+bool gs_sched_detach(struct gs_sched *s, struct gs_sched_client *c, u64 now);
 
 /*
  * May @c submit work now?  GS_SCHED_GRANT: yes, until *@until (joining
  * its entity's slice if that holds the GPU, or renewing its own slice
  * when it is still the entity's turn).  GS_SCHED_WAIT: no; @c counts as
  * waiting until it is granted, releases or detaches, and *@until is when
- * to ask again if nothing wakes it before.  Under policy 5 every call is
- * granted, for GS_SCHED_NATIVE_NS.
+ * to ask again if nothing wakes it before.  Under policy 5 (and for a
+ * client attached to nothing) every call is granted, for one slice.
  */
 enum gs_sched_answer gs_sched_acquire(struct gs_sched *s,
 				      struct gs_sched_client *c,
@@ -195,7 +208,9 @@ enum gs_sched_answer gs_sched_acquire(struct gs_sched *s,
  * when its last client leaves) and stops waiting.  @used_ns is the GPU
  * time its work took since its last report, as it measured it (bounded
  * by the time since its grant; 0 if it measured nothing).  Returns true
- * when the GPU changed hands or became free (wake the waiters).
+ * when the GPU changed hands or became free, or when @c's entity stopped
+ * waiting outside a slice in progress (an offer to it, or a decision that
+ * counted it as waiting, may change): wake the waiters then.
  */
 bool gs_sched_release(struct gs_sched *s, struct gs_sched_client *c,
 		      u64 used_ns, u64 now);

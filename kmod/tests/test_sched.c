@@ -497,7 +497,7 @@ static void test_native(void)
 	for (i = 0; i < 3; i++) {
 		CHECK(gs_sched_acquire(&sim.s, &c[i], 5, &until) ==
 		      GS_SCHED_GRANT);
-		CHECK(until == 5 + GS_SCHED_NATIVE_NS);
+		CHECK(until == 5 + sim.s.slice_ns);
 	}
 	CHECK(!gs_sched_release(&sim.s, &c[0], 1 * MS, 6));
 	CHECK(!sim.s.holder);
@@ -630,6 +630,82 @@ static void test_switch(void)
 	printf("switch 2 -> 3: then %.2f %% %.2f %%\n", share(a), share(b));
 	CHECK(near(share(a), 10, 1));
 	CHECK(near(share(b), 50, 1));
+
+	/* 5 -> 3: native grants last a slice, so 10 %/10 % bite within one. */
+	sim_init(5, 10 * MS);
+	a = add_ctr(10, 0);
+	b = add_ctr(10, 0);
+	add_proc(a, 1 * MS, 0, 0, 0);
+	add_proc(b, 1 * MS, 0, 0, 0);
+	run_until(t);
+	CHECK(sim.p[0].until <= t + sim.s.slice_ns);
+	CHECK(sim.p[1].until <= t + sim.s.slice_ns);
+	gs_sched_set_policy(&sim.s, 3, t);
+	wake_all();
+	measure(t, t + 1 * SEC);
+	run_until(t + 1 * SEC);
+	bound = 2 * (SEC / 10 + sim.s.slice_ns + GS_SCHED_GRACE(&sim.s) +
+		     1 * MS);
+	printf("switch 5 -> 3: 10 %% + 10 %% get %.3f ms in the first second\n",
+	       (double)(sim.ctr[a].gpu_ns + sim.ctr[b].gpu_ns) / MS);
+	CHECK(sim.ctr[a].gpu_ns + sim.ctr[b].gpu_ns <= bound);
+	measure(t + 1 * SEC, t + 40 * SEC);
+	run_until(t + 40 * SEC);
+	printf("switch 5 -> 3: then %.2f %% %.2f %%\n", share(a), share(b));
+	CHECK(near(share(a), 10, 1));
+	CHECK(near(share(b), 10, 1));
+}
+
+/*
+ * Detach tells whether the waiters need waking: only when something they
+ * depend on changed (holder, offer, waiting or online set, rates), so a
+ * process looping open, ask, close does not wake everybody each time.
+ */
+static void test_detach_wakes(void)
+{
+	struct gs_sched_client c[5];
+	u64 until, now = 1 * SEC;
+	int a, b, i;
+
+	sim_init(2, 10 * MS);
+	a = add_ctr(10, 0);
+	b = add_ctr(10, 0);
+	for (i = 0; i < 3; i++)
+		gs_sched_attach(&sim.s, &c[i], &sim.ctr[a].e, 0);
+	for (i = 3; i < 5; i++)
+		gs_sched_attach(&sim.s, &c[i], &sim.ctr[b].e, 0);
+	/* c[3] holds (b's slice); c[0] and c[1] wait. */
+	CHECK(gs_sched_acquire(&sim.s, &c[3], now, &until) == GS_SCHED_GRANT);
+	CHECK(gs_sched_acquire(&sim.s, &c[0], now, &until) == GS_SCHED_WAIT);
+	CHECK(gs_sched_acquire(&sim.s, &c[1], now, &until) == GS_SCHED_WAIT);
+	/* One of several, neither waiting nor in a slice: nothing changes. */
+	CHECK(!gs_sched_detach(&sim.s, &c[2], now + 1 * MS));
+	/* A waiter with another of its entity's still waiting: neither. */
+	CHECK(!gs_sched_detach(&sim.s, &c[1], now + 2 * MS));
+	/* b's other client, not in the slice: neither. */
+	CHECK(!gs_sched_detach(&sim.s, &c[4], now + 3 * MS));
+	/* The holder's last client in its slice: the GPU is free. */
+	CHECK(gs_sched_detach(&sim.s, &c[3], now + 4 * MS));
+	CHECK(!sim.s.holder);
+	/* b went offline outside a slice: a's rate doubles, a waits. */
+	CHECK(sim.ctr[a].e.rate == GS_SCHED_PPM);
+	/* a's last waiter, the GPU free: its entity stops waiting. */
+	CHECK(gs_sched_detach(&sim.s, &c[0], now + 5 * MS));
+	CHECK(!sim.ctr[a].e.waiting && !sim.ctr[a].e.clients);
+
+	/* The last client of an entity, in another's slice: no wake-up. */
+	gs_sched_attach(&sim.s, &c[0], &sim.ctr[a].e, now);
+	gs_sched_attach(&sim.s, &c[3], &sim.ctr[b].e, now);
+	now += 1 * SEC;
+	CHECK(gs_sched_acquire(&sim.s, &c[3], now, &until) == GS_SCHED_GRANT);
+	CHECK(gs_sched_acquire(&sim.s, &c[0], now, &until) == GS_SCHED_WAIT);
+	CHECK(until == sim.s.hold_until);
+	CHECK(!gs_sched_detach(&sim.s, &c[0], now + 1 * MS));
+	/* Out of the slice (its grace), the same is a change of rates. */
+	gs_sched_attach(&sim.s, &c[0], &sim.ctr[a].e, now);
+	CHECK(gs_sched_detach(&sim.s, &c[0], sim.s.hold_until + 1 * US));
+	/* Never attached, or detached twice: false. */
+	CHECK(!gs_sched_detach(&sim.s, &c[0], now + 20 * MS));
 }
 
 static void test_stopped(void)
@@ -740,7 +816,7 @@ static void test_hostile(void)
 	}
 	CHECK(grants > 0);
 	for (i = 0; i < GS_SCHED_MAX; i++)
-		CHECK(ents[i].tokens >= -(s64)(GS_SCHED_NATIVE_NS +
+		CHECK(ents[i].tokens >= -(s64)(GS_SCHED_SAVE_NS +
 					       4 * s.slice_ns));
 
 	/* Near the end of time: no wrap, and still decisions. */
@@ -847,6 +923,7 @@ int main(void)
 	test_hostile();
 	test_offer_grief();
 	test_idle_late();
+	test_detach_wakes();
 	printf("%d passed, %d failed\n", passed, failed);
 	return failed ? 1 : 0;
 }

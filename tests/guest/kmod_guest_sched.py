@@ -13,6 +13,7 @@ the latency bounds carry an explicit allowance for the guest's scheduling
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import errno
 import fcntl
@@ -437,7 +438,7 @@ def run_query(cg: Path, *args: str) -> str:
 def test_eintr_and_native(container: MakeContainer, procs: Procs) -> None:
     """A blocking ACQUIRE is interrupted by a signal (EINTR) and then no
     longer waits; under policy 5 (native) every ACQUIRE is granted at once,
-    flagged NATIVE, for a second, whoever holds the GPU."""
+    flagged NATIVE, for a slice (a second here), whoever holds the GPU."""
     ok("gpu 0 1000")
     assert write(ROOT / "0/slice_us", "1000000") == 0
     h = container("ih", "0:100:50")
@@ -454,13 +455,15 @@ def test_eintr_and_native(container: MakeContainer, procs: Procs) -> None:
         fd = os.open(DEV, os.O_RDWR | os.O_CLOEXEC)
         t = now_ns()
         st = abi.sched(fd, abi.SCHED_ACQUIRE, 0, flags=abi.SCHED_NOWAIT)
+        t1 = now_ns()
         os.close(fd)
-        return {"state": dataclasses.astuple(st), "t": t}
+        return {"state": dataclasses.astuple(st), "t": t, "t1": t1}
 
     out = run_in(native)
     st = abi.SchedState(*out["state"])
     assert st.out_flags == abi.SCHED_NATIVE and st.policy == 5
-    assert st.until >= int(out["t"]) + SEC
+    assert st.slice_ns == SEC
+    assert int(out["t"]) + st.slice_ns <= st.until <= int(out["t1"]) + st.slice_ns
     procs.kill(pid)
 
 
@@ -521,6 +524,44 @@ def test_slice_us_applies_to_the_next_grant(container: MakeContainer) -> None:
     for us, t0, t1, until, slice_ns in run_in(grant)["a"]:
         assert slice_ns == us * 1000
         assert t0 + slice_ns <= until <= t1 + slice_ns
+
+
+CLONE_NEWTIME = 0x80
+
+
+def test_until_is_in_the_callers_time_namespace(container: MakeContainer) -> None:
+    """until is CLOCK_MONOTONIC as the caller sees it: in a time namespace
+    whose monotonic clock runs 1000 s ahead of the host's, a grant ends a
+    slice after the caller's now, not the host's."""
+    ok("gpu 0 1000")
+    cg = container("tn", "0:100:50")
+    offset_s = 1000
+
+    def grant() -> dict[str, Any]:
+        enter(cg, None)
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.unshare(CLONE_NEWTIME) != 0:
+            return {"skip": os.strerror(ctypes.get_errno())}
+        with open("/proc/self/timens_offsets", "w") as f:
+            f.write(f"monotonic {offset_s} 0")
+        host = now_ns()
+        ns = os.open("/proc/self/ns/time_for_children", os.O_RDONLY)
+        if libc.setns(ns, CLONE_NEWTIME) != 0:
+            raise OSError(ctypes.get_errno(), "setns")
+        os.close(ns)
+        fd = os.open(DEV, os.O_RDWR | os.O_CLOEXEC)
+        t0 = now_ns()
+        st = abi.sched(fd, abi.SCHED_ACQUIRE, 0)
+        t1 = now_ns()
+        abi.sched(fd, abi.SCHED_RELEASE, 0, 0)
+        os.close(fd)
+        return {"host": host, "t0": t0, "t1": t1, "until": st.until, "slice": st.slice_ns}
+
+    r = run_in(grant)
+    if "skip" in r:
+        pytest.skip(f"no time namespaces in the guest: {r['skip']}")
+    assert r["t0"] - r["host"] >= offset_s * SEC, r  # the caller's clock moved
+    assert r["t0"] + r["slice"] <= r["until"] <= r["t1"] + r["slice"], r
 
 
 def test_gputime_is_hold_time_plus_overrun(container: MakeContainer) -> None:

@@ -152,9 +152,14 @@ struct gpushare_mem {
  * container's slice renews it when the slice is over and nobody is due
  * before it (no need to wait for its work then); if somebody is, it gets
  * EAGAIN (NOWAIT) and should wait for its work, RELEASE, then ACQUIRE.
- * Under policy 5 (native) every ACQUIRE is granted at once, with flags
- * GPUSHARE_SCHED_NATIVE: nothing needs to be measured or released.
- * INFO changes nothing.  Every op fills in the outputs.
+ * Under policy 5 (native) every ACQUIRE is granted at once, for a slice,
+ * with flags GPUSHARE_SCHED_NATIVE: nothing needs to be measured or
+ * released (ask again at until, so that a switch away from 5 bites within
+ * a slice).  INFO changes nothing.  Every op fills in the outputs.
+ *
+ * until is CLOCK_MONOTONIC as the caller sees it: in a time namespace
+ * with a monotonic offset (a container's), the offset is added, so it
+ * compares with the caller's clock_gettime(CLOCK_MONOTONIC).
  *
  * Errors: ENOENT the descriptor acts for no container, or its container
  * was deleted, ENXIO no quota on that GPU, EINVAL an unknown op or flag,
@@ -174,7 +179,7 @@ struct gpushare_sched {
 	__u32 gpu;		/* in: GPU index, as in the container's quota */
 	__u32 flags;		/* in: GPUSHARE_SCHED_NOWAIT or 0 */
 	__u64 used_ns;		/* in (RELEASE): GPU time since the last report */
-	__u64 until;		/* out: CLOCK_MONOTONIC ns, grant's end / retry */
+	__u64 until;		/* out: caller's CLOCK_MONOTONIC ns, end/retry */
 	__u64 slice_ns;		/* out: the GPU's slice */
 	__u64 gputime_ns;	/* out: the container's charged GPU time there */
 	__u32 policy;		/* out: the GPU's policy */
