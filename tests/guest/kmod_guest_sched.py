@@ -179,7 +179,7 @@ def test_weights_1_to_2(container: MakeContainer, procs: Procs) -> None:
     b = container("wb", "0:100:20")
     assert value(ROOT / "0/policy") == 2
     start = time.monotonic()
-    la, lb = procs.load(a, 7), procs.load(b, 7)
+    la, lb = procs.load(a, 9), procs.load(b, 9)
     got = shares(["wa", "wb"], start + 1.5, start + 6.5)
     ra, rb = la.result(), lb.result()
     ratio = got["wb"] / got["wa"]
@@ -255,8 +255,10 @@ def test_live_policy_switch(container: MakeContainer, procs: Procs) -> None:
     a = container("la", "0:100:10")
     b = container("lb", "0:100:20")
     start = time.monotonic()
-    la, lb = procs.load(a, 7), procs.load(b, 7)
-    before = shares(["la", "lb"], start + 1.5, start + 3.5)
+    la, lb = procs.load(a, 9), procs.load(b, 9)
+    # 1:2 within 5 % needs a window of many slices (a 30 ms slice cut at
+    # each end is 1.5 % of 2 s), hence 4 s before the switch.
+    before = shares(["la", "lb"], start + 1.5, start + 5.5)
     assert write(ROOT / "0/policy", "1") == 0
     switched = time.monotonic()
     after = shares(["la", "lb"], switched, switched + 1.0)
@@ -541,7 +543,7 @@ def test_until_is_in_the_callers_time_namespace(container: MakeContainer) -> Non
         enter(cg, None)
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.unshare(CLONE_NEWTIME) != 0:
-            return {"skip": os.strerror(ctypes.get_errno())}
+            return {"error": os.strerror(ctypes.get_errno())}
         with open("/proc/self/timens_offsets", "w") as f:
             f.write(f"monotonic {offset_s} 0")
         host = now_ns()
@@ -558,8 +560,9 @@ def test_until_is_in_the_callers_time_namespace(container: MakeContainer) -> Non
         return {"host": host, "t0": t0, "t1": t1, "until": st.until, "slice": st.slice_ns}
 
     r = run_in(grant)
-    if "skip" in r:
-        pytest.skip(f"no time namespaces in the guest: {r['skip']}")
+    # Debian's 6.1 (the guest's kernel) has CONFIG_TIME_NS: failing to make
+    # one is a failure, not a reason to skip.
+    assert "error" not in r, f"cannot create a time namespace in the guest: {r}"
     assert r["t0"] - r["host"] >= offset_s * SEC, r  # the caller's clock moved
     assert r["t0"] + r["slice"] <= r["until"] <= r["t1"] + r["slice"], r
 
