@@ -33,9 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -45,20 +43,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-MiB = 1 << 20
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_common import (  # noqa: E402  (a script: its folder on the path first)
+    GPU,
+    NoGPU,
+    build_library,
+    find_gpu,
+    markdown_table,
+    percentile,
+)
+
 RESULT = "GPU_COMPUTE_RESULT "
 LEVEL_POINTS = 3.0  # a level within this many percentage points of its target
 PAIR_TOLERANCE = 0.05  # the pair's ratio within 5 % of 1:2
 OVERHEAD_MAX = 0.01  # at most 1 % less throughput with the library
 PAIR = (33, 67)
-
-
-class NoGPU(Exception):
-    """There is no usable NVIDIA GPU here."""
-
-
-# ---------------------------------------------------------------- pure parts
 
 
 def parse_levels(text: str) -> list[int]:
@@ -124,29 +123,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if a.rounds < 1 or a.rounds_per_process < 2 or a.round_seconds <= 0:
         p.error("--rounds >= 1, --rounds-per-process >= 2 and --round-seconds > 0 please")
     return a
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-quantile by nearest rank (q in [0, 1])."""
-    if not values:
-        raise ValueError("no values")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
-
-
-def markdown_table(headers: list[str], rows: list[list[Any]]) -> str:
-    """A GitHub markdown table; '|' in cells is escaped."""
-
-    def cell(v: Any) -> str:
-        return str(v).replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(cell(h) for h in headers) + " |"]
-    lines.append("|" + "|".join("---" for _ in headers) + "|")
-    for row in rows:
-        if len(row) != len(headers):
-            raise ValueError(f"row has {len(row)} cells, table has {len(headers)} columns")
-        lines.append("| " + " | ".join(cell(v) for v in row) + " |")
-    return "\n".join(lines)
 
 
 @dataclass
@@ -312,14 +288,6 @@ def run_child_main(raw: str) -> int:
 
 
 @dataclass
-class GPU:
-    index: int
-    uuid: str
-    name: str
-    memory: int  # bytes
-
-
-@dataclass
 class ChildResult:
     ok: bool
     value: dict[str, Any]
@@ -335,33 +303,6 @@ class Bench:
     goals: list[Goal] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict)
-
-
-def find_gpu() -> GPU:
-    """GPU 0 as nvidia-smi lists it; NoGPU when there is none."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        raise NoGPU("nvidia-smi is not installed (no NVIDIA driver)")
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    try:
-        proc = subprocess.run(
-            [smi, "--query-gpu=index,uuid,name,memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=env,
-        )
-    except (OSError, subprocess.SubprocessError) as e:
-        raise NoGPU(f"nvidia-smi failed: {e}") from e
-    gpus = []
-    for line in proc.stdout.splitlines():
-        parts = [s.strip() for s in line.split(",")]
-        if len(parts) == 4 and parts[0].isdigit() and parts[1].startswith("GPU-"):
-            gpus.append(GPU(int(parts[0]), parts[1], parts[2], int(float(parts[3])) * MiB))
-    if proc.returncode != 0 or not gpus:
-        why = (proc.stderr or proc.stdout).strip().splitlines()
-        raise NoGPU(f"nvidia-smi lists no GPU ({why[0] if why else f'exit {proc.returncode}'})")
-    return min(gpus, key=lambda g: g.index)
 
 
 def has_torch_cuda() -> str:
@@ -381,21 +322,6 @@ def has_torch_cuda() -> str:
     if proc.stdout.strip() != "True":
         return "PyTorch does not see a CUDA GPU (torch.cuda.is_available() is False)"
     return ""
-
-
-def build_library(build: Path) -> Path:
-    for tool in ("make", os.environ.get("CC", "cc")):
-        if shutil.which(tool) is None:
-            raise RuntimeError(f"{tool} is needed to build libgpushare")
-    proc = subprocess.run(
-        ["make", "-C", str(ROOT / "libgpushare"), f"BUILD={build}", "all"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"building libgpushare failed:\n{proc.stdout}\n{proc.stderr}")
-    return build / "libgpushare.so"
 
 
 def child_env(gpu: GPU, lib: Path | None, limit: int | None, debug: bool = False) -> dict[str, str]:

@@ -30,10 +30,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -43,8 +41,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-MiB = 1 << 20
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_common import (  # noqa: E402  (a script: its folder on the path first)
+    GPU,
+    MiB,
+    NoGPU,
+    build_library,
+    find_gpu,
+    markdown_table,
+    percentile,
+)
+
 GiB = 1 << 30
 CHILD_TIMEOUT = 600
 RESULT = "GPU_MEMORY_RESULT "
@@ -67,10 +74,6 @@ _UNITS = {
 }
 
 
-class NoGPU(Exception):
-    """There is no usable NVIDIA GPU here."""
-
-
 def parse_size(text: str) -> int:
     """'4GiB', '512Mi', '1073741824', '1.5GB' -> bytes (a positive integer)."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
@@ -87,29 +90,6 @@ def mib(n: float | None) -> str:
     if n is None:
         return "n/a"
     return f"{n / MiB:,.1f}" if n % MiB else f"{n // MiB:,}"
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-quantile by nearest rank (q in [0, 1])."""
-    if not values:
-        raise ValueError("no values")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
-
-
-def markdown_table(headers: list[str], rows: list[list[Any]]) -> str:
-    """A GitHub markdown table; '|' in cells is escaped."""
-
-    def cell(v: Any) -> str:
-        return str(v).replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(cell(h) for h in headers) + " |"]
-    lines.append("|" + "|".join("---" for _ in headers) + "|")
-    for row in rows:
-        if len(row) != len(headers):
-            raise ValueError(f"row has {len(row)} cells, table has {len(headers)} columns")
-        lines.append("| " + " | ".join(cell(v) for v in row) + " |")
-    return "\n".join(lines)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -321,14 +301,6 @@ def run_child_main(raw: str) -> int:
 
 
 @dataclass
-class GPU:
-    index: int
-    uuid: str
-    name: str
-    memory: int  # bytes
-
-
-@dataclass
 class Report:
     checks: list[tuple[str, bool, str]] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict)
@@ -339,48 +311,6 @@ class Report:
     @property
     def ok(self) -> bool:
         return all(ok for _, ok, _ in self.checks)
-
-
-def find_gpu() -> GPU:
-    """GPU 0 as nvidia-smi lists it; NoGPU when there is none."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        raise NoGPU("nvidia-smi is not installed (no NVIDIA driver)")
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    try:
-        proc = subprocess.run(
-            [smi, "--query-gpu=index,uuid,name,memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=env,
-        )
-    except (OSError, subprocess.SubprocessError) as e:
-        raise NoGPU(f"nvidia-smi failed: {e}") from e
-    gpus = []
-    for line in proc.stdout.splitlines():
-        parts = [s.strip() for s in line.split(",")]
-        if len(parts) == 4 and parts[0].isdigit() and parts[1].startswith("GPU-"):
-            gpus.append(GPU(int(parts[0]), parts[1], parts[2], int(float(parts[3])) * MiB))
-    if proc.returncode != 0 or not gpus:
-        why = (proc.stderr or proc.stdout).strip().splitlines()
-        raise NoGPU(f"nvidia-smi lists no GPU ({why[0] if why else f'exit {proc.returncode}'})")
-    return min(gpus, key=lambda g: g.index)
-
-
-def build_library(build: Path) -> Path:
-    for tool in ("make", os.environ.get("CC", "cc")):
-        if shutil.which(tool) is None:
-            raise RuntimeError(f"{tool} is needed to build libgpushare")
-    proc = subprocess.run(
-        ["make", "-C", str(ROOT / "libgpushare"), f"BUILD={build}", "all"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"building libgpushare failed:\n{proc.stdout}\n{proc.stderr}")
-    return build / "libgpushare.so"
 
 
 def child_env(gpu: GPU, lib: Path | None, quota: int, extra: dict[str, str]) -> dict[str, str]:
