@@ -407,6 +407,48 @@ int gs_ledger_weights(uint32_t *out, int max)
 	return n;
 }
 
+int gs_ledger_reopen(void)
+{
+	int ret = -1;
+
+	pthread_mutex_lock(&lock);
+	choose();
+	if (mode == GS_LEDGER_MODULE) {
+		int old = fd, n = nslots;
+		uint64_t q[GS_MAX_GPUS];
+		uint32_t g[GS_MAX_GPUS], w[GS_MAX_GPUS];
+		memcpy(q, quota, sizeof(q));
+		memcpy(g, module_gpu, sizeof(g));
+		memcpy(w, weight, sizeof(w));
+		fd = -1;
+		if (try_module()) {
+			/*
+			 * The new file takes the old one's number (closing the
+			 * old file), so that a call that read the number before
+			 * cannot reach a file opened meanwhile by something else.
+			 */
+			if (old >= 0 && dup3(fd, old, O_CLOEXEC) == old) {
+				close(fd);
+				fd = old;
+			} else if (old >= 0) {
+				close(old);
+			}
+			for (int i = 0; i < MAX_ORDINALS; i++)
+				if (slot_of[i] != SLOT_UNKNOWN)
+					slot_of[i] = find_uuid(uuid_of[i]);
+			ret = 0;
+		} else {
+			fd = old;	/* still the deleted registration's: ENOENT */
+			nslots = n;
+			memcpy(quota, q, sizeof(q));
+			memcpy(module_gpu, g, sizeof(g));
+			memcpy(weight, w, sizeof(w));
+		}
+	}
+	pthread_mutex_unlock(&lock);
+	return ret;
+}
+
 int gs_ledger_sched(int ordinal, struct gpushare_sched *sc)
 {
 	pthread_mutex_lock(&lock);

@@ -85,4 +85,15 @@ int gs_ledger_weights(uint32_t *out, int max);
  */
 int gs_ledger_sched(int ordinal, struct gpushare_sched *s);
 
+/*
+ * Module mode, the registration is gone (GPUSHARE_IOC_SCHED or MEM said
+ * ENOENT): open /dev/gpushare again, for a registration made since (a
+ * container registered again under its ID is a new registration; the old
+ * descriptor acts for the deleted one for ever).  0: the new descriptor
+ * answered QUERY and replaced the old one (the quotas, weights and GPU
+ * indexes are the new registration's); -1: none (the old one is kept).
+ * The caller limits how often it asks (an open and a QUERY each time).
+ */
+int gs_ledger_reopen(void);
+
 #endif /* GPUSHARE_LEDGER_H */

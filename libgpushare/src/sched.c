@@ -23,6 +23,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +39,23 @@
 #include "ledger.h"
 #include "sched_gate.h"
 
+/*
+ * The releaser's C library calls, bound to their versions before 2.34 as
+ * glibc_compat.h binds the others (the library must load under an older
+ * glibc than the build host's).
+ */
+#if defined(GS_GLIBC_BASE)
+__asm__(".symver pthread_create,pthread_create@" GS_GLIBC_BASE);
+__asm__(".symver pthread_mutex_trylock,pthread_mutex_trylock@" GS_GLIBC_BASE);
+__asm__(".symver pthread_attr_setstacksize,pthread_attr_setstacksize@" GS_GLIBC_BASE);
+__asm__(".symver pthread_sigmask,pthread_sigmask@" GS_GLIBC_BASE);
+#if defined(__x86_64__)
+__asm__(".symver pthread_condattr_setclock,pthread_condattr_setclock@GLIBC_2.3.3");
+#else
+__asm__(".symver pthread_condattr_setclock,pthread_condattr_setclock@" GS_GLIBC_BASE);
+#endif
+#endif
+
 #define MAX_DEVICES 64
 #define MAX_STREAMS 8		/* streams timed per slice; more: drain the context */
 #define NEVER UINT64_MAX	/* a grant that never ends: the device is not gated */
@@ -46,7 +64,13 @@
 #define TLS __thread __attribute__((tls_model("initial-exec")))
 
 enum mode { MODE_UNKNOWN, MODE_OFF, MODE_STANDALONE, MODE_MODULE };
-enum how { HOW_UNKNOWN, HOW_PASS, HOW_REFUSED, HOW_STANDALONE, HOW_MODULE };
+/*
+ * HOW_ORPHAN: module mode, the registration is gone (ENOENT): launches pass,
+ * and the slow path asks again at most once a second (a container
+ * re-registered under its ID is a new registration: the ledger reopens
+ * /dev/gpushare, and the new descriptor acts for it).
+ */
+enum how { HOW_UNKNOWN, HOW_PASS, HOW_REFUSED, HOW_STANDALONE, HOW_MODULE, HOW_ORPHAN };
 
 struct tracked {
 	CUstream stream;	/* CU_STREAM_LEGACY, CU_STREAM_PER_THREAD or a handle */
@@ -60,13 +84,19 @@ struct gate {
 	_Atomic uint64_t gen;		/* the slice's number (unique in the process) */
 	pthread_mutex_t lock;		/* the rest */
 	enum how how;
-	bool in_slice;			/* something to drain and release */
+	_Atomic bool in_slice;		/* something to drain and release */
 	int nstreams;
 	bool overflow;			/* more streams than tracked: drain the context */
 	struct tracked st[MAX_STREAMS];
-	uint64_t slice_ns;		/* module: the GPU's slice */
+	uint64_t slice_ns;		/* the GPU's slice (module), the core's (standalone) */
 	bool events_tried, have_events;
+	CUcontext ctx;			/* current when the events were made */
 	CUevent start[MAX_STREAMS], end[MAX_STREAMS];
+	/* Work a bounded drain did not see end: reported when it has. */
+	int nlate;
+	CUevent late_start[MAX_STREAMS], late_end[MAX_STREAMS];
+	_Atomic bool rel_skip;		/* the releaser cannot drain this slice */
+	uint64_t rel_retry;		/* the releaser's: mutex busy, try then */
 	/* standalone: this process's own schedule of the device */
 	struct gs_sched core;
 	struct gs_sched_ent ent;
@@ -101,6 +131,8 @@ static struct {
 	CUresult (*event_destroy)(CUevent);
 	CUresult (*event_record)(CUevent, CUstream);
 	CUresult (*event_sync)(CUevent);
+	CUresult (*event_query)(CUevent);
+	CUresult (*ctx_set_current)(CUcontext);
 	CUresult (*elapsed)(float *, CUevent, CUevent);
 	CUresult (*stream_sync)(CUstream);
 	CUresult (*ctx_sync)(void);
@@ -124,6 +156,39 @@ static void sleep_until(uint64_t t)
 }
 
 /*
+ * The releaser: one thread per process, started at the first slice of a
+ * gated device, that gives a slice back when its grant has ended and no
+ * launch came to take the slow path (a process that launched, then went
+ * idle on the CPU).  Without it the module would end the slice by force a
+ * grace later, and the next launch, maybe seconds later, would report a
+ * span of events that takes in all the idle time: charged as late work.
+ * It waits on rel_cv (CLOCK_MONOTONIC) until the earliest grant end, plus
+ * REL_DELAY, among the devices in a slice; never with a gate's mutex held.
+ */
+static pthread_mutex_t rel_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t rel_cv;
+static bool rel_started;
+static _Atomic bool exiting;
+
+/* After a grant's end: the launching thread's chance to renew first. */
+static uint64_t rel_delay(const struct gate *g)
+{
+	return g->slice_ns / 8;		/* half the grace, so before a forced end */
+}
+
+static void rel_init(void)
+{
+	pthread_condattr_t a;
+
+	pthread_condattr_init(&a);
+	pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+	pthread_cond_init(&rel_cv, &a);
+	pthread_condattr_destroy(&a);
+	pthread_mutex_init(&rel_mu, NULL);
+	rel_started = false;
+}
+
+/*
  * The child of fork starts with no grant (its own /dev/gpushare file, its
  * own standalone schedule) and no events: a CUDA context does not survive
  * fork.  The slice numbers go on, so no thread's cache matches a new one.
@@ -139,15 +204,27 @@ static void child_after_fork(void)
 		g->nstreams = 0;
 		g->overflow = false;
 		g->events_tried = g->have_events = false;
+		g->ctx = NULL;
+		g->nlate = 0;
+		g->rel_skip = false;
+		g->rel_retry = 0;
 	}
 	memset(&last, 0, sizeof(last));
+	rel_init();	/* no releaser in the child: started again at its first slice */
 }
 
 __attribute__((constructor)) static void sched_setup(void)
 {
 	for (int i = 0; i < MAX_DEVICES; i++)
 		pthread_mutex_init(&gates[i].lock, NULL);
+	rel_init();
 	pthread_atfork(NULL, NULL, child_after_fork);
+}
+
+/* Process exit: the releaser (detached) touches nothing from here on. */
+__attribute__((destructor)) static void sched_teardown(void)
+{
+	atomic_store(&exiting, true);
 }
 
 #define LOAD(field, name) (drv.field = (__typeof__(drv.field))gs_driver_sym(name))
@@ -168,6 +245,8 @@ static void choose(void)
 	LOAD(event_destroy, "cuEventDestroy_v2");
 	LOAD(event_record, "cuEventRecord");
 	LOAD(event_sync, "cuEventSynchronize");
+	LOAD(event_query, "cuEventQuery");
+	LOAD(ctx_set_current, "cuCtxSetCurrent");
 	LOAD(elapsed, "cuEventElapsedTime");
 	LOAD(stream_sync, "cuStreamSynchronize");
 	LOAD(ctx_sync, "cuCtxSynchronize");
@@ -280,6 +359,8 @@ static void make_events(struct gate *g)
 	}
 	if (made == 2 * MAX_STREAMS) {
 		g->have_events = true;
+		if (!drv.ctx_get_current || drv.ctx_get_current(&g->ctx) != CUDA_SUCCESS)
+			g->ctx = NULL;
 		return;
 	}
 	for (int i = 0; i < made && drv.event_destroy; i++)
@@ -316,19 +397,95 @@ static void track_locked(struct gate *g, CUstream s)
 	last.gen = atomic_load_explicit(&g->gen, memory_order_relaxed);
 }
 
+/* Elapsed ns between two completed events, 0 when it cannot be read. */
+static uint64_t span_ns(CUevent a, CUevent b)
+{
+	float ms = 0;
+
+	if (drv.elapsed(&ms, a, b) != CUDA_SUCCESS || !(ms > 0) || ms >= 1e9f)
+		return 0;
+	return (uint64_t)((double)ms * 1e6);
+}
+
+/* Work left running by earlier drains: what has ended since, in ns. */
+static uint64_t late_done(struct gate *g)
+{
+	uint64_t used = 0;
+	int k = 0;
+
+	for (int i = 0; i < g->nlate; i++) {
+		CUresult r = drv.event_query(g->late_end[i]);
+		if (r == CUDA_ERROR_NOT_READY) {
+			g->late_start[k] = g->late_start[i];
+			g->late_end[k++] = g->late_end[i];
+			continue;
+		}
+		if (r == CUDA_SUCCESS)
+			used += span_ns(g->late_start[i], g->late_end[i]);
+		if (drv.event_destroy) {
+			drv.event_destroy(g->late_start[i]);
+			drv.event_destroy(g->late_end[i]);
+		}
+	}
+	g->nlate = k;
+	return used;
+}
+
 /*
- * Wait for the slice's work and return its GPU time in ns (0: none
- * measured).  A per-thread default stream of another thread cannot be
- * named here, nor can more streams than tracked: the context is drained.
- * A stream captured since it was tracked cannot be waited for; it is
- * skipped.
+ * Stream @i's end event has not completed within the drain's bound: keep
+ * its pair to report at a later exchange, and give the slot new events.
  */
-static uint64_t drain(struct gate *g)
+static void keep_late(struct gate *g, int i)
+{
+	CUevent s, e;
+
+	if (g->nlate == MAX_STREAMS || !drv.event_destroy ||
+	    drv.event_create(&s, CU_EVENT_DEFAULT) != CUDA_SUCCESS)
+		return;		/* not measured: the core charges the hold */
+	if (drv.event_create(&e, CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
+		drv.event_destroy(s);
+		return;
+	}
+	g->late_start[g->nlate] = g->start[i];
+	g->late_end[g->nlate++] = g->end[i];
+	g->start[i] = s;
+	g->end[i] = e;
+}
+
+/* Can this slice be drained without cuCtxSynchronize (from any thread)? */
+static bool nameable(const struct gate *g)
+{
+	if (g->overflow)
+		return false;
+	for (int i = 0; i < g->nstreams; i++)
+		if (g->st[i].stream == CU_STREAM_PER_THREAD)
+			return false;
+	return true;
+}
+
+/*
+ * Wait for the slice's work; true with its GPU time in *@used, ns (0: none
+ * measured).  The end events are polled for at most @bound: work that runs
+ * on longer (a kernel that waits for one this process has not launched
+ * yet) is not waited for.  @keep: then the slice is given up all the same,
+ * and the unfinished work's time is reported at a later exchange, once it
+ * has ended; else (the releaser) false, and the slice stays as it was, to
+ * be drained later.  A per-thread
+ * default stream of another thread cannot be named here, nor can more
+ * streams than tracked: the context is synchronised (unbounded; the
+ * releaser leaves such slices to the slow path).  A stream captured since
+ * it was tracked cannot be waited for; it is skipped.
+ */
+static bool drain(struct gate *g, uint64_t bound, bool keep, uint64_t *used_out)
 {
 	pthread_t self = pthread_self();
 	bool ended[MAX_STREAMS] = { false };
 	bool whole = g->overflow;
-	uint64_t used = 0;
+	uint64_t used = 0, late = 0;
+	int pending = 0;
+
+	if (bound < 1000000)
+		bound = 1000000;
 
 	for (int i = 0; i < g->nstreams; i++) {
 		struct tracked *t = &g->st[i];
@@ -338,38 +495,88 @@ static uint64_t drain(struct gate *g)
 		}
 		if (capturing(t->stream))
 			continue;
-		if (t->timed && drv.event_record(g->end[i], drv_stream(t->stream)) == CUDA_SUCCESS)
+		if (t->timed && drv.event_record(g->end[i], drv_stream(t->stream)) == CUDA_SUCCESS) {
 			ended[i] = true;
-		else if (!drv.stream_sync || drv.stream_sync(drv_stream(t->stream)) != CUDA_SUCCESS)
+			pending++;
+		} else if (!drv.stream_sync || drv.stream_sync(drv_stream(t->stream)) != CUDA_SUCCESS) {
 			whole = true;
-	}
-	for (int i = 0; i < g->nstreams; i++) {
-		float ms = 0;
-		if (!ended[i])
-			continue;
-		if (drv.event_sync(g->end[i]) != CUDA_SUCCESS) {
-			whole = true;
-			continue;
 		}
-		if (drv.elapsed(&ms, g->start[i], g->end[i]) == CUDA_SUCCESS && ms > 0 &&
-		    ms < 1e9f && (uint64_t)((double)ms * 1e6) > used)
-			used = (uint64_t)((double)ms * 1e6);
+	}
+	uint64_t deadline = mono_ns() + bound;
+	while (pending) {
+		for (int i = 0; i < g->nstreams; i++) {
+			if (!ended[i])
+				continue;
+			CUresult r = drv.event_query ? drv.event_query(g->end[i]) :
+				     drv.event_sync(g->end[i]);
+			if (r == CUDA_ERROR_NOT_READY)
+				continue;
+			ended[i] = false;
+			pending--;
+			if (r != CUDA_SUCCESS)
+				continue;	/* not timed: the core charges the hold */
+			uint64_t ns = span_ns(g->start[i], g->end[i]);
+			if (ns > used)
+				used = ns;
+		}
+		if (!pending)
+			break;
+		uint64_t now = mono_ns();
+		if (now >= deadline) {
+			if (!keep)
+				return false;
+			for (int i = 0; i < g->nstreams; i++)
+				if (ended[i])
+					keep_late(g, i);
+			break;
+		}
+		sleep_until(now + (deadline - now < 100000 ? deadline - now : 100000));
 	}
 	if (whole && drv.ctx_sync)
 		drv.ctx_sync();
+	if (g->nlate)
+		late = late_done(g);
 	g->nstreams = 0;
 	g->overflow = false;
-	return used;
+	*used_out = used + late;
+	return true;
 }
 
-/* A new grant until @until: a new slice (nothing tracked yet) when @fresh. */
+static void *releaser(void *arg);
+
+/* A new slice (or a renewed one) on a device: the releaser's next deadline. */
+static void rel_kick(void)
+{
+	pthread_mutex_lock(&rel_mu);
+	if (!rel_started) {
+		pthread_attr_t a;
+		pthread_t t;
+		sigset_t all, old;
+		/* Signals go to the application's threads, never to this one. */
+		sigfillset(&all);
+		pthread_sigmask(SIG_SETMASK, &all, &old);
+		pthread_attr_init(&a);
+		pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+		pthread_attr_setstacksize(&a, 256 * 1024);
+		rel_started = pthread_create(&t, &a, releaser, NULL) == 0;
+		pthread_attr_destroy(&a);
+		pthread_sigmask(SIG_SETMASK, &old, NULL);
+	}
+	pthread_cond_signal(&rel_cv);
+	pthread_mutex_unlock(&rel_mu);
+}
+
+/* A new grant until @until: a new slice (nothing tracked yet) when @in_slice. */
 static void granted(struct gate *g, uint64_t until, bool in_slice)
 {
 	g->in_slice = in_slice;
 	g->nstreams = 0;
 	g->overflow = false;
+	g->rel_skip = false;
 	atomic_store(&g->gen, atomic_fetch_add(&next_gen, 1) + 1);
 	atomic_store(&g->until, until);
+	if (in_slice)
+		rel_kick();
 }
 
 static void pass(struct gate *g)
@@ -393,6 +600,18 @@ static void refuse(struct gate *g, int dev, int err)
 	g->how = HOW_REFUSED;
 	g->in_slice = false;
 	atomic_store(&g->until, 0);
+}
+
+/*
+ * Module mode, the registration is gone (ENOENT): pass launches, and ask
+ * again at the first launch a second from now (see reconnect()).
+ */
+static void orphan(struct gate *g)
+{
+	g->how = HOW_ORPHAN;
+	g->in_slice = false;
+	g->nlate = 0;		/* nobody to report it to */
+	atomic_store(&g->until, mono_ns() + 1000000000ull);
 }
 
 /* Module mode: errors meaning the device is not the container's. */
@@ -429,12 +648,14 @@ static bool module_renew(struct gate *g, int dev)
 
 	if (sched_op(dev, GPUSHARE_SCHED_ACQUIRE, GPUSHARE_SCHED_NOWAIT, 0, &q))
 		return false;
+	g->slice_ns = q.slice_ns;
 	if (q.out_flags & GPUSHARE_SCHED_NATIVE) {
 		/* Switched to native: nothing to wait for, nothing to report. */
 		sched_op(dev, GPUSHARE_SCHED_RELEASE, 0, 0, &q);
 		granted(g, q.until, false);
 	} else {
 		atomic_store(&g->until, q.until);	/* the same slice, renewed */
+		rel_kick();
 	}
 	return true;
 }
@@ -450,9 +671,16 @@ static void module_acquire(struct gate *g, int dev)
 			refuse(g, dev, errno);
 			return;
 		}
-		/* The container was deleted: its processes are on their way out. */
+		/*
+		 * The container was deleted (its processes are on their way
+		 * out), or deleted and registered again (the plugin's resync):
+		 * pass, and look for a new registration now and then.
+		 */
 		say_pass(dev, errno);
-		pass(g);
+		if (errno == ENOENT)
+			orphan(g);
+		else
+			pass(g);
 		return;
 	}
 	g->slice_ns = q.slice_ns;
@@ -512,7 +740,10 @@ static void setup(struct gate *g, int dev)
 		/* A module without the scheduler: the environment's limit, if any. */
 		if (errno != ENOTTY && errno != EINVAL) {
 			say_pass(dev, errno);
-			pass(g);
+			if (errno == ENOENT)
+				orphan(g);
+			else
+				pass(g);
 			return;
 		}
 	}
@@ -529,7 +760,39 @@ static void setup(struct gate *g, int dev)
 		return;
 	}
 	gs_sched_attach(&g->core, &g->client, &g->ent, now);
+	g->slice_ns = g->core.slice_ns;
 	g->how = HOW_STANDALONE;
+}
+
+/*
+ * HOW_ORPHAN, a second after it was last asked: is there a registration
+ * again?  The descriptor of the deleted one answers ENOENT for ever, so
+ * the ledger opens /dev/gpushare again (at most once a second for the
+ * process: another device may have done it already).
+ */
+static _Atomic uint64_t last_reopen;
+
+static void reconnect(struct gate *g, int dev)
+{
+	struct gpushare_sched q;
+	uint64_t now = mono_ns(), t = atomic_load(&last_reopen);
+	int r = sched_op(dev, GPUSHARE_SCHED_INFO, 0, 0, &q);
+
+	if (r && errno == ENOENT && now - t >= 1000000000ull &&
+	    atomic_compare_exchange_strong(&last_reopen, &t, now) && gs_ledger_reopen() == 0)
+		r = sched_op(dev, GPUSHARE_SCHED_INFO, 0, 0, &q);
+	if (r == 0) {
+		fprintf(stderr, "gpushare: launches on CUDA device %d are scheduled again: "
+			"the container is registered\n", dev);
+		g->how = HOW_MODULE;
+		g->slice_ns = q.slice_ns;
+		g->in_slice = false;
+		atomic_store(&g->until, 0);
+	} else if (not_ours(errno)) {
+		refuse(g, dev, errno);
+	} else {
+		atomic_store(&g->until, now + 1000000000ull);
+	}
 }
 
 /*
@@ -551,7 +814,8 @@ static void exchange(struct gate *g, int dev)
 		uint64_t until = atomic_load(&g->until);
 		if (module && mono_ns() < until + g->slice_ns / 4 && module_renew(g, dev))
 			return;
-		uint64_t used = drain(g);
+		uint64_t used = 0;
+		drain(g, g->slice_ns, true, &used);
 		if (module) {
 			struct gpushare_sched q;
 			sched_op(dev, GPUSHARE_SCHED_RELEASE, 0, used, &q);
@@ -564,6 +828,89 @@ static void exchange(struct gate *g, int dev)
 		module_acquire(g, dev);
 	else
 		standalone_acquire(g);
+}
+
+/*
+ * The releaser's work on @g (its mutex held): the grant ended a while ago
+ * and no launch came for it: drain and give the slice back.  Not the
+ * ACQUIRE: the next launch asks.  The idle time before the grant's end is
+ * inside the hold, charged anyway; the end events are recorded now, so
+ * nothing after it is reported.
+ */
+static void release_idle(struct gate *g, int dev)
+{
+	bool module = g->how == HOW_MODULE;
+
+	if (!g->in_slice || (!module && g->how != HOW_STANDALONE) ||
+	    mono_ns() < atomic_load(&g->until) + rel_delay(g))
+		return;
+	if (!nameable(g) || (g->nstreams && (!g->ctx || !drv.ctx_set_current ||
+					     drv.ctx_set_current(g->ctx) != CUDA_SUCCESS))) {
+		g->rel_skip = true;	/* the slow path drains it */
+		return;
+	}
+	uint64_t used = 0;
+	if (!drain(g, g->slice_ns / 4, false, &used)) {
+		/* Still working, not idle: look again a slice later. */
+		g->rel_retry = mono_ns() + g->slice_ns;
+		return;
+	}
+	if (module) {
+		struct gpushare_sched q;
+		sched_op(dev, GPUSHARE_SCHED_RELEASE, 0, used, &q);
+	} else {
+		gs_sched_release(&g->core, &g->client, used, mono_ns());
+	}
+	g->in_slice = false;
+}
+
+static void *releaser(void *arg)
+{
+	(void)arg;
+	pthread_mutex_lock(&rel_mu);
+	while (!atomic_load(&exiting)) {
+		uint64_t now = mono_ns(), next = NEVER;
+		int due = -1;
+		for (int i = 0; i < MAX_DEVICES; i++) {
+			struct gate *g = &gates[i];
+			if (!atomic_load(&g->in_slice) || atomic_load(&g->rel_skip))
+				continue;
+			uint64_t t = atomic_load(&g->until) + rel_delay(g);
+			if (t < g->rel_retry)
+				t = g->rel_retry;
+			if (t <= now) {
+				due = i;
+				break;
+			}
+			if (t < next)
+				next = t;
+		}
+		if (due < 0) {
+			if (next == NEVER) {
+				pthread_cond_wait(&rel_cv, &rel_mu);
+			} else {
+				struct timespec ts = { .tv_sec = (time_t)(next / 1000000000ull),
+						       .tv_nsec = (long)(next % 1000000000ull) };
+				pthread_cond_timedwait(&rel_cv, &rel_mu, &ts);
+			}
+			continue;
+		}
+		/* Never wait with a gate's mutex held, nor for one. */
+		pthread_mutex_unlock(&rel_mu);
+		struct gate *g = &gates[due];
+		if (pthread_mutex_trylock(&g->lock) == 0) {
+			g->rel_retry = 0;
+			if (!atomic_load(&exiting))
+				release_idle(g, due);
+			pthread_mutex_unlock(&g->lock);
+		} else {
+			/* A launch is on the slow path: it decides; look again soon. */
+			g->rel_retry = mono_ns() + 1000000;
+		}
+		pthread_mutex_lock(&rel_mu);
+	}
+	pthread_mutex_unlock(&rel_mu);
+	return NULL;
 }
 
 static CUresult slow(struct gate *g, int dev, CUstream s)
@@ -579,11 +926,14 @@ static CUresult slow(struct gate *g, int dev, CUstream s)
 		/* captured work does not run now */
 	} else if (g->how != HOW_PASS) {
 		/* Another thread may have exchanged while this one waited. */
-		if (mono_ns() >= atomic_load(&g->until))
+		if (g->how == HOW_ORPHAN && mono_ns() >= atomic_load(&g->until))
+			reconnect(g, dev);
+		if (g->how != HOW_ORPHAN && g->how != HOW_REFUSED &&
+		    mono_ns() >= atomic_load(&g->until))
 			exchange(g, dev);
 		if (g->how == HOW_REFUSED)
 			r = CUDA_ERROR_NOT_PERMITTED;
-		else if (g->how != HOW_PASS)
+		else if (g->how != HOW_PASS && g->how != HOW_ORPHAN)
 			track_locked(g, s);
 	}
 	pthread_mutex_unlock(&g->lock);
