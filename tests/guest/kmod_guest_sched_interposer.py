@@ -17,7 +17,7 @@ compute_load (the kernel time the fake ran for it: gpu_ns, and per 100 ms
 in its trace), over a window while every load is busy.  The criteria are
 the policies' shares as numbers: weights 1:2 within 5 %, a fixed share
 within 3 points; none is a bound on how fast anything runs.  TCG is slow:
-slices are 30 ms and kernels 300 us, so a slice holds a few launches'
+slices are 60 ms and kernels 600 us, so a slice holds a few launches'
 worth of queued work and the guest's wake-up latency is a small part of
 it.
 """
@@ -62,8 +62,8 @@ LOAD = BUILD / "tests" / "compute_load"
 UUID0 = "GPU-face0000-0000-0000-0000-000000000000"
 OTHER = "GPU-0ther000-0000-0000-0000-000000000000"
 SEC = 1_000_000_000
-SLICE_US = "30000"
-KERNEL_US = 300  # 64 kernels in flight (compute_load's bound): 19.2 ms queued
+SLICE_US = "60000"
+KERNEL_US = 600  # 64 kernels in flight (compute_load's bound): 38.4 ms queued
 TRACE_MS = 100
 LEAD_S = 1.5  # from starting the loads to their first launch (exec under TCG)
 CUDA_ERROR_NOT_PERMITTED = 800
