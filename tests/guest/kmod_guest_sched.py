@@ -30,38 +30,25 @@ import pytest
 
 from nri_gpushare.kmod import abi
 from tests.guest.kmod_race_support import mark
-from tests.guest.kmod_support import DEV, ROOT, ctl, enter, ok, refcount, value, write
+from tests.guest.kmod_support import (
+    DEV,
+    ROOT,
+    MakeContainer,
+    enter,
+    ok,
+    refcount,
+    value,
+    write,
+)
 
 pytestmark = pytest.mark.usefixtures("kmod")
 
 QUERY_EXE = os.environ.get("GPUSHARE_KMOD_QUERY", "")
-MakeCgroup = Callable[[str], Path]
 MS = 1_000_000
 SEC = 1_000_000_000
 # What a wake-up and a process switch may take in the TCG guest, beyond
 # what the scheduler itself promises; not a measure of the module's speed.
 GUEST_SLACK_NS = 40 * MS
-
-
-MakeContainer = Callable[[str, str], Path]
-
-
-@pytest.fixture
-def container(cgroups: MakeCgroup) -> Iterator[MakeContainer]:
-    """Register a container (ID, spec) bound to a new cgroup of the same
-    name; the ones still registered are deleted afterwards."""
-    made: list[str] = []
-
-    def make(cid: str, spec: str) -> Path:
-        ok(f"add {cid} {spec}")
-        made.append(cid)
-        cg = cgroups(f"gs-{cid}")
-        ok(f"bind {cid} /gs-{cid}")
-        return cg
-
-    yield make
-    for cid in made:
-        ctl(f"del {cid}")
 
 
 def gputime(cid: str, gpu: int = 0) -> int:

@@ -29,7 +29,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,7 @@ import pytest
 from tests.guest.kmod_race_support import mark
 from tests.guest.kmod_support import (
     ROOT,
-    ctl,
+    MakeContainer,
     enter,
     loaded,
     ok,
@@ -68,8 +68,6 @@ TRACE_MS = 100
 LEAD_S = 1.5  # from starting the loads to their first launch (exec under TCG)
 CUDA_ERROR_NOT_PERMITTED = 800
 
-MakeCgroup = Callable[[str], Path]
-MakeContainer = Callable[[str, str], Path]
 
 
 @pytest.fixture
@@ -78,25 +76,6 @@ def built() -> None:
     build fails the test, never skips it."""
     for p in (LIB, FAKE_DIR / "libcuda.so.1", LOAD):
         assert p.is_file(), f"{p} is missing: run through tests/guest/test_kmod.py"
-
-
-@pytest.fixture
-def container(cgroups: MakeCgroup) -> Iterator[MakeContainer]:
-    """Register a container (ID, spec) bound to a new cgroup of the same
-    name; the ones still registered are deleted afterwards."""
-    made: list[str] = []
-
-    def make(cid: str, spec: str) -> Path:
-        ok(f"add {cid} {spec}")
-        made.append(cid)
-        cg = cgroups(f"gsi-{cid}")
-        ok(f"bind {cid} /gsi-{cid}")
-        return cg
-
-    yield make
-    if loaded():
-        for cid in made:
-            ctl(f"del {cid}")
 
 
 def gputime(cid: str) -> int:

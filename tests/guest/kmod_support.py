@@ -202,6 +202,29 @@ def cgroups() -> Iterator[Callable[[str], Path]]:
                 raise
 
 
+MakeContainer = Callable[[str, str], Path]
+
+
+@pytest.fixture
+def container(cgroups: Callable[[str], Path]) -> Iterator[MakeContainer]:
+    """Register a container (ID, and the GPU list of an `add` command) bound
+    to a new cgroup named after it; those still registered are deleted
+    afterwards (unless a test unloaded the module)."""
+    made: list[str] = []
+
+    def make(cid: str, spec: str) -> Path:
+        ok(f"add {cid} {spec}")
+        made.append(cid)
+        cg = cgroups(f"gs-{cid}")
+        ok(f"bind {cid} /gs-{cid}")
+        return cg
+
+    yield make
+    if loaded():
+        for cid in made:
+            ctl(f"del {cid}")
+
+
 # -- agents: processes that use /dev/gpushare on request (the memory ledger) --
 
 MemAnswer = tuple[int, "tuple[int, int, int] | None"]  # errno, (quota, used, mine)
