@@ -69,7 +69,6 @@ LEAD_S = 1.5  # from starting the loads to their first launch (exec under TCG)
 CUDA_ERROR_NOT_PERMITTED = 800
 
 
-
 @pytest.fixture
 def built() -> None:
     """The interposer's side is there (test_kmod.py builds it): a missing
