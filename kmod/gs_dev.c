@@ -325,7 +325,7 @@ static void gs_sched_fill(struct gs_gpu *gpu, struct gs_share *share,
 	const struct gs_sched *s = &gpu->sched;
 
 	m->slice_ns = s->slice_ns;
-	m->gputime_ns = gs_sched_gputime(gpu, share, now);
+	m->gputime_ns = gs_sched_used(s, &share->ent, now);
 	m->policy = s->policy;
 	m->weight = share->ent.weight;
 	m->highprio = share->ent.highprio;

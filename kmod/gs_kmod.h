@@ -167,7 +167,6 @@ int gs_proc_add_gpu(struct gs_gpu *gpu);
 int gs_proc_add_share(struct gs_share *share);
 
 void gs_sched_kick(struct gs_gpu *gpu);
-u64 gs_sched_gputime(struct gs_gpu *gpu, struct gs_share *share, u64 now);
 
 int gs_dev_init(void);
 void gs_dev_exit(void);

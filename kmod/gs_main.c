@@ -161,26 +161,6 @@ void gs_sched_kick(struct gs_gpu *gpu)
 	wake_up_all(&gpu->sched_wq);
 }
 
-/*
- * The GPU time charged to @share's container on @gpu, as of @now: what the
- * core says, with a slice in progress counted no further than its grace's
- * end, where the core ends it at its next call (so the number never goes
- * down when that call comes late).  Under sched_lock.
- */
-u64 gs_sched_gputime(struct gs_gpu *gpu, struct gs_share *share, u64 now)
-{
-	const struct gs_sched *s = &gpu->sched;
-	u64 end;
-
-	lockdep_assert_held(&gpu->sched_lock);
-	if (s->holder == &share->ent) {
-		end = s->hold_until + GS_SCHED_GRACE(s);
-		if (end >= s->hold_until && now > end)
-			now = end;
-	}
-	return gs_sched_used(s, &share->ent, now);
-}
-
 /* A new GPU's scheduler, with the module's defaults, before its files exist. */
 static void gs_sched_init_gpu(struct gs_gpu *gpu)
 {

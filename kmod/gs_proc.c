@@ -386,7 +386,7 @@ static int gputime_show(struct seq_file *m, void *obj)
 	u64 used;
 
 	spin_lock(&gpu->sched_lock);
-	used = gs_sched_gputime(gpu, share, ktime_get_ns());
+	used = gs_sched_used(&gpu->sched, &share->ent, ktime_get_ns());
 	spin_unlock(&gpu->sched_lock);
 	seq_printf(m, "%llu\n", used);
 	return 0;

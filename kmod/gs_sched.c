@@ -795,7 +795,17 @@ bool gs_sched_release(struct gs_sched *s, struct gs_sched_client *c,
 u64 gs_sched_used(const struct gs_sched *s, const struct gs_sched_ent *e,
 		  u64 now)
 {
+	u64 end;
+
 	if (s->holder != e)
 		return e->used_ns;
+	/*
+	 * A slice not given back is ended by force at its grace's end (by the
+	 * next call, gs_expire()) and charged no further: a reader before
+	 * that call never sees more than will be charged.
+	 */
+	end = gs_add(s->hold_until, gs_grace(s));
+	if (now > end)
+		now = end;
 	return gs_add(e->used_ns, gs_sub0(now, s->hold_start));
 }

@@ -215,7 +215,10 @@ enum gs_sched_answer gs_sched_acquire(struct gs_sched *s,
 bool gs_sched_release(struct gs_sched *s, struct gs_sched_client *c,
 		      u64 used_ns, u64 now);
 
-/* An entity's total charged GPU time, ns, as of @now (its slice so far). */
+/*
+ * An entity's total charged GPU time, ns, as of @now: its slice so far,
+ * up to the slice's forced end at most.
+ */
 u64 gs_sched_used(const struct gs_sched *s, const struct gs_sched_ent *e,
 		  u64 now);
 
