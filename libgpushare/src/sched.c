@@ -195,20 +195,9 @@ static void rel_init(void)
  */
 static void child_after_fork(void)
 {
-	for (int i = 0; i < MAX_DEVICES; i++) {
-		struct gate *g = &gates[i];
-		pthread_mutex_init(&g->lock, NULL);
-		atomic_store(&g->until, 0);
-		g->how = HOW_UNKNOWN;
-		g->in_slice = false;
-		g->nstreams = 0;
-		g->overflow = false;
-		g->events_tried = g->have_events = false;
-		g->ctx = NULL;
-		g->nlate = 0;
-		g->rel_skip = false;
-		g->rel_retry = 0;
-	}
+	memset(gates, 0, sizeof(gates));	/* HOW_UNKNOWN, no grant */
+	for (int i = 0; i < MAX_DEVICES; i++)
+		pthread_mutex_init(&gates[i].lock, NULL);
 	memset(&last, 0, sizeof(last));
 	rel_init();	/* no releaser in the child: started again at its first slice */
 }
@@ -620,14 +609,20 @@ static bool not_ours(int err)
 	return err == ENODEV || err == ENXIO;
 }
 
-static void say_pass(int dev, int err)
+/*
+ * Module mode, an answer other than the device not being the container's:
+ * pass.  ENOENT: the container was deleted (its processes are on their way
+ * out), or deleted and registered again (the plugin's resync), so look for
+ * a new registration now and then.
+ */
+static void unscheduled(struct gate *g, int dev, int err)
 {
-	const char *why = err == ENODEV ? "it is not one of this container's GPUs" :
-			  err == ENXIO ? "this container has no share of it" :
-			  err == ENOENT ? "this container is not registered (any more)" :
-			  strerror(err);
-
-	fprintf(stderr, "gpushare: launches on CUDA device %d are not scheduled: %s\n", dev, why);
+	fprintf(stderr, "gpushare: launches on CUDA device %d are not scheduled: %s\n", dev,
+		err == ENOENT ? "this container is not registered (any more)" : strerror(err));
+	if (err == ENOENT)
+		orphan(g);
+	else
+		pass(g);
 }
 
 /* ---- module mode: GPUSHARE_IOC_SCHED ---- */
@@ -665,22 +660,14 @@ static void module_acquire(struct gate *g, int dev)
 	struct gpushare_sched q;
 
 	while (sched_op(dev, GPUSHARE_SCHED_ACQUIRE, 0, 0, &q)) {
-		if (errno == EINTR)
+		int err = errno;
+
+		if (err == EINTR)
 			continue;
-		if (not_ours(errno)) {
-			refuse(g, dev, errno);
-			return;
-		}
-		/*
-		 * The container was deleted (its processes are on their way
-		 * out), or deleted and registered again (the plugin's resync):
-		 * pass, and look for a new registration now and then.
-		 */
-		say_pass(dev, errno);
-		if (errno == ENOENT)
-			orphan(g);
+		if (not_ours(err))
+			refuse(g, dev, err);
 		else
-			pass(g);
+			unscheduled(g, dev, err);
 		return;
 	}
 	g->slice_ns = q.slice_ns;
@@ -733,17 +720,15 @@ static void setup(struct gate *g, int dev)
 			g->slice_ns = q.slice_ns;
 			return;
 		}
-		if (not_ours(errno)) {
-			refuse(g, dev, errno);
+		int err = errno;
+
+		if (not_ours(err)) {
+			refuse(g, dev, err);
 			return;
 		}
 		/* A module without the scheduler: the environment's limit, if any. */
-		if (errno != ENOTTY && errno != EINVAL) {
-			say_pass(dev, errno);
-			if (errno == ENOENT)
-				orphan(g);
-			else
-				pass(g);
+		if (err != ENOTTY && err != EINVAL) {
+			unscheduled(g, dev, err);
 			return;
 		}
 	}
@@ -795,6 +780,18 @@ static void reconnect(struct gate *g, int dev)
 	}
 }
 
+/* The slice's work is done (@used ns of GPU time): give the GPU back. */
+static void give_back(struct gate *g, int dev, uint64_t used)
+{
+	if (g->how == HOW_MODULE) {
+		struct gpushare_sched q;
+		sched_op(dev, GPUSHARE_SCHED_RELEASE, 0, used, &q);
+	} else {
+		gs_sched_release(&g->core, &g->client, used, mono_ns());
+	}
+	g->in_slice = false;
+}
+
 /*
  * The grant is over: renew it, or drain, give back and wait for the next.
  *
@@ -816,13 +813,7 @@ static void exchange(struct gate *g, int dev)
 			return;
 		uint64_t used = 0;
 		drain(g, g->slice_ns, true, &used);
-		if (module) {
-			struct gpushare_sched q;
-			sched_op(dev, GPUSHARE_SCHED_RELEASE, 0, used, &q);
-		} else {
-			gs_sched_release(&g->core, &g->client, used, mono_ns());
-		}
-		g->in_slice = false;
+		give_back(g, dev, used);
 	}
 	if (module)
 		module_acquire(g, dev);
@@ -839,9 +830,7 @@ static void exchange(struct gate *g, int dev)
  */
 static void release_idle(struct gate *g, int dev)
 {
-	bool module = g->how == HOW_MODULE;
-
-	if (!g->in_slice || (!module && g->how != HOW_STANDALONE) ||
+	if (!g->in_slice || (g->how != HOW_MODULE && g->how != HOW_STANDALONE) ||
 	    mono_ns() < atomic_load(&g->until) + rel_delay(g))
 		return;
 	if (!nameable(g) || (g->nstreams && (!g->ctx || !drv.ctx_set_current ||
@@ -855,13 +844,7 @@ static void release_idle(struct gate *g, int dev)
 		g->rel_retry = mono_ns() + g->slice_ns;
 		return;
 	}
-	if (module) {
-		struct gpushare_sched q;
-		sched_op(dev, GPUSHARE_SCHED_RELEASE, 0, used, &q);
-	} else {
-		gs_sched_release(&g->core, &g->client, used, mono_ns());
-	}
-	g->in_slice = false;
+	give_back(g, dev, used);
 }
 
 static void *releaser(void *arg)
