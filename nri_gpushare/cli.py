@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import logging
 import os
@@ -206,6 +207,12 @@ def _uninstall(args: argparse.Namespace) -> int:
     return code
 
 
+# Subcommands that live in their own modules: each has
+# `register(subparsers)`, which adds its parsers with `set_defaults(func=...)`
+# (`func(args) -> int`) and keeps heavy imports inside the functions.
+_COMMAND_MODULES: tuple[str, ...] = ()
+
+
 def build_parser() -> argparse.ArgumentParser:
     from nri_gpushare.config import DEFAULT_STATUS_SOCKET
 
@@ -228,6 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     uninstall.add_argument("--kmod-root", default="/proc/gpushare")
     uninstall.set_defaults(func=_uninstall)
+
+    for module in _COMMAND_MODULES:
+        importlib.import_module(module).register(sub)
 
     # Parsed by their own modules (main() hands them over); listed for --help.
     sub.add_parser("cdi", help="write the CDI spec (nri-gpushare cdi generate --help)")

@@ -70,8 +70,16 @@ class Config:
     #: containerd's gRPC socket: labels of hand-started containers, events and
     #: reconciliation; "" turns the local API's containerd side off.
     containerd_socket: str = DEFAULT_CONTAINERD_SOCKET
+    #: One log line per decision (placed / refused / released): text or json.
+    log_format: str = "text"
+    #: Prometheus metrics: "host:port" to listen on; "" (default) serves none.
+    metrics_listen: str = ""
+    #: `nri-gpushare load-module` (the unit's ExecStartPre) loads gpushare.ko
+    #: only when this is true.
+    kmod_load: bool = False
 
 
+LOG_FORMATS = ("text", "json")
 NVML_MEMORY_LIMITS = ("auto", "off")
 
 
@@ -239,6 +247,22 @@ def _parse_interposer(source: str, data: object) -> InterposerPolicy:
     return policy
 
 
+def _listen_address(reader: _Reader, name: str, default: str) -> str:
+    """The address as host:port ([v6]:port for IPv6), or "" for off."""
+    value: str = reader.get(name, default, str)
+    if not value:
+        return ""
+    host, sep, port = value.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    ok = bool(sep) and bool(host) and port.isdigit() and 1 <= int(port) <= 65535
+    if not ok or any(c.isspace() or c in "[]/" for c in host):
+        reader.fail(
+            reader.key(name), f"{value!r} is not host:port such as 127.0.0.1:9400 or [::1]:9400"
+        )
+    return value
+
+
 def parse_config(data: object, source: str = "<config>") -> Config:
     top = _Reader(source, "", data)
     nri = _Reader(source, "nri", top.get("nri", {}, dict))
@@ -271,6 +295,9 @@ def parse_config(data: object, source: str = "<config>") -> Config:
     if containerd_socket and not containerd_socket.startswith("/"):
         cd.fail(cd.key("socket"), f"{containerd_socket!r} must be an absolute path or empty")
     cd.finish()
+    metrics = _Reader(source, "metrics", top.get("metrics", {}, dict))
+    metrics_listen = _listen_address(metrics, "listen", defaults.metrics_listen)
+    metrics.finish()
 
     config = Config(
         socket=socket,
@@ -302,6 +329,9 @@ def parse_config(data: object, source: str = "<config>") -> Config:
         ),
         api_socket=api_socket,
         containerd_socket=containerd_socket,
+        log_format=top.choice("log_format", defaults.log_format, LOG_FORMATS),
+        metrics_listen=metrics_listen,
+        kmod_load=top.get("kmod_load", defaults.kmod_load, bool),
     )
     top.finish()
     return config

@@ -52,7 +52,7 @@ fi
 
 # --- bookworm packages ---
 pkgs=(runc busybox-static protobuf-compiler qemu-system-x86 cpio kmod make gcc libc6-dev binutils
-      linux-image-amd64 linux-headers-amd64 iproute2 shellcheck)
+      linux-image-amd64 linux-headers-amd64 iproute2 shellcheck mmdebstrap systemd)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -75,6 +75,35 @@ for p in "${trixie_pkgs[@]}"; do
 		touch "$trixie/.$p.done"
 	fi
 done
+
+# --- containerd 2.x from Debian sid, extracted only (into .cache/sid) ---
+# For `enable`/`disable` against containerd 2.x's version 3 config: its
+# binary needs nothing newer than bookworm's libc (GLIBC_2.34).
+if [ ! -f /etc/apt/sources.list.d/gpushare-sid.sources ]; then
+	need_root
+	mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+	mirror=${mirror:-http://deb.debian.org/debian}
+	cat >/etc/apt/sources.list.d/gpushare-sid.sources <<SRC
+Types: deb
+URIs: $mirror
+Suites: sid
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+	cat >/etc/apt/preferences.d/gpushare-sid <<PREF
+Package: *
+Pin: release n=sid
+Pin-Priority: 100
+PREF
+	apt_get update
+fi
+sid="$cache/sid"
+if [ ! -f "$sid/.containerd.done" ]; then
+	mkdir -p "$sid"
+	(cd "$sid" && rm -f containerd_*.deb && apt-get download -q -t sid containerd)
+	dpkg-deb -x "$sid"/containerd_*.deb "$sid/root"
+	touch "$sid/.containerd.done"
+fi
 
 # --- the kernel's checkpatch.pl, for `make -C kmod checkpatch` ---
 sh "$top/kmod/fetch-checkpatch.sh"
