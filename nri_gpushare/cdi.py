@@ -20,7 +20,11 @@ Per device they would run once per requested device.
 
 The spec is static: nothing per container (the quota numbers) can be in it,
 since a createRuntime hook runs after the runtime has read config.json.  See
-docs/cdi.md.
+docs/cdi.md.  Its interposer mount names the library version the configured
+path resolves to when the spec is generated
+(/usr/lib/nri-gpushare/<version>/libgpushare.so from the node installer):
+after an upgrade, generate the spec again so that new CDI containers get the
+new version (the old one stays on the node, so the old spec keeps working).
 """
 
 from __future__ import annotations

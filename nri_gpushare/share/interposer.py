@@ -20,6 +20,12 @@ Neither reaches a statically linked program, or one that talks to
 /dev/nvidia* itself; and glibc skips a preload entry it cannot load (with a
 message on stderr) instead of failing.  See docs/security.md.
 
+The mount's source is the library the configured path resolves to when the
+container is created (`os.path.realpath`): the node installer keeps each
+version at /usr/lib/nri-gpushare/<version>/libgpushare.so and swaps the
+configured symlink to a new one, so a container's spec names the exact
+version it got, and an upgrade never changes a file a container has mounted.
+
 Isolation none gets nothing.  Whether the library is on the node is asked
 at each create through `LibraryCheck` (the daemon wires in the host's,
 `nri_gpushare.host.library_problem`).
@@ -27,6 +33,7 @@ at each create through `LibraryCheck` (the daemon wires in the host's,
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -54,8 +61,10 @@ def interposer_injection(
     policy: InterposerPolicy, env: Mapping[str, str]
 ) -> tuple[tuple[Mount, ...], dict[str, str]]:
     """Mounts and environment that load the interposer; `env`: the
-    container's own environment (kept behind ours in LD_PRELOAD)."""
-    mounts = [Mount(policy.library, policy.container_path, options=MOUNT_OPTIONS)]
+    container's own environment (kept behind ours in LD_PRELOAD).  The
+    library's mount source is the file its configured path resolves to now."""
+    library = os.path.realpath(policy.library)
+    mounts = [Mount(library, policy.container_path, options=MOUNT_OPTIONS)]
     injected: dict[str, str] = {}
     if policy.preload == "ld.so.preload":
         if not policy.preload_file:

@@ -1,0 +1,1 @@
+"""Operators' commands: installing, enabling and watching nri-gpushare on a node."""
