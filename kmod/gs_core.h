@@ -90,10 +90,65 @@ enum gs_gpu_file {
 
 extern const char *const gs_gpu_files[GS_GPU_NFILES];
 
+/*
+ * The upgrade state (/proc/gpushare/upgrade, see kmod/README.md): a header
+ * line, then the registry as inst_ctl commands (gpu, add, bind by id) and
+ * the lines below, which only that file takes.
+ *
+ *   gpushare-upgrade <format> <version> <module-state>
+ *   set default_memsize <bytes>
+ *   set <gpu> max_inst|policy|prio_ratio|slice_us <value>
+ *   gputime <id> <gpu> <ns>
+ */
+#define GS_STATE_FORMAT		1
+#define GS_STATE_MAX		(512 * 1024)	/* longest state write, bytes */
+#define GS_STATE_LINES_MAX	4096		/* most lines after the header */
+#define GS_VERSION_MAX		32		/* [A-Za-z0-9._+~-] */
+
+enum gs_setting {
+	GS_SET_DEFAULT_MEMSIZE,		/* module-wide */
+	GS_SET_MAX_INST,		/* per GPU from here on */
+	GS_SET_POLICY,
+	GS_SET_PRIO_RATIO,
+	GS_SET_SLICE_US,
+	GS_SET_N
+};
+
+extern const char *const gs_setting_names[GS_SET_N];
+
+enum gs_line_kind {
+	GS_LINE_CMD,		/* cmd: gpu, add, or bind by cgroup id */
+	GS_LINE_SET,		/* setting (cmd.gpu for a GPU's) = value */
+	GS_LINE_GPUTIME,	/* cmd.id on cmd.gpu was charged value ns */
+};
+
+struct gs_state_line {
+	enum gs_line_kind kind;
+	struct gs_cmd cmd;
+	enum gs_setting setting;
+	u64 value;
+};
+
+/* The module's states around an upgrade (its header's last word). */
+enum gs_upgrade_state {
+	GS_UPGRADE_LIVE,	/* normal operation */
+	GS_UPGRADE_EXPORTED,	/* frozen, its registrations do not pin it */
+	GS_UPGRADE_IMPORTING,	/* frozen, waiting for (or taking) a state */
+	GS_UPGRADE_NSTATES
+};
+
+extern const char *const gs_upgrade_states[GS_UPGRADE_NSTATES];
+
 int gs_parse_u64(const char *s, u64 *val);
 int gs_parse_value(char *buf, u64 *val);
 bool gs_valid_id(const char *id);
 int gs_parse_cmd(char *buf, struct gs_cmd *cmd);
+
+bool gs_valid_version(const char *version);
+int gs_parse_state_header(char *line);
+int gs_parse_state_line(char *line, struct gs_state_line *l);
+int gs_check_state(struct gs_state_line *lines, u32 n, u32 *bad);
+int gs_check_setting(enum gs_setting setting, u64 val);
 
 int gs_check_weight(u64 val);
 int gs_check_highprio(u64 val);

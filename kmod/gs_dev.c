@@ -77,19 +77,44 @@ static void gs_fh_attach(struct gs_fh *fh)
 		gs_ctr_put(ctr);
 }
 
+/*
+ * Count an opening file, unless an upgrade froze the module: an open
+ * file's ledger and places in the schedules could not move to the next
+ * version, so an export needs none open and none opens after it.
+ */
+static int gs_count_file(int delta)
+{
+	int ret = 0;
+
+	spin_lock(&gs_mem_lock);
+	if (delta > 0 && gs_upgrade != GS_UPGRADE_LIVE)
+		ret = -EBUSY;
+	else
+		gs_nfiles += delta;
+	spin_unlock(&gs_mem_lock);
+	return ret;
+}
+
 static int gs_dev_open(struct inode *inode, struct file *file)
 {
 	struct gs_fh *fh;
+	int ret;
 
+	ret = gs_count_file(1);
+	if (ret)
+		return ret;
 	/* Charged to the opener's memory cgroup, like its other files. */
 	fh = kzalloc(sizeof(*fh), GFP_KERNEL_ACCOUNT);
-	if (!fh)
+	if (!fh) {
+		gs_count_file(-1);
 		return -ENOMEM;
+	}
 	fh->pid = get_task_pid(current, PIDTYPE_TGID);
 	gs_fh_attach(fh);
 	if (!fh->ctr && !file_ns_capable(file, &init_user_ns, CAP_SYS_ADMIN)) {
 		put_pid(fh->pid);
 		kfree(fh);
+		gs_count_file(-1);
 		return -ENOENT;
 	}
 	file->private_data = fh;	/* was the miscdevice */
@@ -148,6 +173,7 @@ static int gs_dev_release(struct inode *inode, struct file *file)
 	}
 	put_pid(fh->pid);
 	kfree(fh);
+	gs_count_file(-1);
 	return 0;
 }
 

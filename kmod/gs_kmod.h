@@ -52,6 +52,11 @@
  *   drops it and sleeps on the GPU's sched_wq until sched_gen changes
  *   (every change that may let a waiter in bumps it and wakes the queue)
  *   or its retry time comes.
+ * - gs_upgrade (see gs_main.c) is written under gs_cfg_lock, gs_lock and
+ *   gs_mem_lock together, so any of them is enough to read it: commands
+ *   read it under gs_cfg_lock, setting writes under gs_lock, and open()
+ *   of /dev/gpushare under gs_mem_lock, which also covers gs_nfiles, the
+ *   count of open /dev/gpushare files.
  */
 #ifndef _GS_KMOD_H
 #define _GS_KMOD_H
@@ -71,7 +76,10 @@
 #include "gs_core.h"
 #include "gs_sched.h"
 
-#define GPUSHARE_VERSION	"0.1.0"		/* /proc/gpushare/version */
+/* /proc/gpushare/version; a build may set another (make GPUSHARE_VERSION=...) */
+#ifndef GPUSHARE_VERSION
+#define GPUSHARE_VERSION	"0.1.0"
+#endif
 #define GS_PROC_NAME		"gpushare"	/* /proc/gpushare */
 
 struct gs_attr;
@@ -153,6 +161,8 @@ extern struct gs_gpu *gs_gpus[GPUSHARE_MAX_GPUS];
 extern struct gs_acct *gs_accts[GPUSHARE_MAX_GPUS];
 extern struct list_head gs_ctrs;
 extern u64 gs_default_mem;
+extern enum gs_upgrade_state gs_upgrade;
+extern unsigned int gs_nfiles;
 
 struct gs_ctr *gs_find(const char *id);
 struct gs_ctr *gs_find_task(struct cgroup **cgrpp);
@@ -160,11 +170,14 @@ struct cgroup *gs_bound(const struct gs_ctr *ctr);
 void gs_ctr_put(struct gs_ctr *ctr);
 int gs_exec(struct gs_cmd *cmd);
 void gs_dump(struct seq_file *m);
+void gs_dump_state(struct seq_file *m);
+int gs_upgrade_write(char *buf, size_t len);
 
 int gs_proc_init(void);
 void gs_proc_exit(void);
 int gs_proc_add_gpu(struct gs_gpu *gpu);
 int gs_proc_add_share(struct gs_share *share);
+int gs_proc_set(struct gs_gpu *gpu, enum gs_setting setting, u64 val);
 
 void gs_sched_kick(struct gs_gpu *gpu);
 

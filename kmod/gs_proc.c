@@ -21,6 +21,7 @@
 #include <linux/capability.h>
 #include <linux/cred.h>
 #include <linux/miscdevice.h>
+#include <linux/mm.h>
 #include <linux/module.h>
 #include <linux/pid.h>
 #include <linux/pid_namespace.h>
@@ -467,6 +468,44 @@ static int gs_attr_open(struct inode *inode, struct file *file)
 	return ret ? ret : single_open(file, gs_attr_show, pde_data(inode));
 }
 
+/* Store @val through @f, under gs_lock (see struct gs_attr). */
+static int gs_store(const struct gs_file *f, u64 val)
+{
+	int ret;
+
+	lockdep_assert_held(&gs_lock);
+	write_seqcount_begin(&gs_seq);
+	spin_lock(&gs_mem_lock);
+	ret = gs_file_gone(f) ? -ENOENT : f->attr->store(f->obj, val);
+	spin_unlock(&gs_mem_lock);
+	write_seqcount_end(&gs_seq);
+	return ret;
+}
+
+/*
+ * A setting, as its file's write would store it, for an import (which
+ * the upgrade's freeze lets through): default_memsize (@gpu NULL) or one
+ * of @gpu's.
+ */
+int gs_proc_set(struct gs_gpu *gpu, enum gs_setting setting, u64 val)
+{
+	static const enum gs_gpu_file file[GS_SET_N] = {
+		[GS_SET_MAX_INST] = GS_GPU_MAX_INST,
+		[GS_SET_POLICY] = GS_GPU_POLICY,
+		[GS_SET_PRIO_RATIO] = GS_GPU_PRIO_RATIO,
+		[GS_SET_SLICE_US] = GS_GPU_SLICE_US,
+	};
+	int ret;
+
+	mutex_lock(&gs_lock);
+	if (setting == GS_SET_DEFAULT_MEMSIZE)
+		ret = gs_store(&gs_top_files[1], val);
+	else
+		ret = gs_store(&gpu->files[file[setting]], val);
+	mutex_unlock(&gs_lock);
+	return ret;
+}
+
 static ssize_t gs_attr_write(struct file *file, const char __user *ubuf,
 			     size_t count, loff_t *ppos)
 {
@@ -484,11 +523,10 @@ static ssize_t gs_attr_write(struct file *file, const char __user *ubuf,
 		return -EINVAL;
 
 	mutex_lock(&gs_lock);
-	write_seqcount_begin(&gs_seq);
-	spin_lock(&gs_mem_lock);
-	ret = gs_file_gone(f) ? -ENOENT : f->attr->store(f->obj, val);
-	spin_unlock(&gs_mem_lock);
-	write_seqcount_end(&gs_seq);
+	if (gs_upgrade != GS_UPGRADE_LIVE)
+		ret = -EBUSY;	/* upgrade in progress */
+	else
+		ret = gs_store(f, val);
 	mutex_unlock(&gs_lock);
 	return ret ? ret : count;
 }
@@ -577,6 +615,62 @@ static const struct proc_ops gs_inst_ctl_ops = {
 	.proc_release = single_release,
 };
 
+/* ---- upgrade ---- */
+
+static int upgrade_show(struct seq_file *m, void *v)
+{
+	gs_dump_state(m);
+	return 0;
+}
+
+/* Root only, even to read: the whole registry is in it. */
+static int upgrade_open(struct inode *inode, struct file *file)
+{
+	int ret = gs_may_write(file);
+
+	if (!ret && !file_ns_capable(file, &init_user_ns, CAP_SYS_ADMIN))
+		ret = -EPERM;
+	return ret ? ret : single_open_size(file, upgrade_show, NULL,
+					    PAGE_SIZE * 4);
+}
+
+/* "export", "abort", or a state to import, in one write: see gs_main.c. */
+static ssize_t upgrade_write(struct file *file, const char __user *ubuf,
+			     size_t count, loff_t *ppos)
+{
+	char *buf;
+	int ret;
+
+	if (!count || count > GS_STATE_MAX)
+		return -EINVAL;
+	buf = kvmalloc(count + 1, GFP_KERNEL);
+	if (!buf)
+		return -ENOMEM;
+	ret = copy_from_user(buf, ubuf, count) ? -EFAULT : 0;
+	buf[count] = '\0';
+	if (!ret && memchr(buf, 0, count))
+		ret = -EINVAL;
+	/* As for inst_ctl: a plain rmmod waits for no write in flight. */
+	if (!ret && !try_module_get(THIS_MODULE))
+		ret = -ENODEV;
+	if (!ret) {
+		mutex_lock(&gs_cfg_lock);
+		ret = gs_upgrade_write(buf, count);
+		mutex_unlock(&gs_cfg_lock);
+		module_put(THIS_MODULE);
+	}
+	kvfree(buf);
+	return ret ? ret : count;
+}
+
+static const struct proc_ops gs_upgrade_ops = {
+	.proc_open = upgrade_open,
+	.proc_read = seq_read,
+	.proc_write = upgrade_write,
+	.proc_lseek = seq_lseek,
+	.proc_release = single_release,
+};
+
 /* ---- directories ---- */
 
 int gs_proc_add_gpu(struct gs_gpu *gpu)
@@ -630,6 +724,9 @@ int gs_proc_init(void)
 			      gs_top_files, ARRAY_SIZE(gs_top_names), NULL);
 	if (!ret && !proc_create("inst_ctl", 0600, gs_proc_root,
 				 &gs_inst_ctl_ops))
+		ret = -ENOMEM;
+	if (!ret && !proc_create("upgrade", 0600, gs_proc_root,
+				 &gs_upgrade_ops))
 		ret = -ENOMEM;
 	if (ret)
 		proc_remove(gs_proc_root);

@@ -13,6 +13,7 @@ typedef __u32 u32;
 typedef __u64 u64;
 
 #define U64_MAX ((u64)~0ULL)
+#define U32_MAX ((u32)~0U)
 #define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 
 /*
