@@ -19,16 +19,16 @@ from typing import Any
 def _run(args: argparse.Namespace) -> int:
     from nri_gpushare.config import Config, ConfigError, load_config
     from nri_gpushare.daemon import run_daemon
+    from nri_gpushare.decisions import configure_logging
 
     try:
         config = load_config(args.config) if args.config else Config()
     except ConfigError as exc:
         print(f"nri-gpushare: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    # One record, one line (text escapes, json is one object a line): values a
+    # pod chose cannot forge lines; decisions are `decision=...` lines.
+    configure_logging(config.log_level, config.log_format)
     for chatty in ("hpack", "h2", "grpclib"):  # every HTTP/2 frame of the containerd client
         logging.getLogger(chatty).setLevel(max(logging.INFO, logging.getLogger().level))
     prelaunched = os.environ.get("NRI_PLUGIN_SOCKET") == "3" and not args.socket
@@ -171,25 +171,18 @@ def _print_status(status: dict[str, Any]) -> None:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from nri_gpushare.config import ConfigError, load_config
-    from nri_gpushare.status import query_status
+    from nri_gpushare.config import ConfigError
+    from nri_gpushare.status import query_status, status_socket, unreachable
 
-    path = args.status_socket
-    if args.config:
-        try:
-            path = load_config(args.config).status_socket
-        except ConfigError as exc:
-            print(f"nri-gpushare: {exc}", file=sys.stderr)
-            return 2
+    try:
+        path = status_socket(args.config, args.status_socket)
+    except ConfigError as exc:
+        print(f"nri-gpushare: {exc}", file=sys.stderr)
+        return 2
     try:
         status = query_status(path)
     except (OSError, ValueError) as exc:  # ValueError: a cut-off or garbled reply
-        reason = getattr(exc, "strerror", None) or exc
-        print(
-            f"nri-gpushare: cannot reach the plugin at {path}: {reason} "
-            "(is `nri-gpushare run` running?)",
-            file=sys.stderr,
-        )
+        print(f"nri-gpushare: {unreachable(path, exc)}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(status, indent=2))
@@ -210,7 +203,7 @@ def _uninstall(args: argparse.Namespace) -> int:
 # Subcommands that live in their own modules: each has
 # `register(subparsers)`, which adds its parsers with `set_defaults(func=...)`
 # (`func(args) -> int`) and keeps heavy imports inside the functions.
-_COMMAND_MODULES: tuple[str, ...] = ("nri_gpushare.ops.load_module",)
+_COMMAND_MODULES: tuple[str, ...] = ("nri_gpushare.ops.load_module", "nri_gpushare.smi")
 
 
 def build_parser() -> argparse.ArgumentParser:

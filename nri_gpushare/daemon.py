@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
+import importlib.metadata
 import logging
 import signal
-from collections.abc import Callable, Iterable
-from typing import Any
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar, cast
 
 from nri_gpushare.api import nri
 from nri_gpushare.api.lite import Adjustment, ContainerView, Device, MountSpec, PodSandboxView
@@ -39,6 +42,8 @@ from nri_gpushare.kmod.client import KernelModule
 from nri_gpushare.kmod.worker import OffLoopKernelModule
 from nri_gpushare.local.server import LocalApiServer
 from nri_gpushare.local_api import LocalApiHandler
+from nri_gpushare.metrics import HandlerLatency, MetricsServer, SnapshotCollector
+from nri_gpushare.metrics import Snapshot as MetricsSnapshot
 from nri_gpushare.nvml_limits import NvmlMemoryLimits
 from nri_gpushare.share.interposer import preload_file_text
 from nri_gpushare.share.model import (
@@ -104,6 +109,26 @@ def adjustment(plan: InjectionPlan) -> Adjustment:
     )
 
 
+Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
+
+
+def timed(event: str) -> Callable[[Handler], Handler]:
+    """Count the time the handler takes in its plugin's `latency` under `event`."""
+
+    def decorate(handler: Handler) -> Handler:
+        @functools.wraps(handler)
+        async def run(self: GpuShareHandler, *args: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return await handler(self, *args)
+            finally:
+                self.latency.observe(event, time.perf_counter() - started)
+
+        return cast(Handler, run)
+
+    return decorate
+
+
 class GpuShareHandler(Plugin):
     """NRI events -> share domain."""
 
@@ -113,7 +138,10 @@ class GpuShareHandler(Plugin):
         self.service = service
         #: Seconds the runtime waits for an answer (the stub knows; 2 s is NRI's default).
         self.request_timeout = request_timeout
+        #: Time spent in each handler, per event (the metrics' histogram).
+        self.latency = HandlerLatency()
 
+    @timed("synchronize")
     async def synchronize(
         self, pods: list[PodSandboxView], containers: list[ContainerView]
     ) -> list[nri.ContainerUpdate]:
@@ -146,6 +174,7 @@ class GpuShareHandler(Plugin):
         entry.settled = outcome.startswith(("killed", "already gone"))
         log.warning("%s: unserved policy deny: %s", info.describe(), entry.action)
 
+    @timed("create_container")
     async def create_container(
         self, pod: PodSandboxView, container: ContainerView
     ) -> Adjustment | None:
@@ -153,28 +182,29 @@ class GpuShareHandler(Plugin):
         # Answer before the runtime gives up: a late answer is lost (containerd
         # creates the container without it), so its share must not stay booked.
         deadline = loop.time() + ANSWER_WITHIN * self.request_timeout()
+        info = container_info(pod, container)
         try:
             async with asyncio.timeout_at(deadline):
-                plan = await self.service.create_container(container_info(pod, container))
+                plan = await self.service.create_container(info)  # logs placed / refused
         except ShareRefused as exc:
-            log.warning("refused %s/%s: %s", pod.namespace, container.name, exc)
             raise PluginError(str(exc)) from None
         except TimeoutError:
-            raise PluginError(self._late(pod, container)) from None
+            raise PluginError(self._late(info)) from None
         if plan is not None and loop.time() > deadline:
-            await self.service.release(container.id)
-            raise PluginError(self._late(pod, container))
+            await self.service.release(container.id, "placed too late: the runtime gave up")
+            raise PluginError(self._late(info))
         return adjustment(plan) if plan is not None else None
 
-    def _late(self, pod: PodSandboxView, container: ContainerView) -> str:
+    def _late(self, info: ContainerInfo) -> str:
         message = (
-            f"gpushare: {container_info(pod, container).describe()}: not placed within the "
+            f"gpushare: {info.describe()}: not placed within the "
             f"runtime's request timeout ({self.request_timeout():g} s); nothing was reserved, "
             f"retry"
         )
-        log.error("%s", message)
+        self.service.decisions.refused_container(info, "timeout", message)
         return message
 
+    @timed("post_start_container")
     async def post_start_container(self, pod: PodSandboxView, container: ContainerView) -> None:
         entry = self.service.unserved.get(container.id)
         if entry is not None:  # created while the plugin was away: now it has a process
@@ -187,25 +217,31 @@ class GpuShareHandler(Plugin):
         held = self.service.allocations.get(container_id)
         return held is not None and held.local
 
+    @timed("start_container")
     async def start_container(self, pod: PodSandboxView, container: ContainerView) -> None:
         if self._hand_started(container.id):
             return
+        info = container_info(pod, container)
         try:
-            await self.service.start_container(container_info(pod, container))
+            await self.service.start_container(info)
         except ShareRefused as exc:
+            self.service.decisions.refused_container(info, exc.reason, str(exc))
             raise PluginError(str(exc)) from None
 
+    @timed("stop_container")
     async def stop_container(
         self, pod: PodSandboxView, container: ContainerView
     ) -> list[nri.ContainerUpdate]:
         if not self._hand_started(container.id):
-            await self.service.release(container.id)
+            await self.service.release(container.id, "stopped (StopContainer)")
         return []
 
+    @timed("remove_container")
     async def remove_container(self, pod: PodSandboxView, container: ContainerView) -> None:
         if not self._hand_started(container.id):
-            await self.service.release(container.id)
+            await self.service.release(container.id, "removed (RemoveContainer)")
 
+    @timed("stop_pod_sandbox")
     async def stop_pod_sandbox(self, pod: PodSandboxView) -> None:
         self.service.pod_stopped(pod.uid, f"{pod.namespace}/{pod.name}", pod.annotations)
 
@@ -383,6 +419,14 @@ class ReconcileOwner:
         await self.service.release_local(namespace, container_id, why)
 
 
+def plugin_version() -> str:
+    """The installed package's version ("unknown" when run from a bare tree)."""
+    try:
+        return importlib.metadata.version("nri-gpushare")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def _summary(samples: Iterable[float]) -> dict[str, float]:
     """Count, median and p99 of recent handler times, in milliseconds."""
     ordered = sorted(samples)
@@ -457,18 +501,39 @@ async def run_daemon(
             else {"socket": "", "connected": False, "last_error": "containerd.socket is off"}
         )
         return {
+            "version": plugin_version(),
             **service.status(memory),
             "nri": nri_state,
             "local_api": {"socket": config.api_socket, "requests": local_api.requests},
             "containerd": containerd,
         }
 
+    async def metrics_snapshot() -> MetricsSnapshot:
+        document = await snapshot()  # then, with nothing awaited, the counters
+        decisions = service.decisions
+        return MetricsSnapshot(
+            document, dict(decisions.counts), dict(decisions.refusals), handler.latency.copy()
+        )
+
+    metrics = (
+        MetricsServer(
+            config.metrics_listen,
+            SnapshotCollector(asyncio.get_running_loop(), metrics_snapshot),
+        )
+        if config.metrics_listen
+        else None
+    )
     status = StatusServer(config.status_socket, snapshot)
-    await status.start()
+    started: list[StatusServer | LocalApiServer] = []
     try:
-        await local_api.start()
+        for server in (status, local_api):
+            await server.start()
+            started.append(server)
+        if metrics is not None:
+            metrics.start()  # fails at start, naming metrics.listen
     except BaseException:
-        await status.close()
+        for server in reversed(started):
+            await server.close()
         close()
         raise
     following = (
@@ -502,6 +567,8 @@ async def run_daemon(
         if following is not None:
             following.cancel()
             await asyncio.gather(following, return_exceptions=True)
+        if metrics is not None:
+            await asyncio.to_thread(metrics.close)  # waits for a scrape in flight
         await local_api.close()
         await status.close()
         if labels is not None:

@@ -101,7 +101,7 @@ class LocalApiHandler:
             try:
                 await self.service.start_local(request.namespace, request.id, request.pid)
             except ShareRefused as e:
-                return Reply.refused(str(e), e.reason)
+                return self._refused(request, str(e), e.reason)
             return Reply(True)
         try:
             async with asyncio.timeout(ANSWER_WITHIN):
@@ -110,13 +110,33 @@ class LocalApiHandler:
             # Cancelled inside the service, which undoes what it had reserved.
             await self.service.release_local(request.namespace, request.id, "placed too late")
             where = f"{request.namespace}/{request.id}" if request.namespace else request.id
-            log.error("container %s: not placed within %g s; refused", where, ANSWER_WITHIN)
-            return Reply.refused(
+            return self._refused(
+                request,
                 f"gpushare: cannot create container {where}: not placed within "
                 f"{ANSWER_WITHIN:g} s (containerd or the kernel module is slow to answer); "
                 f"nothing was reserved, retry",
                 "unavailable",
+                "timeout",
             )
+
+    def _refused(
+        self,
+        r: Request,
+        message: str,
+        reason: str,
+        logged_as: str | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> Reply:
+        """The refusal, logged as a decision (`logged_as`: its reason there,
+        when the protocol's says less; `labels`: the container's, when read)."""
+        self.service.decisions.refused(
+            r.id,
+            logged_as or reason,
+            message,
+            name=container_name(labels or {}, r.annotations) or r.id,
+            origin=f"{r.via or 'runc'}:{r.namespace}",
+        )
+        return Reply.refused(message, reason)
 
     async def undelivered(self, request: Request, reply: Reply) -> None:
         """The caller went away before it had the answer: a share it did not
@@ -131,27 +151,31 @@ class LocalApiHandler:
         if r.namespace == CRI_NAMESPACE and CRI_CONTAINER_TYPE in r.annotations:
             held = self.service.allocations.get(r.id)
             if r.via == "cdi" and r.gpu_minors and (held is None or held.local):
-                return Reply.refused(
-                    _cdi_without_share(where, "NRI placed no share for it"), "invalid"
+                return self._refused(
+                    r, _cdi_without_share(where, "NRI placed no share for it"), "invalid"
                 )
             log.info("container %s: a CRI container, served through NRI; nothing to do", where)
             return Reply(True)
         try:
             labels = await self._labels(r)
         except LabelsUnavailable as e:
-            return Reply.refused(f"gpushare: cannot create container {where}: {e}", "unavailable")
+            return self._refused(
+                r, f"gpushare: cannot create container {where}: {e}", "unavailable"
+            )
         gpus = None
         if r.gpu_minors is not None:
             unknown = [m for m in r.gpu_minors if m not in self.by_minor]
             if unknown:
-                return Reply.refused(
+                return self._refused(
+                    r,
                     f"gpushare: cannot create container {where}: it was given /dev/nvidia"
                     f"{unknown[0]}, which is not a GPU of this node's inventory; regenerate "
                     f"the CDI spec (nri-gpushare cdi generate)",
                     "invalid",
+                    labels=labels,
                 )
             gpus = tuple(dict.fromkeys(self.by_minor[m].index for m in r.gpu_minors))
-        name = next((v for k in NAME_KEYS if (v := labels.get(k) or r.annotations.get(k))), "")
+        name = container_name(labels, r.annotations)
         info = ContainerInfo(
             id=r.id,
             name=name or r.id,
@@ -165,20 +189,21 @@ class LocalApiHandler:
             plan = await self.service.create_container(
                 info, origin=r.via or "runc", namespace=r.namespace, gpus=gpus
             )
-        except ShareRefused as e:
-            log.warning("refused container %s (%s): %s", where, r.via, e)
+        except ShareRefused as e:  # logged by the service
             return Reply.refused(str(e), e.reason)
         if plan is None or not plan.devices:
             if r.via == "cdi" and r.gpu_minors:
                 await self.service.release_local(r.namespace, r.id, "no share asked")
-                return Reply.refused(_cdi_without_share(where, "it asks for none"), "invalid")
+                return self._refused(
+                    r, _cdi_without_share(where, "it asks for none"), "invalid", labels=labels
+                )
             return Reply(True) if plan is None else Reply(True, plan=plan_json(plan))
         if r.pid:  # the hook runs once the cgroup exists: bind now
             try:
                 await self.service.start_local(r.namespace, r.id, r.pid)
             except ShareRefused as e:
                 await self.service.release_local(r.namespace, r.id, "its cgroup cannot be bound")
-                return Reply.refused(str(e), e.reason)
+                return self._refused(r, str(e), e.reason, labels=labels)
         return Reply(True, plan=plan_json(plan))
 
     async def _labels(self, r: Request) -> dict[str, str]:
@@ -194,6 +219,11 @@ class LocalApiHandler:
             ) from None
         except ContainerdError as e:
             raise LabelsUnavailable(f"cannot read its labels from containerd: {e}") from None
+
+
+def container_name(labels: Mapping[str, str], annotations: Mapping[str, str]) -> str:
+    """The name a hand-started container was given (nerdctl's labels), or ""."""
+    return next((v for k in NAME_KEYS if (v := labels.get(k) or annotations.get(k))), "")
 
 
 def _cdi_without_share(where: str, why: str) -> str:

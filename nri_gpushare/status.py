@@ -134,6 +134,22 @@ def _bind(path: str, mode: int = SOCKET_MODE) -> socket.socket:
     return sock
 
 
+def status_socket(config: str | None, default: str) -> str:
+    """The socket to ask: the config's `status_socket` when a config is
+    given (ConfigError when it cannot be read), else `default`."""
+    if not config:
+        return default
+    from nri_gpushare.config import load_config
+
+    return load_config(config).status_socket
+
+
+def unreachable(path: str, exc: Exception) -> str:
+    """What to tell a person whom `query_status` failed."""
+    reason = getattr(exc, "strerror", None) or exc
+    return f"cannot reach the plugin at {path}: {reason} (is `nri-gpushare run` running?)"
+
+
 def query_status(path: str, timeout: float = 5.0) -> dict[str, Any]:
     """Fetch the running plugin's status (blocking; for the CLI)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:

@@ -6,7 +6,8 @@
    two 16 GiB GPUs,
 3. runs two pods asking for GPU shares and prints what their containers see
    (each also gets the CUDA interposer, built here, through /etc/ld.so.preload),
-4. shows `nri-gpushare status`, a refused pod with its error, and cleans up.
+4. shows `nri-gpushare status` and `gpushare-smi`, a refused pod with its
+   error and the plugin's decision log line about it, and cleans up.
 """
 
 from __future__ import annotations
@@ -78,12 +79,26 @@ async def demo() -> None:
             ]
             subprocess.run(status_cmd, check=True)
 
+            say("gpushare-smi")
+            smi_cmd = [
+                sys.executable,
+                "-m",
+                "nri_gpushare.smi",
+                "--status-socket",
+                plugin.status_socket,
+            ]
+            subprocess.run(smi_cmd, check=True)
+
             say("a pod asking for more than a GPU has: refused at CreateContainer")
             pod_id = await cri.run_pod("too-big", annotations={"gpushare.io/gpu-memory": "20Gi"})
             try:
                 await cri.create_container(pod_id, "main", command=["true"])
             except GRPCError as exc:
                 print("    CreateContainer failed:", exc.message)
+            say("the plugin's decision log (journalctl -u nri-gpushare -g decision= on a node)")
+            for line in plugin.log().splitlines():
+                if " decision=" in line:
+                    print("   ", line)
 
             say("cleaning up: stopping and removing every pod releases its share")
         subprocess.run(status_cmd, check=True)

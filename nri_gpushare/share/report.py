@@ -15,8 +15,10 @@ Each allocation says which mechanisms guard its memory (`guards`):
 `unguarded` says, per mechanism that is missing, why (key ``none`` when
 nothing is meant to guard it: isolation none).  Each GPU entry gives
 the memory in use next to the quota (`memory_used`, null when unknown, and
-then `memory_used_why`), and the compute target next to what the container got
-over the last minute:
+then `memory_used_why`), the processes holding GPU memory there (`pids`, from
+the module's meminfo: process IDs as the kernel module sees them, i.e. in the
+host's (initial) PID namespace, not the container's; null when unknown), and
+the compute target next to what the container got over the last minute:
 
 - ``compute_target``: the gpu-core percent, null for no limit (no gpu-core, or
   isolation memory|none);
@@ -197,6 +199,7 @@ def status_document(
                     "memory_used": use.used,
                     "memory_used_why": use.why,
                     "processes": len(use.processes),
+                    "pids": sorted(use.processes) if use.used is not None else None,
                     "nvml_limit": s.index in limited,
                     "compute_target": s.core_percent if full else None,
                     "compute_policy": scheduled,

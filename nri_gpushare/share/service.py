@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..decisions import DecisionLog
 from ..kmod.client import KernelModule
 from . import records
 from .assigned import assigned_annotation
@@ -113,12 +114,14 @@ class ShareService:
         limits: MemoryLimits | None = None,
         usage: MemoryUsage | None = None,
         gputime: GpuTimeSource | None = None,
+        decisions: DecisionLog | None = None,
     ) -> None:
         """`library_check`: whether the interposer's file is on the node (None:
         taken as present); `limits`: the driver's memory limits (None: off);
         `usage`: memory in use from the kernel module (None: unknown);
         `gputime`: GPU time charged by the module, sampled by `sample_compute`
-        (None: unknown)."""
+        (None: unknown); `decisions`: where placed, refused and released are
+        logged and counted."""
         self.gpus = sorted(gpus, key=lambda g: g.index)
         self.by_index = {g.index: g for g in self.gpus}
         self.policy = policy
@@ -130,6 +133,7 @@ class ShareService:
         self.usage = usage
         self.gputime = gputime
         self.compute = ComputeMeter()
+        self.decisions = decisions or DecisionLog()
         self.allocations: dict[str, Allocation] = {}
         self.store: records.AllocationStore = store or records.MemoryStore()
         self.unserved: dict[str, Unserved] = {}
@@ -163,8 +167,19 @@ class ShareService:
         `origin` and `namespace`: how a container NRI does not see asked (see
         `Allocation.origin`); `gpus`: the GPU indexes it must be placed on
         (the CDI devices it was given), None to let placement choose.
-        Raises ShareRefused; a refusal leaves nothing reserved.
+        Raises ShareRefused; a refusal leaves nothing reserved.  Placed and
+        refused are logged here (`decisions`), once each.
         """
+        try:
+            return await self._create(c, origin, namespace, gpus)
+        except ShareRefused as e:
+            where = f"{origin}:{namespace}" if origin else ""
+            self.decisions.refused_container(c, e.reason, str(e), where)
+            raise
+
+    async def _create(
+        self, c: ContainerInfo, origin: str, namespace: str, gpus: tuple[int, ...] | None
+    ) -> InjectionPlan | None:
         who = c.describe()
         if c.id in self._creating:
             raise ShareRefused(f"gpushare: {who} is already being created", "conflict")
@@ -253,7 +268,7 @@ class ShareService:
                 "state",
             ) from None
         self._check_memory_dev(req, alloc, c)
-        log.info("%s: placed %s", who, alloc.describe_shares())
+        self.decisions.placed(alloc)
         return self._plan(alloc, c)
 
     def _interposer_for(self, req: ShareRequest, who: str) -> bool:
@@ -289,17 +304,17 @@ class ShareService:
             if self.allocations.get(c.id) is not alloc:  # released meanwhile
                 await self.limits.clear(c.id)
 
-    async def release(self, container_id: str) -> bool:
+    async def release(self, container_id: str, why: str = "released") -> bool:
         """Unregister and free the container's shares (Stop and Remove); idempotent.
 
-        True when this call freed an allocation.
+        True when this call freed an allocation (and logged it, saying `why`).
         """
         alloc = self.allocations.pop(container_id, None)
         self.unserved.pop(container_id, None)
         self.local.pop(container_id, None)
         if alloc is not None:
             self.ledger.remove(alloc)
-            log.info("container %s: released %s", container_id, alloc.describe_shares())
+            self.decisions.released(alloc, why)
             self._or_log(lambda: self._record(records.removed(container_id)))
         await self.link.release(container_id)
         await self.limits.clear(container_id)
@@ -372,6 +387,8 @@ class ShareService:
             self.allocations[c.id] = alloc
         if forgotten := sorted(set(saved) - set(self.allocations)):
             log.info("records of %d container(s) that are gone dropped", len(forgotten))
+            for cid in forgotten:
+                self.decisions.released(saved[cid], "gone: no live container at synchronize")
         self._or_log(self._snapshot)
         self._find_unserved(live)
         recovered = dict(self.allocations)
@@ -421,8 +438,7 @@ class ShareService:
         one was freed."""
         if self._local_alloc(namespace, container_id) is None:
             return False
-        log.info("container %s/%s: %s", namespace, container_id, why)
-        return await self.release(container_id)
+        return await self.release(container_id, why)
 
     def local_allocations(self) -> list[LocalRef]:
         """The local allocations, for the containerd reconciler."""

@@ -219,7 +219,7 @@ async def test_a_task_deleted_behind_the_daemons_back_is_reconciled(bed, start_p
         await asyncio.sleep(0.1)
     assert set(local(again)) == {alive}
     assert reserved(again)[0][0] == 2 * GiB
-    assert f"{NS}/{gone}" in again.log()
+    assert f"decision=released container={gone} origin=runc:{NS} " in again.log()
 
 
 async def test_docker_run_with_the_gpushare_runtime_gets_the_cgpu_share(
