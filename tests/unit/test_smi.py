@@ -1,0 +1,220 @@
+"""gpushare-smi: its JSON view and table from a status document (unknowns
+say n/a with a footnote, never 0; every line fits 120 columns; names a pod
+chose are cut and cleaned), the command against a missing daemon, --watch
+when stdout is not a terminal, and the PIDs the status now carries."""
+
+import json
+
+import pytest
+
+from nri_gpushare import cli, smi
+from nri_gpushare.host import BlockingWorker, ModuleMemInfo
+from nri_gpushare.share import ContainerInfo, NodePolicy, ShareService
+from nri_gpushare.share.model import STANDALONE_SOURCES, InterposerPolicy
+from tests.fakes import FakeDevices, FakeKernelModule, GiB, Inline, MiB, done, make_gpus
+from tests.unit.test_metrics import status
+
+P = "gpushare.io/"
+
+
+def test_view_sums_known_use_and_says_why_when_unknown():
+    doc = smi.view(status(), now=0)
+    assert doc["schema"] == "gpushare-smi/1" and doc["time"] == "1970-01-01T00:00:00Z"
+    g0, g1 = doc["gpus"]
+    assert (g0["memory_used"], g0["memory_used_why"]) == (4 * GiB, None)
+    assert (g0["core_used"], g0["core_used_why"]) == (None, "unknown: no sample yet")
+    assert (g0["policy"], g0["policy_name"], g0["policy_why"]) == (3, "fixed share", None)
+    assert (g1["memory_used"], g1["memory_used_why"]) == (None, "unknown: kmod: off")
+    assert g1["policy"] is None and "registered" in g1["policy_why"]
+    a, b, c = doc["containers"]
+    assert (a["pod"], a["name"], a["origin"], a["priority"]) == ("ml/train", "main", "nri", "high")
+    [s] = a["gpus"]
+    assert (s["memory_quota"], s["memory_used"], s["core_target"], s["core_used"]) == (
+        8 * GiB,
+        3 * GiB,
+        30,
+        27.5,
+    )
+    assert (s["pids"], s["pids_why"]) == ([10, 11], None)
+    [s] = c["gpus"]
+    assert (s["memory_used"], s["memory_used_why"]) == (None, "unknown: kmod: off")
+    assert (s["pids"], s["pids_why"]) == (None, "unknown: kmod: off")
+    assert c["origin"] == "runc:default"
+    json.dumps(doc)  # JSON-able
+
+
+def test_table_shows_na_with_footnotes_never_zero():
+    text = smi.render(smi.view(status()), local_time="then")
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= smi.WIDTH
+    row = next(line for line in lines if "ml/train" in line)
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert cells == ["0", "ml/train (main)", "a", "8Gi", "3Gi", "30%", "27.5%", "high", "10,11"]
+    row = next(line for line in lines if "(runc:default)" in line)
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert cells[1] == "job (runc:default)"
+    assert cells[4] == cells[8] != "0"
+    mark = cells[4]
+    assert mark.startswith("n/a[")
+    note = next(line for line in lines if line.startswith(mark[3:] + " "))
+    assert note.endswith("unknown: kmod: off")
+    gpu1 = next(line for line in lines if line.startswith("|   1 | Sim"))
+    assert gpu1.split("|")[5].strip() == mark  # GPU 1 used: unknown, not 0
+    assert smi.PID_NOTE in lines
+
+
+def test_long_and_hostile_names_are_cut_and_cleaned():
+    doc = status()
+    doc["allocations"][0]["pod"] = "a-very-long-namespace/" + "p" * 80 + "-tail"
+    doc["allocations"][0]["name"] = "c\x1b[2Jx"
+    doc["allocations"][0]["gpus"][0]["pids"] = list(range(100000, 100020))
+    text = smi.render(smi.view(doc))
+    assert "\x1b" not in text
+    assert max(len(line) for line in text.splitlines()) <= smi.WIDTH
+    row = next(line for line in text.splitlines() if "a-very-lo" in line)
+    owner = row.split("|")[2].strip()
+    assert owner.startswith("a-very-lo") and owner.endswith("tail (c?[2Jx)") and "…" in owner
+    assert row.split("|")[9].strip() == "100000 +19"
+
+
+def test_no_containers_and_unserved():
+    doc = status(allocations=[], unserved=[{"container_id": "u" * 64, "pod": "ns/p", "asked": "1Gi",
+                                            "action": "warned"}])  # fmt: skip
+    for gpu in doc["gpus"]:
+        gpu["containers"] = []
+    text = smi.render(smi.view(doc))
+    assert "No containers hold a share." in text
+    assert "UNSERVED uuuuuuuuuuuu ns/p: asked for 1Gi" in text
+    assert "n/a" not in text.split("POLICY")[1].split("\n", 3)[3].split("|")[5]  # used: '-'
+
+
+def test_unreachable_daemon_is_a_clear_error(tmp_path, capsys):
+    missing = str(tmp_path / "status.sock")
+    assert smi.main(["--status-socket", missing]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot reach the plugin at {missing}" in err and "nri-gpushare run" in err
+    assert cli.main(["smi", "--json", "--status-socket", missing]) == 1
+
+
+def test_json_from_the_daemon(monkeypatch, capsys):
+    monkeypatch.setattr("nri_gpushare.status.query_status", lambda path: status())
+    assert cli.main(["smi", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [c["container_id"] for c in doc["containers"]] == ["a", "b", "c"]
+
+
+def test_watch_not_on_a_terminal_prints_frames_and_keeps_going(monkeypatch, capsys):
+    """One frame per interval separated by a blank line; an unreachable daemon
+    is a frame saying so; Ctrl-C ends it with status 0."""
+    answers = iter([status(), OSError(111, "Connection refused"), status()])
+
+    def query(path):
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    sleeps = []
+
+    def sleep(seconds):
+        sleeps.append(seconds)
+        if len(sleeps) == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("nri_gpushare.status.query_status", query)
+    monkeypatch.setattr(smi.time, "sleep", sleep)
+    assert smi.main(["--watch", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out
+    frames = out.split("\n\n")
+    assert len(frames) == 4 and frames[3] == ""
+    assert "ml/train" in frames[0] and "ml/train" in frames[2]
+    assert "cannot reach the plugin" in frames[1] and "retrying every 0.5 s" in frames[1]
+    assert sleeps == [0.5, 0.5, 0.5]
+
+
+def test_watch_json_prints_one_document_per_line(monkeypatch, capsys):
+    answers = iter([status(), OSError(2, "No such file or directory")])
+
+    def query(path):
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def sleep(seconds):
+        if next(ticks):
+            raise KeyboardInterrupt
+
+    ticks = iter([False, True])
+    monkeypatch.setattr("nri_gpushare.status.query_status", query)
+    monkeypatch.setattr(smi.time, "sleep", sleep)
+    assert smi.main(["--json", "--watch"]) == 0
+    first, second = capsys.readouterr().out.splitlines()
+    assert json.loads(first)["schema"] == "gpushare-smi/1"
+    assert "No such file or directory" in json.loads(second)["error"]
+
+
+def test_watch_interval_is_checked():
+    with pytest.raises(SystemExit):
+        smi.main(["--watch", "0"])
+
+
+# -- the PIDs in the status document ----------------------------------------------------
+
+
+class FakeProcfs:
+    def __init__(self, infos):
+        self.infos = infos
+
+    def meminfo(self, gpu, container_id):
+        return self.infos[gpu, container_id]
+
+
+class MemInfo:
+    def __init__(self, free, processes):
+        self.free, self.processes = free, processes
+
+
+async def test_status_carries_the_pids_of_the_modules_meminfo():
+    procfs = FakeProcfs({(0, "a"): MemInfo(GiB, {4242: 600 * MiB, 17: 400 * MiB})})
+    usage = ModuleMemInfo(procfs, BlockingWorker("test-meminfo"))
+    svc = ShareService(
+        make_gpus(2, 16 * GiB),
+        NodePolicy(
+            pod_sources=STANDALONE_SOURCES, interposer=InterposerPolicy(preload_file="/s/p")
+        ),
+        Inline(FakeKernelModule()),
+        FakeDevices(),
+        usage=usage,
+        library_check=lambda path: "",
+    )
+    done(svc.start())
+    try:
+        for cid, isolation in (("a", "full"), ("b", "none")):
+            annotations = {P + "gpu-memory": "2Gi", P + "isolation": isolation}
+            await svc.create_container(
+                ContainerInfo(
+                    id=cid,
+                    name=cid,
+                    pod_name=cid,
+                    pod_namespace="ns",
+                    pod_uid=cid,
+                    pod_annotations=annotations,
+                )  # fmt: skip
+            )
+        doc = svc.status(await svc.read_usage())
+    finally:
+        usage.close()
+    a, b = (entry["gpus"][0] for entry in doc["allocations"])
+    assert a["pids"] == [17, 4242] and a["memory_used"] == GiB
+    assert b["pids"] is None  # unknown, not "no process"
+    rows = smi.view(doc)["containers"]
+    assert rows[0]["gpus"][0]["pids"] == [17, 4242]
+    assert "isolation none" in rows[1]["gpus"][0]["pids_why"]
+
+
+def test_smi_is_a_subcommand_too():
+    parser = cli.build_parser()
+    args = parser.parse_args(["smi", "--watch", "3", "--config", "/x.yaml"])
+    assert (args.watch, args.config, args.func) == (3.0, "/x.yaml", smi.run)
