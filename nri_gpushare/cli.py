@@ -203,7 +203,11 @@ def _uninstall(args: argparse.Namespace) -> int:
 # Subcommands that live in their own modules: each has
 # `register(subparsers)`, which adds its parsers with `set_defaults(func=...)`
 # (`func(args) -> int`) and keeps heavy imports inside the functions.
-_COMMAND_MODULES: tuple[str, ...] = ("nri_gpushare.ops.load_module", "nri_gpushare.smi")
+_COMMAND_MODULES: tuple[str, ...] = (
+    "nri_gpushare.ops.load_module",
+    "nri_gpushare.smi",
+    "nri_gpushare.ops.containerd_config",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,6 +23,8 @@ from tests.testbed.images import BUSYBOX_BINARY, PAUSE_IMAGE, import_images, is_
 
 REPO = Path(__file__).resolve().parents[2]
 TRIXIE_BIN = REPO / ".cache" / "trixie" / "root" / "usr" / "bin"
+#: containerd 2.x (Debian sid), extracted only; for tests of both majors.
+SID_BIN = REPO / ".cache" / "sid" / "root" / "usr" / "bin"
 NRI_LOG_MARKER = "io.containerd.nri.v1.nri"
 SHIM_SOCKET_DIR = "/run/containerd/s"
 
@@ -72,6 +74,7 @@ class Containerd:
         sandbox_image: str = PAUSE_IMAGE,
         images: bool = True,
         passthrough_annotations: tuple[str, ...] = (),
+        config_file: Path | None = None,
     ) -> None:
         self._own_base = base is None
         self.base = Path(base or tempfile.mkdtemp(prefix="gpushare-tb-", dir="/tmp"))
@@ -93,7 +96,10 @@ class Containerd:
         self.nri_plugin_config_dir = self.base / "nri" / "conf"
         self.pod_log_dir = self.base / "pod-logs"
         self.runc_root = self.base / "runc"
-        self.config_path = self.base / "config.toml"
+        # config_file: start with this file as it is (see private_config())
+        # instead of writing config_text() into the base dir.
+        self.config_file = config_file
+        self.config_path = Path(config_file) if config_file else self.base / "config.toml"
         self.log_path = self.base / "containerd.log"
         self.proc: subprocess.Popen[bytes] | None = None
         if len(str(self.nri_socket)) > 100 or len(str(self.ttrpc_socket)) > 100:
@@ -161,6 +167,60 @@ class Containerd:
             lines += [f"{k} = {_toml(v)}" for k, v in keys.items()]
         return "\n".join(lines) + "\n"
 
+    def private_config(self, text: str, *, nri_socket: bool = False) -> str:
+        """A given config.toml (version 2 or 3) with this bed's private paths.
+
+        Only where containerd keeps things is changed: root, state, the gRPC
+        and ttrpc sockets, the opt dir, CNI dirs, runc's root, NRI's plugin
+        dirs and, with nri_socket, NRI's socket; comments, layout and every
+        other setting stay as they are (tomlkit).
+        """
+        import tomlkit
+        from tomlkit.items import Table
+
+        doc = tomlkit.parse(text)
+        b = self.base
+        doc["root"], doc["state"] = str(b / "root"), str(b / "state")
+        for section, address in (("grpc", self.cri_socket), ("ttrpc", self.ttrpc_socket)):
+            doc.setdefault(section, tomlkit.table())["address"] = str(address)
+        paths = {
+            "bin_dir": str(b / "cni" / "bin"),
+            "bin_dirs": [str(b / "cni" / "bin")],
+            "conf_dir": str(b / "cni" / "conf"),
+            "Root": str(self.runc_root),
+            "plugin_path": str(self.nri_plugin_dir),
+            "plugin_config_path": str(self.nri_plugin_config_dir),
+        }
+        if nri_socket:
+            paths["socket_path"] = str(self.nri_socket)
+        nri = "io.containerd.nri.v1.nri"
+        owner = {  # the table each key is changed in
+            **dict.fromkeys(("bin_dir", "bin_dirs", "conf_dir"), "cni"),
+            **dict.fromkeys(("plugin_path", "plugin_config_path", "socket_path"), nri),
+            "Root": "options",
+        }
+
+        def walk(table: Table | tomlkit.TOMLDocument, name: str) -> None:
+            for key in list(table):
+                value = table[key]
+                if isinstance(value, Table):
+                    walk(value, key)
+                elif key == "bin_dir" and "bin_dirs" in table:
+                    continue  # 2.x: the deprecated one is '' and must stay so
+                elif key in paths and name == owner[key]:
+                    table[key] = paths[key]
+                elif key == "path" and name == "io.containerd.internal.v1.opt":
+                    table[key] = str(b / "opt")
+
+        walk(doc, "")
+        text = doc.as_string()
+        if nri_socket and nri not in doc.get("plugins", {}):  # containerd's defaults otherwise
+            text += f'\n[plugins."{nri}"]\n' + "".join(
+                f"  {key} = {_toml(paths[key])}\n"
+                for key in ("socket_path", "plugin_path", "plugin_config_path")
+            )
+        return text
+
     # -- lifecycle --------------------------------------------------------
 
     def start(self, timeout: float = 30.0) -> Containerd:
@@ -174,7 +234,8 @@ class Containerd:
             self.base / "cni" / "conf",
         ):
             d.mkdir(parents=True, exist_ok=True)
-        self.config_path.write_text(self.config_text())
+        if self.config_file is None:
+            self.config_path.write_text(self.config_text())
         env = dict(os.environ, PATH=f"{self.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}")
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
