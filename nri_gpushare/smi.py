@@ -177,14 +177,14 @@ GPU_COLUMNS = (
 )
 CONTAINER_COLUMNS = (
     Column(("GPU", ""), 3, True),
-    Column(("POD / NAME", ""), 29),
+    Column(("POD / NAME", ""), 31),
     Column(("CONTAINER", ""), 12),
     Column(("MEMORY", "QUOTA"), 8, True),
     Column(("MEMORY", "USED"), 8, True),
     Column(("CORE", "TARGET"), 6, True),
     Column(("CORE", "USED"), 7, True),
     Column(("PRIO", ""), 6),
-    Column(("PIDS", ""), 12),
+    Column(("PIDS", ""), 10),
 )
 
 
@@ -322,21 +322,24 @@ def render(doc: Mapping[str, Any], local_time: str | None = None) -> str:
         )
     lines += _table(GPU_COLUMNS, rows)
     rows = []
-    for c in doc["containers"]:
-        for s in c["gpus"]:
-            rows.append(
-                [
-                    str(s["index"]),
-                    _owner(c, CONTAINER_COLUMNS[1].width),
-                    c["container_id"][:12],
-                    _size(s["memory_quota"]),
-                    _known(s["memory_used"], _size, s["memory_used_why"], notes),
-                    "-" if s["core_target"] is None else f"{s['core_target']}%",
-                    _known(s["core_used"], _pct, s["core_used_why"], notes),
-                    c["priority"],
-                    notes.mark(s["pids_why"]) if s["pids"] is None else _pids(s["pids"], 12),
-                ]
-            )
+    shares = sorted(
+        ((s, c) for c in doc["containers"] for s in c["gpus"]),
+        key=lambda sc: (sc[0]["index"], sc[1]["pod"] or sc[1]["name"], sc[1]["container_id"]),
+    )
+    for s, c in shares:
+        rows.append(
+            [
+                str(s["index"]),
+                _owner(c, CONTAINER_COLUMNS[1].width),
+                c["container_id"][:12],
+                _size(s["memory_quota"]),
+                _known(s["memory_used"], _size, s["memory_used_why"], notes),
+                "-" if s["core_target"] is None else f"{s['core_target']}%",
+                _known(s["core_used"], _pct, s["core_used_why"], notes),
+                c["priority"],
+                notes.mark(s["pids_why"]) if s["pids"] is None else _pids(s["pids"], 10),
+            ]
+        )
     if rows:
         lines += _table(CONTAINER_COLUMNS, rows)
         lines.append(PID_NOTE)

@@ -7,16 +7,19 @@
 3. runs two pods asking for GPU shares and prints what their containers see
    (each also gets the CUDA interposer, built here, through /etc/ld.so.preload),
 4. shows `nri-gpushare status` and `gpushare-smi`, a refused pod with its
-   error and the plugin's decision log line about it, and cleans up.
+   error and the plugin's decision log line about it, a few of the Prometheus
+   metrics it serves, and cleans up.
 """
 
 from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,12 +44,16 @@ async def demo() -> None:
     build = workdir / "libgpushare"
     subprocess.run(["make", "-s", "-C", str(ROOT / "libgpushare"), f"BUILD={build}"], check=True)
     bed = Containerd().start()
+    with socket.socket() as probe:  # a free port for the metrics endpoint
+        probe.bind(("127.0.0.1", 0))
+        metrics = f"127.0.0.1:{probe.getsockname()[1]}"
     plugin = PluginProcess(
         bed.nri_socket,
         workdir,
         log_level="info",
         inventory=gpu_inventory(2, "16Gi"),
         interposer={"library": str(build / "libgpushare.so")},
+        metrics={"listen": metrics},
     )
     try:
         say("starting nri-gpushare on a simulated inventory: 2 x 16Gi GPUs")
@@ -99,6 +106,17 @@ async def demo() -> None:
             for line in plugin.log().splitlines():
                 if " decision=" in line:
                     print("   ", line)
+
+            say(f"Prometheus metrics (metrics.listen): curl http://{metrics}/metrics, a few")
+            with urllib.request.urlopen(f"http://{metrics}/metrics") as reply:
+                shown = (
+                    "gpushare_gpu_memory_",
+                    "gpushare_container_memory_quota",
+                    "gpushare_refusals",
+                )
+                for line in reply.read().decode().splitlines():
+                    if line.startswith(shown) and not line.endswith(" 0.0"):
+                        print("   ", line)
 
             say("cleaning up: stopping and removing every pod releases its share")
         subprocess.run(status_cmd, check=True)

@@ -4,6 +4,9 @@ chose are cut and cleaned), the command against a missing daemon, --watch
 when stdout is not a terminal, and the PIDs the status now carries."""
 
 import json
+import os
+import pty
+import select
 
 import pytest
 
@@ -218,3 +221,46 @@ def test_smi_is_a_subcommand_too():
     parser = cli.build_parser()
     args = parser.parse_args(["smi", "--watch", "3", "--config", "/x.yaml"])
     assert (args.watch, args.config, args.func) == (3.0, "/x.yaml", smi.run)
+
+
+def test_watch_on_a_terminal_redraws_in_place(monkeypatch):
+    """On a terminal: the screen is cleared once, each frame is drawn from the
+    top over the last (lines cleared to their end, the rest of the screen
+    below), the cursor comes back at Ctrl-C, and the exit status is 0."""
+    master, slave = pty.openpty()
+    terminal = os.fdopen(slave, "w")
+    answers = iter([status(), OSError(111, "Connection refused")])
+
+    def query(path):
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    ticks = iter([False, True])
+
+    def sleep(seconds):
+        if next(ticks):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("nri_gpushare.status.query_status", query)
+    monkeypatch.setattr(smi.time, "sleep", sleep)
+    monkeypatch.setattr(smi.sys, "stdout", terminal)
+    try:
+        assert smi.main(["--watch"]) == 0
+        terminal.flush()
+        out = b""
+        while select.select([master], [], [], 0)[0]:
+            out += os.read(master, 65536)
+    finally:
+        terminal.close()
+        os.close(master)
+    text = out.decode()
+    assert text.startswith("\x1b[?25l\x1b[H\x1b[2J")  # cursor hidden, cleared once
+    assert text.count("\x1b[2J") == 1
+    frames = text.split("\x1b[H")[2:]
+    assert len(frames) == 2
+    assert "ml/train" in frames[0] and frames[0].rstrip().endswith("\x1b[J")
+    assert "cannot reach the plugin" in frames[1] and "retrying every 2 s" in frames[1]
+    assert all(line.endswith("\x1b[K") for line in frames[1].split("\r\n")[:-2])
+    assert text.endswith("\x1b[?25h\r\n")  # the cursor is back
