@@ -261,16 +261,15 @@ def _mark(record: dict[str, Any]) -> str:
     return f"  # {MARK} " + json.dumps(record, ensure_ascii=True)
 
 
-def _literal_strings(table: Table | None, config_version: int) -> bool:
+def _literal_strings(table: Table) -> bool:
     """Write strings as the table's neighbours are written (v3 stock: 'literal')."""
     from tomlkit.items import String, StringType
 
-    if table is not None:
-        for key in table:
-            item = _key_item(table, key)
-            if isinstance(item, String):
-                return bool(item.type in (StringType.SLL, StringType.MLL))
-    return config_version >= 3
+    for key in table:
+        item = _key_item(table, key)
+        if isinstance(item, String):
+            return bool(item.type in (StringType.SLL, StringType.MLL))
+    return False
 
 
 def _config_version(doc: TOMLDocument, binary_version: int) -> int:
@@ -328,7 +327,7 @@ def plan_enable(
         version = _config_version(doc, binary_version)
         table = _nri_table(doc)
         if table is not None:
-            return _edit_table(plan, doc, table, differ, effective, version)
+            return _edit_table(plan, doc, table, differ, effective)
         base, added = text, "table"
         pad = "\n" if text and not text.endswith("\n") else ""
         pad += "\n" if text.strip() else ""
@@ -336,8 +335,7 @@ def plan_enable(
             version = binary_version
             pad += f"version = {binary_version}\n\n"
             plan.changes.append(f"added version = {binary_version} (the file had no keys)")
-    literal = _literal_strings(None, version)
-    values = {key: _toml_text(value, literal) for key, value in differ.items()}
+    values = {key: _toml_text(value, literal=False) for key, value in differ.items()}
     lines = [NRI_HEADER + _mark({"added": added, "before": pad, "set": values})]
     for key, value_text in values.items():
         lines.append(f"  {key} = {value_text}")
@@ -354,9 +352,8 @@ def _edit_table(
     table: Table,
     differ: Mapping[str, bool | str],
     effective: Mapping[str, object],
-    version: int,
 ) -> Plan:
-    literal = _literal_strings(table, version)
+    literal = _literal_strings(table)
     indent = _key_indent(table)
     for key, value in differ.items():
         value_text = _toml_text(value, literal)

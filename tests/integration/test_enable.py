@@ -122,6 +122,7 @@ def test_enable_twice_then_disable(name: str, tmp_short: Path) -> None:
     assert config.stat().st_mode & 0o777 == 0o640
     assert [b.read_bytes() for b in _backups(config)] == [original]
 
+    assert str(bed.nri_socket) in enabled.decode()  # never the host's NRI socket
     try:
         bed.start()
         plugin.start()  # waits until containerd synchronized it
@@ -285,3 +286,21 @@ def test_missing_containerd_binary_is_named(tmp_short: Path) -> None:
     assert done.returncode == 1
     assert "--containerd" in done.stderr and "not found" in done.stderr
     assert not config.exists()
+
+
+def test_a_symlinked_config_is_edited_where_it_points(tmp_short: Path) -> None:
+    _require(TRIXIE_BIN)
+    (tmp_short / "managed").mkdir()
+    target = tmp_short / "managed" / "containerd.toml"
+    shutil.copyfile(DATA / "containerd-1.7.24-default.toml", target)
+    link = tmp_short / "config.toml"
+    link.symlink_to(target)
+    args = ("--config", str(link), "--containerd", str(TRIXIE_BIN / "containerd"))
+    done = cli("enable", *args)
+    assert done.returncode == 0, done.stderr
+    assert f"{link} is a link to {target}" in done.stdout
+    assert link.is_symlink() and link.resolve() == target
+    assert "disable = false  # nri-gpushare enable" in target.read_text()
+    assert len(_backups(target)) == 1
+    assert cli("disable", *args).returncode == 0
+    assert target.read_bytes() == (DATA / "containerd-1.7.24-default.toml").read_bytes()
