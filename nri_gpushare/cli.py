@@ -207,6 +207,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "nri_gpushare.ops.load_module",
     "nri_gpushare.smi",
     "nri_gpushare.ops.containerd_config",
+    "nri_gpushare.kmod.upgrade",
 )
 
 

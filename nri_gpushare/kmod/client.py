@@ -76,6 +76,13 @@ class GpusNotDeclared(KmodError):
     errno = errno.ENXIO
 
 
+class UpgradeInProgress(KmodError):
+    """The module is frozen for an upgrade (`nri-gpushare kmod-upgrade`): it
+    refuses every change (EBUSY) until the next version has taken its state."""
+
+    errno = errno.EBUSY
+
+
 class KernelModuleClient(Protocol):
     def loaded(self) -> bool:
         """True when the module is present and answering."""

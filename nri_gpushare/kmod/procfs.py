@@ -28,6 +28,7 @@ from nri_gpushare.kmod.client import (
     NotRegistered,
     OverCommitted,
     Registration,
+    UpgradeInProgress,
 )
 from nri_gpushare.share.units import format_bytes
 
@@ -420,6 +421,16 @@ class ProcfsKernelModule:
             )
         return int(text)
 
+    def upgrading(self) -> bool:
+        """Whether an upgrade has frozen the module (its upgrade file's header
+        says `exported` or `importing`); False when it cannot tell."""
+        try:
+            with open(self.root / "upgrade") as f:
+                words = f.readline().split()
+        except OSError:
+            return False
+        return len(words) == 4 and words[3] != "live"
+
     def _not_loaded(self) -> ModuleNotLoaded:
         return ModuleNotLoaded(
             f"gpushare.ko is not loaded ({self.root} does not exist): load it with"
@@ -429,6 +440,12 @@ class ProcfsKernelModule:
 
     def _error(self, e: OSError, what: str, hints: dict[int, str]) -> KmodError:
         err = e.errno or errno.EIO
+        if err == errno.EBUSY and self.upgrading():
+            return UpgradeInProgress(
+                f"{what}: gpushare.ko is being upgraded (nri-gpushare kmod-upgrade);"
+                " try again once that is done",
+                err,
+            )
         detail = hints.get(err) or _GENERIC.get(err) or os.strerror(err)
         return _CLASSES.get(err, KmodError)(f"{what}: {detail}", err)
 

@@ -16,6 +16,13 @@ The module is reached through the awaited `KernelModule` interface; a request
 that times out may still reach the module later, so a registration that timed
 out is unregistered again (queued behind it), and unregistrations that fail
 are retried on the container's next release.
+
+While the module is being upgraded (`nri-gpushare kmod-upgrade`: frozen, then
+briefly not loaded) the registry it hands over must stay what the daemon
+means: an unregistration or a bind that meets the upgrade is kept and done
+once the module answers again (at the next use of the link: `ready()`), never
+dropped, so a container released meanwhile is not left registered in the new
+version and one started meanwhile gets its binding there.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from ..kmod.client import (
     ModuleNotLoaded,
     NotRegistered,
     Registration,
+    UpgradeInProgress,
 )
 from .model import Allocation, ContainerInfo, Gpu, ShareRefused
 
@@ -65,6 +73,9 @@ class KernelLink:
         self.kmod = kmod if mode != "off" else None
         self.registered: set[str] = set()  # container IDs registered by this link
         self._unregister_later: set[str] = set()  # unregistrations that failed
+        # What an upgrade (or the module's absence) held up, done in ready():
+        self._unregister_pending: set[str] = set()  # unregistrations of released IDs
+        self._bind_later: dict[str, str] = {}  # binds: container ID -> cgroups path
         self.loaded = False
         self._declared = False
         #: Why the module cannot be used, for messages ("is not loaded", ...).
@@ -119,6 +130,11 @@ class KernelLink:
                 await self.kmod.declare_gpus(
                     [GpuDeclaration(g.index, g.memory_bytes) for g in self.gpus]
                 )
+            except UpgradeInProgress:
+                self.loaded = False
+                self.problem = "is being upgraded (nri-gpushare kmod-upgrade)"
+                self._advice = "try again once the upgrade is done"
+                return False
             except KmodError as e:
                 self.loaded = False
                 self.problem = f"is loaded but refused this node's GPU list: {e}"
@@ -127,7 +143,30 @@ class KernelLink:
             self._declared = True
         self.loaded = True
         self.problem = ""
+        if self._bind_later or self._unregister_pending:
+            await self._retry_held_up()
         return True
+
+    async def _retry_held_up(self) -> None:
+        """The unregistrations and binds that failed while the module was
+        being upgraded or away, once it answers again."""
+        assert self.kmod is not None
+        for cid in sorted(self._unregister_pending):
+            self._unregister_pending.discard(cid)
+            await self.unregister(cid)  # pending again if the upgrade is still going on
+        for cid, path in sorted(self._bind_later.items()):
+            if cid not in self.registered:
+                del self._bind_later[cid]
+                continue
+            try:
+                await self.kmod.bind_cgroup(cid, path)
+            except (UpgradeInProgress, ModuleNotLoaded):
+                return  # still going on: the next call tries again
+            except KmodError as e:
+                log.warning("container %s: cannot bind cgroup %s: %s", cid, path, e)
+            else:
+                log.info("container %s: bound to cgroup %s after the module upgrade", cid, path)
+            del self._bind_later[cid]
 
     # -- a container's registration ------------------------------------------------------
 
@@ -180,6 +219,7 @@ class KernelLink:
             self._unregister_later.add(alloc.container_id)
             raise
         self.registered.add(alloc.container_id)
+        self._unregister_pending.discard(alloc.container_id)  # registered anew: keep it
         return True
 
     async def _register(self, registration: Registration, who: str) -> None:
@@ -207,6 +247,10 @@ class KernelLink:
             return
         try:
             await self.kmod.bind_cgroup(c.id, c.cgroups_path)
+        except (UpgradeInProgress, ModuleNotLoaded) as e:
+            # The registration moves to the next version; so will its binding.
+            self._bind_later[c.id] = c.cgroups_path
+            log.warning("%s: binding held up until the module answers again: %s", c.describe(), e)
         except KmodError as e:
             message = (
                 f"gpushare: {c.describe()}: the kernel module could not bind cgroup "
@@ -218,6 +262,7 @@ class KernelLink:
 
     async def release(self, container_id: str) -> None:
         """Unregister the container if this link registered it (idempotent)."""
+        self._bind_later.pop(container_id, None)
         if container_id in self.registered or container_id in self._unregister_later:
             self.registered.discard(container_id)
             await self.unregister(container_id)
@@ -227,8 +272,13 @@ class KernelLink:
             return
         try:
             await self.kmod.unregister(cid)
-        except (NotRegistered, ModuleNotLoaded):
+        except NotRegistered:
             pass
+        except (UpgradeInProgress, ModuleNotLoaded):
+            # Being upgraded (or away): its registry may come back; done then.
+            self._unregister_pending.add(cid)
+            self._unregister_later.discard(cid)
+            return
         except KmodError as e:
             log.error("container %s: kernel module unregistration failed: %s", cid, e)
             self._unregister_later.add(cid)
@@ -252,6 +302,8 @@ class KernelLink:
         """Nothing registered as far as this link knows (a new table follows)."""
         self.registered = set()
         self._unregister_later = set()
+        self._unregister_pending = set()
+        self._bind_later = {}
 
     async def resync(
         self,

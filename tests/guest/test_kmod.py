@@ -22,12 +22,15 @@ compiler) fails instead of skipping.
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.guest.harness import (
+    Kernel,
     build_kmod_query,
     build_module,
     c_compiler,
@@ -36,6 +39,7 @@ from tests.guest.harness import (
     require_guest,
     run_guest_suite,
 )
+from tests.guest.harness.pytest_support import BUILD_PRODUCTS
 
 REPO = Path(__file__).resolve().parents[2]
 WIDEN = REPO / "tests" / "guest" / "kprobe_widen"
@@ -55,6 +59,22 @@ def build_cuda_side(build: Path) -> Path:
     return build
 
 
+def build_next_version(src: Path, dest: Path, kernel: Kernel) -> tuple[Path, str]:
+    """The same module source built as another version (kmod_guest_upgrade.py
+    replaces the suite's module by it): its .ko and version string."""
+    header = (src / "gs_kmod.h").read_text()
+    found = re.search(r'#define GPUSHARE_VERSION\s+"([^"]+)"', header)
+    assert found, "gs_kmod.h names no GPUSHARE_VERSION"
+    version = f"{found.group(1)}+next"
+    shutil.copytree(src, dest, ignore=BUILD_PRODUCTS)
+    subprocess.run(
+        ["make", "-C", str(dest), f"KDIR={kernel.build}", f"GPUSHARE_VERSION={version}"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return dest / "gpushare.ko", version
+
+
 def test_kmod_suite_in_guest(tmp_path: Path) -> None:
     kernel = require_guest()
     c_compiler()
@@ -62,11 +82,14 @@ def test_kmod_suite_in_guest(tmp_path: Path) -> None:
 
     src = kmod_source()
     ko = build_module(src, tmp_path / "kmod", kernel)
+    next_ko, next_version = build_next_version(Path(src), tmp_path / "kmod-next", kernel)
     widen = build_module(WIDEN, tmp_path / "kprobe_widen", kernel)
     query = build_kmod_query(tmp_path / "kmod_query", kmod=src)
     cuda = build_cuda_side(tmp_path / "cuda")
     env = {
         "GPUSHARE_KO": str(ko),
+        "GPUSHARE_KO_NEXT": str(next_ko),
+        "GPUSHARE_NEXT_VERSION": next_version,
         "GPUSHARE_WIDEN_KO": str(widen),
         "GPUSHARE_KMOD_QUERY": str(query),
         "GPUSHARE_CUDA_BUILD": str(cuda),
