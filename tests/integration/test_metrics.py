@@ -18,6 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.plugin import ROOT, gpu_inventory
+from tests.integration.test_hand_started import NS, bed, ctr_run, name  # noqa: F401 - bed: a fixture
 from tests.testbed.cri import GRPCError
 from tests.unit.test_decisions import parse_logfmt
 
@@ -197,6 +198,29 @@ async def test_json_log_has_one_refused_object_with_its_reason(containerd, start
         "warning",
     )
     assert refusal["msg"] == f"refused container main (pod default/j-too-big): {message}"
+
+
+async def test_hand_started_decisions_are_logged_once_each(bed, start_plugin):  # noqa: F811
+    """gpushare-runc: placed and released (when runc deletes it), and a refusal
+    with the message ctr printed, one line each."""
+    plugin = start_plugin(bed, inventory=gpu_inventory(1, "8Gi"))
+    runtime = plugin.runc_wrapper()
+    fits, too_big = name(), name()
+    ctr_run(bed, runtime, fits, ["true"], "--rm", "--label", P + "gpu-memory=2Gi")
+    done = ctr_run(
+        bed, runtime, too_big, ["true"], "--rm", "--label", P + "gpu-memory=12Gi", check=False
+    )
+    assert done.returncode != 0
+    log = plugin.log()
+    [placed] = [d for d in decision_lines(log, "placed") if d["container"] == fits]
+    [released] = [d for d in decision_lines(log, "released") if d["container"] == fits]
+    [refused] = [d for d in decision_lines(log, "refused") if d["container"] == too_big]
+    assert placed["origin"] == released["origin"] == refused["origin"] == f"runc:{NS}"
+    assert "pod" not in placed and placed["memory"] == "2048Mi"
+    # Whichever comes first: runc's delete through the wrapper, or the task's exit event.
+    assert released["why"] == "released (runc asked)" or "task exited" in released["why"]
+    assert refused["reason"] == "capacity" and refused["message"] in done.stderr, done.stderr
+    assert len(decision_lines(log, "placed")) == 1 and len(decision_lines(log, "refused")) == 1
 
 
 def test_a_metrics_address_in_use_stops_the_daemon_at_start(containerd, start_plugin):
