@@ -223,8 +223,14 @@ def _item(text: str) -> Item:
 
 
 def _plain(text: str) -> object:
-    """The Python value of a TOML value text."""
-    return tomllib.loads(f"v = {text}\n")["v"]
+    """The Python value of a TOML value text; ConfigEditError if it is not one value."""
+    try:
+        parsed = tomllib.loads(f"v = {text}\n")
+    except tomllib.TOMLDecodeError:
+        parsed = {}
+    if list(parsed) != ["v"] or "\n" in text.strip():
+        raise ConfigEditError(f"{text!r} is not one TOML value")
+    return parsed["v"]
 
 
 def _key_item(table: Table | TOMLDocument, key: str) -> Item:
@@ -248,6 +254,14 @@ def _record(item: Item) -> dict[str, Any] | None:
     if not isinstance(record, dict):
         return None
     return record
+
+
+def _recorded(text: object) -> object:
+    """The value a record's "set" names; None when the record is not one enable wrote."""
+    try:
+        return _plain(text) if isinstance(text, str) else None
+    except ConfigEditError:
+        return None
 
 
 def _set_comment(item: Item, comment: str) -> None:
@@ -362,11 +376,11 @@ def _edit_table(
             if _same(key, current.unwrap(), value):
                 raise ConfigEditError(
                     f"{key} is already {current.as_string()} in this file, but containerd "
-                    f"reads {effective[key]!r}: a file in `imports` sets it; "
+                    f"reads {json.dumps(effective[key])}: a file in `imports` sets it; "
                     "change it there (or remove it there) and run enable again"
                 )
             old = _record(current)
-            if old is not None and _same(key, current.unwrap(), _plain(str(old.get("set")))):
+            if old is not None and _same(key, current.unwrap(), _recorded(old.get("set"))):
                 record = {"set": value_text, "was": old.get("was")}
                 if old.get("comment"):
                     record["comment"] = old["comment"]
@@ -382,7 +396,9 @@ def _edit_table(
             table.add(key, _item(value_text))
             _key_item(table, key).trivia.indent = indent
             record = {"set": value_text, "was": None}
-            plan.changes.append(f"{key} = {value_text} (added; containerd read {effective[key]!r})")
+            plan.changes.append(
+                f"{key} = {value_text} (added; containerd read {json.dumps(effective[key])})"
+            )
         _set_comment(_key_item(table, key), _mark(record))
     plan.new = doc.as_string()
     return plan
@@ -419,11 +435,17 @@ def plan_disable(text: str) -> Plan:
             continue
         set_text, was = record.get("set"), record.get("was")
         comment = record.get("comment") or ""
-        if not isinstance(set_text, str) or not (was is None or isinstance(was, str)):
+        if (
+            _recorded(set_text) is None
+            or not (was is None or _recorded(was) is not None)
+            or not isinstance(comment, str)
+            or "\n" in comment
+        ):
             plan.notes.append(f"left {key}: its nri-gpushare comment is not one enable wrote")
             continue
+        assert isinstance(set_text, str)
         current = item.as_string()
-        if not _same(key, item.unwrap(), _plain(set_text)):
+        if not _same(key, item.unwrap(), _recorded(set_text)):
             _set_comment(item, comment)
             plan.notes.append(
                 f"kept {key} = {current}: changed since enable set {set_text} "
@@ -455,10 +477,10 @@ def _remove_added_keys(plan: Plan, table: Table, added: object) -> None:
     if not isinstance(added, dict):
         return
     for key, set_text in added.items():
-        if key not in table or not isinstance(set_text, str):
+        if key not in table or _recorded(set_text) is None:
             continue
         current = _key_item(table, key).as_string()
-        if _same(key, _key_item(table, key).unwrap(), _plain(set_text)):
+        if _same(key, _key_item(table, key).unwrap(), _recorded(set_text)):
             del table[key]
             plan.changes.append(f"removed {key} = {current} (enable added it)")
         else:
@@ -576,7 +598,10 @@ class ConfigFile:
         except FileNotFoundError:
             if self.path.parent.is_dir():
                 return None
-            raise ConfigEditError(f"{self.path.parent} does not exist") from None
+            raise ConfigEditError(
+                f"{self.path.parent} does not exist: is containerd installed? "
+                "(create the directory to have enable write a new config there)"
+            ) from None
         except OSError as exc:
             raise ConfigEditError(f"cannot read it: {exc.strerror}") from None
         try:
@@ -816,7 +841,7 @@ def _enable(args: argparse.Namespace) -> int:
         args,
         settings,
         "NRI enabled for nri-gpushare",
-        "containerd already runs NRI with these settings",
+        "NRI is already on with these settings (as containerd reads this file)",
     )
 
 
@@ -853,7 +878,11 @@ def register(subparsers: Any) -> None:
         ("disable", _disable, "put back the NRI settings enable changed in config.toml"),
     ):
         sub = subparsers.add_parser(name, help=text, description=text)
-        sub.add_argument("--config", default=DEFAULT_CONFIG, help="containerd's config.toml")
+        sub.add_argument(
+            "--config",
+            default=DEFAULT_CONFIG,
+            help=f"containerd's config (default {DEFAULT_CONFIG})",
+        )
         sub.add_argument(
             "--containerd",
             default="containerd",

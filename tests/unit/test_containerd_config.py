@@ -470,3 +470,33 @@ def test_a_file_that_is_not_utf8_is_refused(tmp_path: Path) -> None:
     config.write_bytes(b"version = 2\n# \xff\n")
     with pytest.raises(ConfigEditError, match="UTF-8"):
         ConfigFile(str(config)).read()
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        '{"set": "[", "was": "true"}',
+        '{"set": "false", "was": "true\\nevil = 1"}',
+        '{"set": "false", "was": "true", "comment": "  # a\\nevil = 1"}',
+        '{"set": "false\\n[evil]", "was": "true"}',
+        '{"set": 0, "was": "true"}',
+        '["false", "true"]',
+    ],
+)
+def test_disable_leaves_a_line_whose_record_enable_did_not_write(record: str) -> None:
+    text = f"version = 2\n{HEADER}\n  disable = false  # {MARK} {record}\n"
+    plan = plan_disable(text)
+    assert not plan.changed
+    assert plan.notes
+
+
+def test_the_plugins_defaults_and_the_hand_snippet_agree_with_enable() -> None:
+    from nri_gpushare.config import Config
+
+    config = Config()
+    assert NriSettings() == NriSettings(
+        config.socket, config.registration_timeout, config.request_timeout
+    )
+    snippet = Path(__file__).resolve().parents[2] / "config" / "containerd-nri.toml"
+    table = tomllib.loads(snippet.read_text())["plugins"][NRI]
+    assert {key: table[key] for key in NriSettings().wanted()} == NriSettings().wanted()
