@@ -335,26 +335,26 @@ def plan_enable(
         return plan
     if text is None:
         base, pad, added = "", f"version = {binary_version}\n\n", "file"
-        version = binary_version
+        version, eol = binary_version, "\n"
     else:
         doc = _parse(text)
         version = _config_version(doc, binary_version)
         table = _nri_table(doc)
         if table is not None:
             return _edit_table(plan, doc, table, differ, effective)
-        base, added = text, "table"
-        pad = "\n" if text and not text.endswith("\n") else ""
-        pad += "\n" if text.strip() else ""
+        base, added, eol = text, "table", _line_end(text)
+        pad = eol if text and not text.endswith("\n") else ""
+        pad += eol if text.strip() else ""
         if version == 0:
             version = binary_version
-            pad += f"version = {binary_version}\n\n"
+            pad += f"version = {binary_version}{eol}{eol}"
             plan.changes.append(f"added version = {binary_version} (the file had no keys)")
     values = {key: _toml_text(value, literal=False) for key, value in differ.items()}
     lines = [NRI_HEADER + _mark({"added": added, "before": pad, "set": values})]
     for key, value_text in values.items():
         lines.append(f"  {key} = {value_text}")
         plan.changes.append(f"{key} = {value_text} (was containerd's default)")
-    plan.new = base + pad + "\n".join(lines) + "\n"
+    plan.new = base + pad + eol.join(lines) + eol
     plan.changes.insert(0, f"added the {NRI_HEADER} table")
     _nri_table(_parse(plan.new))  # still one plain table
     return plan
@@ -395,6 +395,7 @@ def _edit_table(
         else:
             table.add(key, _item(value_text))
             _key_item(table, key).trivia.indent = indent
+            _key_item(table, key).trivia.trail = _line_end(doc.as_string())
             record = {"set": value_text, "was": None}
             plan.changes.append(
                 f"{key} = {value_text} (added; containerd read {json.dumps(effective[key])})"
@@ -402,6 +403,11 @@ def _edit_table(
         _set_comment(_key_item(table, key), _mark(record))
     plan.new = doc.as_string()
     return plan
+
+
+def _line_end(text: str) -> str:
+    """The file's line ending: CRLF if its lines end so, else LF."""
+    return "\r\n" if "\r\n" in text else "\n"
 
 
 def _key_indent(table: Table) -> str:

@@ -25,6 +25,7 @@ from nri_gpushare.ops.containerd_config import (
     plan_disable,
     plan_enable,
 )
+from tests import prereqs
 
 DATA = Path(__file__).resolve().parents[1] / "integration" / "data"
 STOCK_17 = (DATA / "containerd-1.7.24-default.toml").read_text()
@@ -500,3 +501,32 @@ def test_the_plugins_defaults_and_the_hand_snippet_agree_with_enable() -> None:
     snippet = Path(__file__).resolve().parents[2] / "config" / "containerd-nri.toml"
     table = tomllib.loads(snippet.read_text())["plugins"][NRI]
     assert {key: table[key] for key in NriSettings().wanted()} == NriSettings().wanted()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"version = 2\r\n{HEADER}\r\n  disable = true\r\n\r\n[grpc]\r\n  a = 1\r\n",
+        "version = 2\r\n[grpc]\r\n  a = 1\r\n",
+        "# all defaults\r\n",
+    ],
+)
+def test_crlf_files_keep_crlf(text: str) -> None:
+    new, restored = enabled_then_restored(text, 2)
+    assert "\n" not in new.replace("\r\n", "")
+    assert restored == text
+
+
+def test_owner_is_kept_on_the_new_file_and_the_backup(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        prereqs.missing("root privileges (to give a file another owner)")
+    config = tmp_path / "config.toml"
+    config.write_text(STOCK_17)
+    os.chown(config, 4321, 4322)
+    file = ConfigFile(str(config))
+    new = enable(file.read(), 2)
+    assert new is not None
+    backup = file.replace(file.temp(new))
+    assert backup is not None
+    for path in (config, backup):
+        assert (path.stat().st_uid, path.stat().st_gid) == (4321, 4322), path
