@@ -583,7 +583,10 @@ def effective_nri(dump: Mapping[str, Any], where: str) -> dict[str, Any]:
         )
     section = (dump.get("plugins") or {}).get(NRI_PLUGIN)
     if not isinstance(section, dict):
-        raise ConfigEditError(f"{where}: containerd shows no {NRI_PLUGIN} plugin settings")
+        raise ConfigEditError(
+            f"{where}: containerd shows no {NRI_PLUGIN} plugin settings: NRI came with "
+            "containerd 1.7; install containerd 1.7 or later (or pass --containerd with it)"
+        )
     return section
 
 

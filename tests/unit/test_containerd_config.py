@@ -20,6 +20,7 @@ from nri_gpushare.ops.containerd_config import (
     ConfigFile,
     NoTempFileError,
     NriSettings,
+    effective_nri,
     go_duration,
     parse_go_duration,
     plan_disable,
@@ -530,3 +531,16 @@ def test_owner_is_kept_on_the_new_file_and_the_backup(tmp_path: Path) -> None:
     assert backup is not None
     for path in (config, backup):
         assert (path.stat().st_uid, path.stat().st_gid) == (4321, 4322), path
+
+
+def test_a_containerd_without_nri_is_named() -> None:
+    dump = {"version": 2, "plugins": {"io.containerd.grpc.v1.cri": {}}}  # containerd 1.6
+    with pytest.raises(ConfigEditError, match="NRI came with containerd 1.7"):
+        effective_nri(dump, "config.toml")
+
+
+def test_nri_in_disabled_plugins_is_refused() -> None:
+    dump = {"disabled_plugins": [NRI], "plugins": {NRI: {"disable": False}}}
+    with pytest.raises(ConfigEditError, match="disabled_plugins"):
+        effective_nri(dump, "config.toml")
+    assert effective_nri({"plugins": {NRI: {"disable": True}}}, "x") == {"disable": True}
