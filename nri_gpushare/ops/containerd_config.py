@@ -551,11 +551,11 @@ class ContainerdBinary:
             raise ConfigEditError(f"{path} --version: cannot read a version in {out.strip()!r}")
         return cls(path, match.group(0).strip(), int(match.group(1)))
 
-    def dump(self, config: Path) -> dict[str, Any]:
+    def dump(self, config: Path, label: str = "") -> dict[str, Any]:
         """containerd's effective config for `config` (imports merged, defaults filled in)."""
         out = _run(
             [self.path, "--config", str(config), "config", "dump"],
-            f"containerd {self.version} cannot parse it",
+            f"containerd {self.version} cannot parse {label or config}",
         )
         try:
             return tomllib.loads(out)
@@ -734,7 +734,7 @@ def _validated(
     temp file (None: the file goes) and containerd's NRI settings after."""
     temp = file.temp(plan.new if plan.new is not None else "")
     try:
-        dump = binary.dump(temp)
+        dump = binary.dump(temp, f"the edited {file.path} (in {temp.name})")
         nri = effective_nri(dump, "the new file")
         if settings is not None:
             wrong = [

@@ -223,13 +223,13 @@ def test_dry_run_prints_the_diff_and_changes_nothing(tmp_short: Path) -> None:
 @pytest.mark.parametrize(
     ("bin_dir", "text", "says"),
     [
-        (TRIXIE_BIN, "version = 2\n[plugins\n", "cannot parse it"),
+        (TRIXIE_BIN, "version = 2\n[plugins\n", "cannot parse"),
         (TRIXIE_BIN, "version = 3\n", "version `3` is not supported"),
         (
             TRIXIE_BIN,
             'version = 2\n[plugins."io.containerd.nri.v1.nri"]\n'
             '  plugin_request_timeout = "soon"\n',
-            "cannot parse it",
+            "cannot parse",
         ),
         (SID_BIN, 'disabled_plugins = ["cri"]\n', "config migrate"),
         (TRIXIE_BIN, 'disabled_plugins = ["cri"]\n', "version = 2"),
