@@ -419,6 +419,7 @@ class ReconcileOwner:
         await self.service.release_local(namespace, container_id, why)
 
 
+@functools.cache
 def plugin_version() -> str:
     """The installed package's version ("unknown" when run from a bare tree)."""
     try:
