@@ -264,3 +264,17 @@ def test_watch_on_a_terminal_redraws_in_place(monkeypatch):
     assert "cannot reach the plugin" in frames[1] and "retrying every 2 s" in frames[1]
     assert all(line.endswith("\x1b[K") for line in frames[1].split("\r\n")[:-2])
     assert text.endswith("\x1b[?25h\r\n")  # the cursor is back
+
+
+def test_config_gives_the_status_socket(tmp_path, monkeypatch, capsys):
+    asked = []
+    monkeypatch.setattr(
+        "nri_gpushare.status.query_status", lambda path: asked.append(path) or status()
+    )
+    config = tmp_path / "gpushare.yaml"
+    config.write_text(f"status_socket: {tmp_path}/s.sock\n")
+    assert smi.main(["--config", str(config)]) == 0
+    assert asked == [f"{tmp_path}/s.sock"]
+    config.write_text("status_socket: [not, a, path]\n")
+    assert smi.main(["--config", str(config)]) == 2
+    assert "status_socket" in capsys.readouterr().err
