@@ -347,6 +347,10 @@ do_uninstall() {
 	# 4. The rest.
 	rm -f "$UNIT"
 	rm -rf "$DOC"
+	# The directories install made for them, when nothing else is there.
+	for dir in "$UNIT_DIR" "$(dirname "$UNIT_DIR")" "$(dirname "$DOC")"; do
+		rmdir "$dir" 2>/dev/null || true
+	done
 	have_systemd && systemctl daemon-reload
 	for cmd in $COMMANDS; do
 		link=/usr/local/bin/$cmd
