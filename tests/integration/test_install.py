@@ -26,6 +26,7 @@ root's processes are the only ones ever killed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import re
@@ -184,6 +185,8 @@ class Root:
         self.holder: subprocess.Popen[bytes] | None = None
         self.env: dict[str, str] = {}
         self.before: set[str] = set()
+        self.kernel = ""  # the guest's, which DKMS builds for
+        self.install_log = ""
 
     # -- set-up and tear-down --
 
@@ -245,7 +248,7 @@ class Root:
             if not pids:
                 return
             for pid in pids:
-                with _suppress():
+                with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.1)
 
@@ -343,14 +346,6 @@ class Root:
         return owned
 
 
-class _suppress:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> bool:
-        return exc[0] is not None and issubclass(exc[0], OSError)  # type: ignore[arg-type]
-
-
 # -- prerequisites ----------------------------------------------------------------------
 
 
@@ -391,11 +386,9 @@ def node() -> Iterator[Root]:
             root.make(tarball)
         with phase("copy the source tree"):
             copy_tree(root.host("/src"))
-        root.kernel = kernel  # type: ignore[attr-defined]
+        root.kernel = kernel
         with phase(f"sh scripts/install-node.sh --kernel {kernel}"):
-            root.install_log = root.ok(  # type: ignore[attr-defined]
-                ["sh", "scripts/install-node.sh", "--kernel", kernel]
-            )
+            root.install_log = root.ok(["sh", "scripts/install-node.sh", "--kernel", kernel])
         yield root
     finally:
         root.destroy()
@@ -438,7 +431,7 @@ def unit_command(root: Root, key: str) -> list[str]:
 
 
 def test_install_puts_everything_in_place(node: Root) -> None:
-    kernel = node.kernel  # type: ignore[attr-defined]
+    kernel = node.kernel
     for command in ("nri-gpushare", "gpushare-runc", "gpushare-smi"):
         link = node.host(f"/usr/local/bin/{command}")
         assert os.readlink(link) == f"/opt/nri-gpushare/venv/bin/{command}"
@@ -464,7 +457,7 @@ def test_install_puts_everything_in_place(node: Root) -> None:
     assert node.host("/etc/kernel/postinst.d/dkms").is_file(), "dkms's kernel hook"
     assert node.host("/etc/modules-load.d/gpushare.conf").read_text().splitlines()[-1] == "gpushare"
     assert node.host(UNIT).read_text() == (REPO / "systemd/nri-gpushare.service").read_text()
-    assert "systemd is not running here: skipped" in node.install_log  # type: ignore[attr-defined]
+    assert "systemd is not running here: skipped" in node.install_log
 
 
 def test_installed_unit_verifies(node: Root) -> None:
@@ -485,12 +478,12 @@ def test_rerun_keeps_the_config_and_upgrades(node: Root) -> None:
     config = node.host("/etc/nri-gpushare/gpushare.yaml")
     config.write_text(config.read_text() + "# the operator's own line\n")
     with phase("install again, same version"):
-        node.ok(["sh", "scripts/install-node.sh", "--kernel", node.kernel])  # type: ignore[attr-defined]
+        node.ok(["sh", "scripts/install-node.sh", "--kernel", node.kernel])
     assert config.read_text().endswith("# the operator's own line\n")
     with phase("copy a newer version of the tree"):
         copy_tree(node.host("/src-next"), NEXT_VERSION)
     with phase(f"install {NEXT_VERSION} over {VERSION}"):
-        node.ok(["sh", "/src-next/scripts/install-node.sh", "--kernel", node.kernel])  # type: ignore[attr-defined]
+        node.ok(["sh", "/src-next/scripts/install-node.sh", "--kernel", node.kernel])
     status = node.ok(["dkms", "status", "gpushare"])
     assert VERSION + "," not in status and f"gpushare/{NEXT_VERSION}, " in status, status
     assert not node.host(f"/usr/src/gpushare-{VERSION}").exists()
@@ -501,6 +494,33 @@ def test_rerun_keeps_the_config_and_upgrades(node: Root) -> None:
     show = "import importlib.metadata as m; print(m.version('nri-gpushare'))"
     version = node.ok(["/opt/nri-gpushare/venv/bin/python", "-c", show])
     assert version.strip() == NEXT_VERSION
+
+
+def test_prune_keeps_versions_a_container_has_mounted(node: Root) -> None:
+    """An old interposer version goes only once no container has it mounted
+    (here: a process in its own mount namespace with the file bind-mounted,
+    as a container has it)."""
+    old = f"{LIBDIR}/{VERSION}/libgpushare.so"
+    holder = node.start(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+         f"touch /tmp/lib && mount --bind {old} /tmp/lib && touch /tmp/held && exec sleep 600"],
+        "holder.log",
+    )  # fmt: skip
+    deadline = time.monotonic() + 10
+    while not node.host("/tmp/held").exists():
+        assert time.monotonic() < deadline and holder.poll() is None, node.log_tail("holder.log")
+        time.sleep(0.05)
+    kept = node.ok(["sh", "scripts/install-node.sh", "--prune"])
+    assert f"keeping interposer {VERSION}: a container has it mounted" in kept
+    assert node.host(old).is_file()
+    holder.kill()
+    holder.wait()
+    node.kill_processes()  # the sleep
+    pruned = node.ok(["sh", "scripts/install-node.sh", "--prune"])
+    assert f"removed interposer {VERSION}" in pruned
+    assert not node.host(f"{LIBDIR}/{VERSION}").exists()
+    # The current version is never pruned.
+    assert node.host(f"{LIBDIR}/{NEXT_VERSION}/libgpushare.so").is_file()
 
 
 SIMULATED = """\
@@ -604,7 +624,7 @@ async def run_pod(node: Root) -> tuple[list[str], str, subprocess.CompletedProce
 def test_dkms_module_loads_in_the_guest(node: Root, tmp_path: Path) -> None:
     from tests.guest.harness import run_in_guest
 
-    kernel = node.kernel  # type: ignore[attr-defined]
+    kernel = node.kernel
     ko = node.host(f"/lib/modules/{kernel}/updates/dkms/gpushare.ko")
     copy = tmp_path / "gpushare.ko"
     shutil.copy(ko, copy)
@@ -641,7 +661,7 @@ INSTALLED = (
 
 
 def test_uninstall_refuses_while_registered_then_removes(node: Root) -> None:
-    kernel = node.kernel  # type: ignore[attr-defined]
+    kernel = node.kernel
     installed = [p for p in INSTALLED if not os.path.lexists(node.host(p))]
     assert installed == [], "missing before uninstall"
     fake = node.host("/tmp/fake-kmod")
@@ -664,7 +684,7 @@ def test_uninstall_refuses_while_registered_then_removes(node: Root) -> None:
     assert left == []
     assert not list(node.host(f"/lib/modules/{kernel}").rglob("gpushare.ko*"))
     assert node.host("/etc/nri-gpushare/gpushare.yaml").is_file()
-    assert node.host(f"{LIBDIR}/{VERSION}/libgpushare.so").is_file()
+    assert node.host(f"{LIBDIR}/{NEXT_VERSION}/libgpushare.so").is_file()
     # Nothing else of the installer's is left: every path added since the
     # root was made belongs to a Debian package, to the test, to what
     # uninstall keeps on purpose, or to package machinery.
