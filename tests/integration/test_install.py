@@ -389,6 +389,8 @@ def node() -> Iterator[Root]:
         root.kernel = kernel
         with phase(f"sh scripts/install-node.sh --kernel {kernel}"):
             root.install_log = root.ok(["sh", "scripts/install-node.sh", "--kernel", kernel])
+        said = [line for line in root.install_log.splitlines() if line.startswith("install-node:")]
+        log("\n".join(said))
         yield root
     finally:
         root.destroy()
