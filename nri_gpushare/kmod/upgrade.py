@@ -393,7 +393,8 @@ class Upgrade:
         message = (
             f"upgraded {MODULE} {old or '(unloaded)'} -> {new.version}: {n} container"
             f"{'s' if n != 1 else ''}, {len(saved.of('bind')) - len(unbound)} bindings,"
-            f" {len(saved.of('gpu'))} GPUs with their settings carried over"
+            f" {len(saved.of('gpu'))} GPU{'s' if len(saved.of('gpu')) != 1 else ''}"
+            " with their settings carried over"
             f" (reference count {refs}); the state is kept in {done}"
         )
         if unbound:
