@@ -477,3 +477,38 @@ def test_race_replace_against_commands_and_opens(container: MakeContainer, tmp_p
     ctl("del r")
     assert refcount() == 4 and quota_seen(cgs[B]) == [[0, 2 * GIB, 20, 1]]
     cleanup(A, B, C, D)
+
+
+def test_race_rmmod_against_abort() -> None:
+    """An exported module lets rmmod go; an `abort` racing that rmmod either
+    wins (the registrations pin the module again, rmmod is refused) or finds
+    the module going (ENODEV/ENOENT) and takes no reference: never a module
+    freed under its references (the kernel would BUG on the refcount)."""
+    need_two_cpus()
+    deadline = time.monotonic() + seconds("GPUSHARE_RACE_S", 6)
+    outcomes: collections.Counter[str] = collections.Counter()
+    mark("upgrade race: rmmod against abort")
+    rounds = 0
+    while time.monotonic() < deadline or rounds < 4:
+        rounds += 1
+        if not loaded():
+            load()
+        if not registered():
+            ok(f"gpu 0 {16 * GIB}")
+            for cid in (A, B, C):
+                ok(f"add {cid} 0:{GIB}")
+        assert write(UPGRADE, "export") == 0 and refcount() == 0
+        pid = fork(lambda: write(UPGRADE, "abort"))
+        gone = delete_module("gpushare")
+        [aborted] = wait_all([pid])
+        if gone == 0:
+            assert not loaded() and aborted in (errno.ENODEV, errno.ENOENT), aborted
+            outcomes["unloaded"] += 1
+        else:
+            assert gone in (errno.EAGAIN, errno.EBUSY, errno.EWOULDBLOCK), os.strerror(gone)
+            assert aborted == 0 and header()[3] == "live" and refcount() == 3
+            outcomes["aborted first"] += 1
+    print("rmmod against abort:", dict(outcomes), file=sys.stderr)
+    if not loaded():
+        load()
+    cleanup(A, B, C)
