@@ -240,11 +240,10 @@ dkms_versions() {
 
 install_kmod() {
 	usr_src=/usr/src/gpushare-$version
-	for old in $(dkms_versions); do
-		say "removing gpushare $old from DKMS"
-		dkms remove -m gpushare -v "$old" --all >/dev/null
-		[ "$old" = "$version" ] || rm -rf "/usr/src/gpushare-$old"
-	done
+	# This version again (a re-run): DKMS adds a version only once.
+	if dkms_versions | grep -qxF "$version"; then
+		dkms remove -m gpushare -v "$version" --all >/dev/null
+	fi
 	rm -rf "$usr_src"
 	mkdir -p "$usr_src"
 	(cd "$src/kmod" && tar -cf - Kbuild Makefile COPYING ./*.c ./*.h include) | tar -C "$usr_src" -xf -
@@ -253,8 +252,16 @@ install_kmod() {
 	dkms add -m gpushare -v "$version" >/dev/null
 	if ! dkms build -m gpushare -v "$version" -k "$kernel" >/dev/null; then
 		cat "/var/lib/dkms/gpushare/$version/build/make.log" >&2 2>/dev/null || true
-		die "DKMS could not build gpushare $version for $kernel (the log is above)"
+		die "DKMS could not build gpushare $version for $kernel (the log is above); the versions DKMS had are kept"
 	fi
+	# Built: only now the older versions go, so that a failed build leaves
+	# the node with the module it had.
+	for old in $(dkms_versions); do
+		[ "$old" != "$version" ] || continue
+		say "removing gpushare $old from DKMS"
+		dkms remove -m gpushare -v "$old" --all >/dev/null
+		rm -rf "/usr/src/gpushare-$old"
+	done
 	dkms install -m gpushare -v "$version" -k "$kernel" --force >/dev/null
 	ko=$(find "/lib/modules/$kernel/updates/dkms" -name 'gpushare.ko*' 2>/dev/null | head -n 1)
 	[ -n "$ko" ] || die "DKMS did not install gpushare.ko for $kernel"

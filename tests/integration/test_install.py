@@ -673,6 +673,7 @@ def test_uninstall_refuses_while_registered_then_removes(node: Root) -> None:
     refused = node.run(
         ["sh", "scripts/install-node.sh", "--uninstall", "--kmod-root", "/tmp/fake-kmod"]
     )
+    log(f"uninstall under a registration said:\n{refused.stdout}{refused.stderr}")
     assert refused.returncode != 0
     assert (
         "refusing to unload gpushare" in refused.stderr and "nothing was removed" in refused.stderr
