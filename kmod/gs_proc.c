@@ -67,11 +67,16 @@ static int default_memsize_store(void *obj, u64 val)
 	return 0;
 }
 
-static const char *const gs_top_names[] = { "version", "default_memsize" };
+enum { GS_TOP_VERSION, GS_TOP_DEFAULT_MEMSIZE, GS_TOP_NFILES };
 
-static const struct gs_attr gs_top_attrs[ARRAY_SIZE(gs_top_names)] = {
-	{ version_show, NULL },
-	{ default_memsize_show, default_memsize_store },
+static const char *const gs_top_names[GS_TOP_NFILES] = {
+	[GS_TOP_VERSION] = "version",
+	[GS_TOP_DEFAULT_MEMSIZE] = "default_memsize",
+};
+
+static const struct gs_attr gs_top_attrs[GS_TOP_NFILES] = {
+	[GS_TOP_VERSION] = { version_show, NULL },
+	[GS_TOP_DEFAULT_MEMSIZE] = { default_memsize_show, default_memsize_store },
 };
 
 static struct gs_file gs_top_files[ARRAY_SIZE(gs_top_names)];
@@ -499,7 +504,7 @@ int gs_proc_set(struct gs_gpu *gpu, enum gs_setting setting, u64 val)
 
 	mutex_lock(&gs_lock);
 	if (setting == GS_SET_DEFAULT_MEMSIZE)
-		ret = gs_store(&gs_top_files[1], val);
+		ret = gs_store(&gs_top_files[GS_TOP_DEFAULT_MEMSIZE], val);
 	else
 		ret = gs_store(&gpu->files[file[setting]], val);
 	mutex_unlock(&gs_lock);

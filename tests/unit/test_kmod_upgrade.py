@@ -348,3 +348,26 @@ def test_gpus_refused_by_a_frozen_module_say_so() -> None:
     assert not done(link.ready())
     assert link.problem == "is being upgraded (nri-gpushare kmod-upgrade)"
     assert done(link.ready()) and link.loaded
+
+
+@pytest.mark.parametrize("state", ["exported", "importing", "live", None])
+def test_the_client_tells_an_upgrade_from_other_ebusy(
+    tmp_path: Path, state: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nri_gpushare.kmod import procfs
+
+    (tmp_path / "inst_ctl").write_text("")
+    if state is not None:
+        (tmp_path / "upgrade").write_text(f"gpushare-upgrade 1 0.1.0 {state}\ngpu 0 1\n")
+
+    def busy(fd: int, data: bytes) -> int:
+        raise OSError(errno.EBUSY, "busy")
+
+    monkeypatch.setattr(procfs.os, "write", busy)
+    client = procfs.ProcfsKernelModule(tmp_path)
+    with pytest.raises(KmodError) as raised:
+        client.bind_cgroup("c1", "/k8s.io/c1")
+    frozen = state in ("exported", "importing")
+    assert isinstance(raised.value, UpgradeInProgress) == frozen
+    assert ("gpushare.ko is being upgraded" in str(raised.value)) == frozen
+    assert raised.value.errno == errno.EBUSY
