@@ -232,6 +232,32 @@ class Upgrade:
             return self._run()
         except UpgradeError as e:
             return EXIT_FAILED, str(e)
+        except OSError as e:  # not root, the state directory full or read-only, ...
+            where = f" ({e.filename})" if e.filename else ""
+            return EXIT_FAILED, f"{e.strerror or e}{where}. {self._where_things_are()}"
+
+    def _where_things_are(self) -> str:
+        """Where the state is now, and how to go on, after an unexpected failure."""
+        try:
+            text = self.host.read_state()
+        except (OSError, UpgradeError):
+            text = None
+        state = ModuleState.parse(text).state if text else "not loaded"
+        saved = self.state_file.exists()
+        if state == "live":
+            return f"{MODULE} runs on ({state}); nothing was lost."
+        if state == "exported":
+            return (
+                f"{MODULE} is frozen (exported) and still holds every registration: fix the"
+                " cause and run `nri-gpushare kmod-upgrade` again, or write 'abort' to"
+                " /proc/gpushare/upgrade to run it on."
+            )
+        if saved:
+            return (
+                f"{MODULE} is {state}; the state is saved in {self.state_file}: fix the cause"
+                " and run `nri-gpushare kmod-upgrade` again."
+            )
+        return f"{MODULE} is {state}; no saved state."
 
     def _run(self) -> tuple[int, str]:
         text = self.host.read_state()

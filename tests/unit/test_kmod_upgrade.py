@@ -371,3 +371,15 @@ def test_the_client_tells_an_upgrade_from_other_ebusy(
     assert isinstance(raised.value, UpgradeInProgress) == frozen
     assert ("gpushare.ko is being upgraded" in str(raised.value)) == frozen
     assert raised.value.errno == errno.EBUSY
+
+
+def test_an_unwritable_state_dir_leaves_the_module_frozen_and_says_so(tmp_path: Path) -> None:
+    host = FakeHost()
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    code, message = up.Upgrade(host, blocked / "sub" / up.STATE_FILE, module=NEW).run()
+    assert code == up.EXIT_FAILED
+    assert "frozen (exported) and still holds every registration" in message
+    assert host.state == "exported" and tuple(host.lines) == LINES and host.loaded
+    code, message = run(host, tmp_path)  # a writable one: carries on
+    assert code == up.EXIT_OK, message
