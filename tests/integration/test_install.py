@@ -83,6 +83,15 @@ TEST_ADDED = (
 )
 
 
+def die_with_parent() -> None:
+    """In a child before exec: SIGKILL when the test's process dies, so that
+    a killed run leaves no namespace holder or daemon behind."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
 def log(message: str) -> None:
     print(f"[install test] {message}", flush=True)
 
@@ -197,6 +206,7 @@ class Root:
         self.holder = subprocess.Popen(
             ["unshare", "--mount", "--propagation", "private", "sleep", "infinity"],
             start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         mine = os.readlink("/proc/self/ns/mnt")
         deadline = time.monotonic() + 10
@@ -308,7 +318,12 @@ class Root:
     def start(self, cmd: list[str], log_name: str) -> subprocess.Popen[bytes]:
         out = open(self.base / log_name, "ab")  # noqa: SIM115 (lives as long as the process)
         return subprocess.Popen(
-            self.argv(cmd), stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
+            self.argv(cmd),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
         )
 
     def log_tail(self, log_name: str) -> str:
