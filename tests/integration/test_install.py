@@ -402,6 +402,8 @@ def node() -> Iterator[Root]:
         with phase("copy the source tree"):
             copy_tree(root.host("/src"))
         root.kernel = kernel
+        with phase(f"headers of {kernel} in the root's mirror?"):
+            headers_from_host_if_gone(root, kernel)
         with phase(f"sh scripts/install-node.sh --kernel {kernel}"):
             root.install_log = root.ok(["sh", "scripts/install-node.sh", "--kernel", kernel])
         said = [line for line in root.install_log.splitlines() if line.startswith("install-node:")]
@@ -409,6 +411,45 @@ def node() -> Iterator[Root]:
         yield root
     finally:
         root.destroy()
+
+
+def headers_from_host_if_gone(root: Root, kernel: str) -> None:
+    """The installer takes linux-headers-<kernel> from the mirror.  Once the
+    mirror has moved on to a newer kernel ABI, the guest's (this machine's
+    installed 6.1) is no longer there: then its packages come from this
+    machine's apt cache (install-prereqs.sh installed them through apt),
+    installed into the root before the installer runs, which then finds
+    them there."""
+    name = f"linux-headers-{kernel}"
+    root.ok("apt-get -q update >/dev/null")
+    policy = root.ok(["apt-cache", "policy", name])
+    if re.search(r"Candidate: (?!\(none\))", policy):
+        log(f"{name}: from the mirror")
+        return
+    wanted = [name]
+    depends = subprocess.run(
+        ["dpkg-query", "-W", "-f=${Depends}", name], capture_output=True, text=True
+    ).stdout
+    wanted += [d.split()[0] for d in depends.split(",") if d.split()[0].startswith("linux-")]
+    debs = []
+    for package in wanted:
+        version = subprocess.run(
+            ["dpkg-query", "-W", "-f=${Version}", package], capture_output=True, text=True
+        ).stdout.replace(":", "%3a")
+        found = sorted(Path("/var/cache/apt/archives").glob(f"{package}_{version}_*.deb"))
+        if not version or not found:
+            pytest.fail(
+                f"{name} is neither on the root's mirror nor in this machine's apt cache "
+                f"({package} {version or 'not installed'}): run scripts/install-prereqs.sh"
+            )
+        debs.append(found[0])
+    (root.host("/tmp/headers")).mkdir(parents=True)
+    for deb in debs:
+        shutil.copy(deb, root.host(f"/tmp/headers/{deb.name}"))
+    names = [f"/tmp/headers/{d.name}" for d in debs]
+    root.ok(["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "-y", "-q", "install",
+             "--no-install-recommends", *names])  # fmt: skip
+    log(f"{name}: not on the mirror; installed from this machine's apt cache: {names}")
 
 
 def copy_tree(dest: Path, version: str | None = None) -> None:
