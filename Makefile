@@ -4,7 +4,7 @@
 #   make test   the whole test suite (unit, real containerd, real kernel in qemu)
 PYTHON := .venv/bin/python
 
-.PHONY: demo test prereqs kmod lint bench
+.PHONY: demo test prereqs kmod lint bench install-node
 
 prereqs:
 	bash scripts/install-prereqs.sh
@@ -26,3 +26,8 @@ bench: prereqs
 	$(PYTHON) bench/interposer_overhead.py
 	$(PYTHON) bench/interposer_compute.py
 	$(PYTHON) bench/container_start.py
+
+# On a GPU node (as root): the daemon, the unit, the interposer and gpushare.ko
+# through DKMS.  See docs/install.md.
+install-node:
+	sh scripts/install-node.sh
