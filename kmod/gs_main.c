@@ -4,7 +4,9 @@
  * the /proc/gpushare control tree and /dev/gpushare.
  *
  * Every registered container holds one reference on the module, so the
- * module cannot be unloaded while any container is registered.
+ * module cannot be unloaded while any container is registered, except
+ * after an upgrade's export has frozen the registry and handed its state
+ * to the next version (gs_upgrade_write()).
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
