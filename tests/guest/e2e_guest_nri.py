@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import os
 import subprocess
 import sys
@@ -484,6 +485,22 @@ async def test_a_pod_is_held_to_its_memory_quota_by_the_interposer_and_the_ledge
     assert {"interposer", "kernel-ledger"} <= set(alloc["guards"]), alloc
     [gpu] = alloc["gpus"]
     assert (gpu["memory"], gpu["memory_used"], gpu["processes"]) == (GiB, held, 1), gpu
+    assert gpu["pids"] == [int(pid)], gpu
+    # gpushare-smi shows what the module's ledger counts, the real CLI on the status socket
+    smi = subprocess.run(
+        [sys.executable, "-m", "nri_gpushare.smi", "--json"]
+        + ["--status-socket", plugin.status_socket],
+        capture_output=True,
+        text=True,
+        timeout=SLOW,
+    )
+    assert smi.returncode == 0, smi.stderr
+    view = json.loads(smi.stdout)
+    [shown_ctr] = view["containers"]
+    [shown_share] = shown_ctr["gpus"]
+    assert shown_ctr["container_id"] == cid and shown_share["pids"] == [int(pid)], view
+    assert (shown_share["memory_quota"], shown_share["memory_used"]) == (GiB, held), view
+    assert view["plugin"]["kmod"]["loaded"] is True, view
 
     release.touch()
     got = await lines("freed 0")
