@@ -279,9 +279,11 @@ def gputime_reader(config: Config) -> ModuleGpuTime | None:
 
 async def sample_compute(service: ShareService, every: float = SAMPLE_EVERY) -> None:
     """Sample every registered container's GPU time, every `every` seconds,
-    for status's compute used over the last minute (until cancelled)."""
+    for status's compute used over the last minute (until cancelled); also
+    lands the unregistrations and binds a module upgrade held up."""
     while True:
         try:
+            await service.link.catch_up()
             await service.sample_compute()
         except Exception:  # one bad pass must not end the sampling
             log.exception("sampling GPU time")

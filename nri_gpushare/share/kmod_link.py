@@ -156,7 +156,7 @@ class KernelLink:
             await self.unregister(cid)  # pending again if the upgrade is still going on
         for cid, path in sorted(self._bind_later.items()):
             if cid not in self.registered:
-                del self._bind_later[cid]
+                self._bind_later.pop(cid, None)  # another task may be here too
                 continue
             try:
                 await self.kmod.bind_cgroup(cid, path)
@@ -166,7 +166,13 @@ class KernelLink:
                 log.warning("container %s: cannot bind cgroup %s: %s", cid, path, e)
             else:
                 log.info("container %s: bound to cgroup %s after the module upgrade", cid, path)
-            del self._bind_later[cid]
+            self._bind_later.pop(cid, None)
+
+    async def catch_up(self) -> None:
+        """Land what an upgrade held up without waiting for the next container
+        event (the daemon calls this every few seconds)."""
+        if self.kmod is not None and (self._bind_later or self._unregister_pending):
+            await self.ready()
 
     # -- a container's registration ------------------------------------------------------
 

@@ -88,7 +88,12 @@ def refused(path: str, texts: str | list[str], err: int) -> None:
 
 
 def test_top_level() -> None:
-    assert modes("") == {"version": 0o444, "default_memsize": 0o644, "inst_ctl": 0o600}
+    assert modes("") == {
+        "version": 0o444,
+        "default_memsize": 0o644,
+        "inst_ctl": 0o600,
+        "upgrade": 0o600,
+    }
     assert read(ROOT / "version") == "0.1.0\n"
     assert read(ROOT / "default_memsize") == "0\n"
     assert read(CTL) == ""

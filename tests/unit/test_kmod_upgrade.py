@@ -341,6 +341,44 @@ def test_a_held_up_bind_of_a_released_container_is_dropped() -> None:
     assert done(link.ready()) and fake.cgroups == {} and fake.regs == {}
 
 
+def test_catch_up_lands_held_up_work_without_a_container_event() -> None:
+    """The daemon's sampler calls catch_up() every few seconds, so a release
+    held up by an upgrade lands without waiting for the next CreateContainer."""
+    fake = FakeKernelModule()
+    link = link_with(fake)
+    fake.fail_next["unregister"] = UpgradeInProgress("frozen")
+    done(link.release("c1"))
+    assert "c1" in fake.regs
+    calls = len(fake.calls)
+    done(link.catch_up())
+    assert "c1" not in fake.regs
+    done(link.catch_up())  # nothing held up: no call at all
+    assert [c for c in fake.calls[calls:] if c[0] != "loaded"] == [("unregister", "c1")]
+
+
+async def test_the_daemon_sampler_catches_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from nri_gpushare import daemon
+
+    seen: list[str] = []
+
+    class Link:
+        async def catch_up(self) -> None:
+            seen.append("catch_up")
+
+    class Service:
+        link = Link()
+
+        async def sample_compute(self) -> None:
+            seen.append("sample")
+            raise asyncio.CancelledError  # end the loop after one pass
+
+    with pytest.raises(asyncio.CancelledError):
+        await daemon.sample_compute(Service(), every=0)  # type: ignore[arg-type]
+    assert seen == ["catch_up", "sample"]
+
+
 def test_gpus_refused_by_a_frozen_module_say_so() -> None:
     fake = FakeKernelModule()
     fake.fail_next["declare_gpus"] = UpgradeInProgress("frozen")
