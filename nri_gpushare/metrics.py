@@ -6,7 +6,12 @@ two always agree.  The document is made on the event loop (as for the status
 socket) and handed to the HTTP server's thread, together with copies of the
 decision counters and the NRI handler latencies: the loop never waits on a
 scrape, and a scrape waits at most `SCRAPE_WAIT` seconds for the loop
-(`gpushare_scrape_ok` 0 says it did not get the figures).
+(`gpushare_scrape_ok` 0 says it did not get the figures).  Scrapes at the
+same time share one snapshot, and the server answers at most
+`MAX_CONNECTIONS` connections at once, each closed after `IDLE_TIMEOUT`
+seconds without progress: whoever reaches the port (a pod, when it listens
+beyond the node) can neither pile work onto the loop nor threads into the
+daemon.
 
 Labels are bounded: a container's series carry its ID, pod, origin and name
 and vanish with the container; refusals are counted by reason class
@@ -17,6 +22,7 @@ The families are listed in docs/monitoring.md.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import socket
 import threading
@@ -43,6 +49,10 @@ log = logging.getLogger(__name__)
 
 SCRAPE_WAIT = 5.0
 """Seconds a scrape waits for the event loop's snapshot."""
+MAX_CONNECTIONS = 16
+"""Connections served at once; more are closed unanswered."""
+IDLE_TIMEOUT = 10.0
+"""Seconds a connection may stay silent (sending its request, reading the answer)."""
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 """Upper bounds (seconds) of the NRI handler latency histogram (+Inf added)."""
 KMOD_MODES = ("required", "optional", "off")
@@ -283,10 +293,19 @@ class SnapshotCollector(Collector):
     ) -> None:
         self.loop = loop
         self.take = take
+        self._lock = threading.Lock()
+        self._pending: concurrent.futures.Future[Snapshot] | None = None
+
+    def _snapshot(self) -> concurrent.futures.Future[Snapshot]:
+        """The snapshot being taken, or a new one: scrapes at once share one."""
+        with self._lock:
+            if self._pending is None or self._pending.done():
+                self._pending = asyncio.run_coroutine_threadsafe(_awaited(self.take), self.loop)
+            return self._pending
 
     def collect(self) -> Iterator[Metric]:
         snap = None
-        future = asyncio.run_coroutine_threadsafe(_awaited(self.take), self.loop)
+        future = self._snapshot()
         try:
             snap = future.result(SCRAPE_WAIT)
         except Exception as e:  # noqa: BLE001 - the scrape says so (gpushare_scrape_ok 0)
@@ -301,9 +320,36 @@ async def _awaited(take: Callable[[], Awaitable[Snapshot]]) -> Snapshot:
 
 class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True  # a scrape in flight never holds the daemon's exit
+    max_connections = MAX_CONNECTIONS
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._slots = threading.BoundedSemaphore(self.max_connections)
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)  # closed unanswered: no thread for it
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that timed out or went away: not worth a traceback on stderr."""
+        log.debug("metrics: connection from %s failed", client_address, exc_info=True)
 
 
 class _QuietHandler(WSGIRequestHandler):
+    timeout = IDLE_TIMEOUT  # the socket's: a silent client is dropped, its thread ends
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
         pass
 

@@ -291,3 +291,100 @@ def test_a_listen_address_in_use_is_a_config_error():
         server = MetricsServer(f"127.0.0.1:{port}", SnapshotCollector(None, None))  # type: ignore[arg-type]
         with pytest.raises(ConfigError, match=f"metrics.listen 127.0.0.1:{port}: cannot listen"):
             server.start()
+
+
+async def test_concurrent_scrapes_share_one_snapshot():
+    """A flood of scrapes (a pod can reach a node's port) costs the event
+    loop one snapshot at a time, not one per scrape."""
+    release = asyncio.Event()
+    calls = []
+
+    async def take():
+        calls.append(1)
+        await release.wait()
+        return snapshot()
+
+    loop = asyncio.get_running_loop()
+    collector = SnapshotCollector(loop, take)
+    started = []
+
+    def scrape_():
+        started.append(1)
+        return list(collector.collect())
+
+    scrapes = [asyncio.create_task(asyncio.to_thread(scrape_))]
+    while not calls:
+        await asyncio.sleep(0.01)
+    scrapes += [asyncio.create_task(asyncio.to_thread(scrape_)) for _ in range(4)]
+    while len(started) < 5:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.2)  # from started to waiting on the snapshot
+    release.set()
+    results = await asyncio.gather(*scrapes)
+    assert calls == [1]
+    assert all(r[0].samples[0].value == 1 for r in results)  # each got the figures
+    await asyncio.to_thread(lambda: list(collector.collect()))
+    assert calls == [1, 1]  # a later scrape gets fresh ones
+
+
+def _connect(port: int) -> socket.socket:
+    conn = socket.create_connection(("127.0.0.1", port))
+    conn.settimeout(30)
+    return conn
+
+
+async def _serving():
+    async def take():
+        return snapshot()
+
+    server = MetricsServer("127.0.0.1:0", SnapshotCollector(asyncio.get_running_loop(), take))
+    server.start()
+    return server
+
+
+async def _scrape_ok(server: MetricsServer) -> bool:
+    url = f"http://127.0.0.1:{server.port}/metrics"
+    body = await asyncio.to_thread(lambda: urllib.request.urlopen(url).read())
+    return b"gpushare_scrape_ok 1.0" in body
+
+
+async def test_connections_beyond_the_bound_are_closed_unanswered(monkeypatch):
+    """At most max_connections are served at once: the rest are closed
+    unanswered, so no one can pile up threads in the daemon."""
+    monkeypatch.setattr(metrics._QuietHandler, "timeout", None)
+    monkeypatch.setattr(metrics._Server, "max_connections", 2)
+    server = await _serving()
+    try:
+        idle = [_connect(server.port), _connect(server.port)]
+        idle[0].sendall(b"GET /metrics HTTP/1.1\r\n")  # requests never finished
+        idle[1].sendall(b"GET /metrics HTTP/1.1\r\n")
+        await asyncio.sleep(0.1)  # both accepted (the bound holds either way)
+        extra = _connect(server.port)
+        assert await asyncio.to_thread(extra.recv, 1) == b""  # closed, never served
+        extra.close()
+        for conn in idle:  # their threads end, their slots free
+            conn.close()
+        for _ in range(200):  # once their threads have ended
+            try:
+                assert await _scrape_ok(server)
+                break
+            except (urllib.error.URLError, ConnectionError):
+                await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the slots of closed connections were never freed")
+    finally:
+        await asyncio.to_thread(server.close)
+
+
+async def test_silent_connections_are_dropped(monkeypatch):
+    """A connection that never sends its request (slowloris) is closed
+    after the handler's timeout."""
+    monkeypatch.setattr(metrics._QuietHandler, "timeout", 0.3)
+    server = await _serving()
+    try:
+        idle = _connect(server.port)
+        assert await asyncio.to_thread(idle.recv, 1) == b""
+        idle.close()
+        assert await _scrape_ok(server)
+    finally:
+        await asyncio.to_thread(server.close)
