@@ -11,7 +11,9 @@ A value with a blank, a quote, ``=`` or a character that is not printable is
 written in double quotes with ``\\``, ``"`` and those characters escaped, so
 a value a pod chose (its name, a refusal message quoting its annotations)
 can neither start a new line nor forge a field.  Every other log line's
-message is escaped the same way (not quoted): one record, one line.
+message is escaped the same way (not quoted): one record, one line, but
+for a traceback, which follows on lines indented by two spaces (escaped
+too): a line that does not start with a time continues the record above.
 
 JSON (``log_format: json``): every log line is one JSON object with ``ts``
 (UTC, ISO 8601), ``level``, ``logger`` and ``msg``; a decision adds
@@ -211,6 +213,22 @@ class TextFormatter(logging.Formatter):
         if getattr(record, "decision", None) is None:  # decisions are escaped already
             record.message = escape(record.message)
         return super().formatMessage(record)
+
+    def formatException(self, ei: Any) -> str:  # noqa: N802 - logging's name
+        return _continuation(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:  # noqa: N802 - logging's name
+        return _continuation(super().formatStack(stack_info))
+
+
+def _continuation(text: str) -> str:
+    """A traceback under its record: each line indented and escaped, so that
+    an exception's message quoting a pod's value cannot start a line that
+    reads as a record of its own."""
+    return "\n".join(
+        "  " + "".join(c if c.isprintable() else escape(c) for c in line)
+        for line in text.split("\n")
+    )
 
 
 class JsonFormatter(logging.Formatter):

@@ -150,6 +150,21 @@ def test_text_format_escapes_every_message(captured):
     assert json.loads(js[0])["msg"] == f"container {HOSTILE}: odd"
 
 
+def test_text_tracebacks_cannot_forge_a_record(captured):
+    """A traceback spans lines, but an exception's message quoting a pod's
+    value can neither start a line that looks like a record (every
+    continuation line is indented) nor send escape sequences."""
+    try:
+        raise ValueError(f"bad annotation {HOSTILE}\x1b[2J\u2028end")
+    except ValueError:
+        logging.getLogger("nri_gpushare.daemon").exception("failed")
+    text, _ = captured()
+    assert text[0].endswith("ERROR nri_gpushare.daemon: failed")
+    assert len(text) > 2 and all(line.startswith("  ") for line in text[1:]), text
+    assert not any("\x1b" in line or "\u2028" in line for line in text)
+    assert "  ValueError: bad annotation x" in text
+
+
 def test_values_needing_no_quotes_stay_bare():
     assert logfmt({"a": "ns/name", "b": "", "c": "x y", "d": 'q"', "e": "k=v"}) == (
         'a=ns/name b="" c="x y" d="q\\"" e="k=v"'
