@@ -264,6 +264,31 @@ def _recorded(text: object) -> object:
         return None
 
 
+def _disable_may_write(key: str, set_text: object, was: object, comment: object) -> bool:
+    """Whether a line's record is one enable could have written: a key enable
+    sets, "set" and "was" one value each of the type that key takes, and
+    "comment" a comment.  Anything else (a record edited by hand, or by
+    someone who could edit the file) is left alone."""
+    if key not in NriSettings().wanted():
+        return False
+    value = _recorded(set_text)
+    if not isinstance(value, bool | str):
+        return False
+    if was is not None and type(_recorded(was)) is not type(value):
+        return False
+    return isinstance(comment, str) and (not comment or _is_comment(comment))
+
+
+def _is_comment(text: str) -> bool:
+    """Blanks, '#', then printable characters (or tabs) only: one TOML comment."""
+    stripped = text.lstrip(" \t")
+    return stripped.startswith("#") and all(c == "\t" or c.isprintable() for c in stripped)
+
+
+_ADDED_PAD = re.compile(r"(\r?\n){0,2}(version = [23](\r?\n){2})?")
+"""What enable puts before a table it adds: line ends, a version line."""
+
+
 def _set_comment(item: Item, comment: str) -> None:
     """Replace the trailing comment (`comment` is whitespace + '# ...', or "")."""
     stripped = comment.lstrip()
@@ -441,15 +466,10 @@ def plan_disable(text: str) -> Plan:
             continue
         set_text, was = record.get("set"), record.get("was")
         comment = record.get("comment") or ""
-        if (
-            _recorded(set_text) is None
-            or not (was is None or _recorded(was) is not None)
-            or not isinstance(comment, str)
-            or "\n" in comment
-        ):
+        if not _disable_may_write(key, set_text, was, comment):
             plan.notes.append(f"left {key}: its nri-gpushare comment is not one enable wrote")
             continue
-        assert isinstance(set_text, str)
+        assert isinstance(set_text, str) and isinstance(comment, str)
         current = item.as_string()
         if not _same(key, item.unwrap(), _recorded(set_text)):
             _set_comment(item, comment)
@@ -483,7 +503,7 @@ def _remove_added_keys(plan: Plan, table: Table, added: object) -> None:
     if not isinstance(added, dict):
         return
     for key, set_text in added.items():
-        if key not in table or _recorded(set_text) is None:
+        if key not in table or not _disable_may_write(key, set_text, None, ""):
             continue
         current = _key_item(table, key).as_string()
         if _same(key, _key_item(table, key).unwrap(), _recorded(set_text)):
@@ -514,7 +534,7 @@ def _strip_pad(plan: Plan, doc: TOMLDocument, header: dict[str, Any]) -> str | N
     """Take off what enable put before the table it added; None: remove the file."""
     text = doc.as_string()
     pad = header.get("before")
-    if isinstance(pad, str) and pad and text.endswith(pad):
+    if isinstance(pad, str) and pad and _ADDED_PAD.fullmatch(pad) and text.endswith(pad):
         text = text[: len(text) - len(pad)]
     if header.get("added") == "file" and text == "":
         plan.changes.append("removed the file (enable created it)")
@@ -655,12 +675,16 @@ class ConfigFile:
                 continue
             except OSError as exc:
                 raise ConfigEditError(f"cannot write the backup {target}: {exc.strerror}") from None
-            with os.fdopen(fd, "wb") as out:
-                out.write(self.data)
-                out.flush()
-                os.fchmod(out.fileno(), st.st_mode & 0o7777)
-                _chown(out.fileno(), st.st_uid, st.st_gid)
-                os.fsync(out.fileno())
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    out.write(self.data)
+                    out.flush()
+                    os.fchmod(out.fileno(), st.st_mode & 0o7777)
+                    _chown(out.fileno(), st.st_uid, st.st_gid)
+                    os.fsync(out.fileno())
+            except OSError as exc:  # a full disk: no partial backup stays
+                target.unlink(missing_ok=True)
+                raise ConfigEditError(f"cannot write the backup {target}: {exc.strerror}") from None
             return target
         raise ConfigEditError("too many backups this second")
 

@@ -483,6 +483,13 @@ def test_a_file_that_is_not_utf8_is_refused(tmp_path: Path) -> None:
         '{"set": "false\\n[evil]", "was": "true"}',
         '{"set": 0, "was": "true"}',
         '["false", "true"]',
+        # Tampered: a "comment" that is no comment, or holds a bare CR (2.x refuses
+        # the file, 1.7 reads on), or a "was" of another type than the key takes.
+        '{"set": "false", "was": "true", "comment": " , evil = 1"}',
+        '{"set": "false", "was": "true", "comment": "  # a\\r  socket_path = \\"/x\\""}',
+        '{"set": "false", "was": "true", "comment": "  # \\u001b[2J"}',
+        '{"set": "false", "was": "{evil = 1}"}',
+        '{"set": "false", "was": "\'/tmp/evil.sock\'"}',
     ],
 )
 def test_disable_leaves_a_line_whose_record_enable_did_not_write(record: str) -> None:
@@ -490,6 +497,37 @@ def test_disable_leaves_a_line_whose_record_enable_did_not_write(record: str) ->
     plan = plan_disable(text)
     assert not plan.changed
     assert plan.notes
+
+
+def test_a_tampered_table_record_removes_nothing_but_its_padding() -> None:
+    """The table record's "before" (what enable put before the table it
+    added) names blank lines and a version line only: never the operator's."""
+    text = (
+        f'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  keep = 1\n'
+        f'{HEADER}  # {MARK} {{"added": "table", "before": "  keep = 1\\n", "set": {{}}}}\n'
+    )
+    plan = plan_disable(text)
+    assert plan.new is not None and "  keep = 1\n" in plan.new
+
+
+def test_a_full_disk_leaves_no_partial_backup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(STOCK_17)
+    file = ConfigFile(str(config))
+    file.read()
+    temp = file.temp("version = 2\n")
+
+    def full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("os.fsync", full)
+    with pytest.raises(ConfigEditError, match="No space left"):
+        file.replace(temp)
+    temp.unlink()
+    assert config.read_text() == STOCK_17
+    assert [p.name for p in tmp_path.iterdir()] == ["config.toml"]
 
 
 def test_the_plugins_defaults_and_the_hand_snippet_agree_with_enable() -> None:
