@@ -28,6 +28,10 @@
 # Without a running systemd (a chroot, a container) every systemctl step is
 # skipped with a note.  Never loads a kernel module itself.
 set -eu
+# What it makes is root's and read-only to others, whatever umask it is run
+# with (a world-writable venv or interposer directory would let any local
+# user change the daemon's code or what every GPU container loads).
+umask 022
 
 PREFIX=/opt/nri-gpushare
 VENV=$PREFIX/venv
@@ -87,6 +91,12 @@ while [ $# -gt 0 ]; do
 	shift
 done
 kernel=${kernel:-$(uname -r)}
+case $kernel in
+'' | *[!A-Za-z0-9._+~-]*) die "--kernel '$kernel': not a kernel release (e.g. $(uname -r))" ;;
+esac
+build=""
+# A failed step leaves no build directory behind in /tmp.
+trap 'rm -rf ${build:+"$build"}' EXIT
 
 [ "$(id -u)" = 0 ] || die "must run as root (it installs packages and system files)"
 
@@ -240,14 +250,26 @@ dkms_versions() {
 
 install_kmod() {
 	usr_src=/usr/src/gpushare-$version
-	# This version again (a re-run): DKMS adds a version only once.
+	build=$(mktemp -d)
+	(cd "$src/kmod" && tar -cf - Kbuild Makefile COPYING ./*.c ./*.h include) | tar -C "$build" -xf -
+	sed "s/^PACKAGE_VERSION=.*/PACKAGE_VERSION=\"$version\"/" "$src/kmod/dkms.conf" >"$build/dkms.conf"
 	if dkms_versions | grep -qxF "$version"; then
+		if diff -r -q "$build" "$usr_src" >/dev/null 2>&1 &&
+			dkms status -m gpushare -v "$version" -k "$kernel" 2>/dev/null | grep -q ': installed'; then
+			# A re-run with the same sources: the module DKMS built stays
+			# (removing it first would leave the node none if a build failed).
+			rm -rf "$build"
+			say "DKMS: gpushare $version is built and installed for $kernel from these sources already"
+			modules_load
+			return 0
+		fi
+		# This version from other sources: DKMS adds a version only once.
 		dkms remove -m gpushare -v "$version" --all >/dev/null
 	fi
 	rm -rf "$usr_src"
 	mkdir -p "$usr_src"
-	(cd "$src/kmod" && tar -cf - Kbuild Makefile COPYING ./*.c ./*.h include) | tar -C "$usr_src" -xf -
-	sed "s/^PACKAGE_VERSION=.*/PACKAGE_VERSION=\"$version\"/" "$src/kmod/dkms.conf" >"$usr_src/dkms.conf"
+	cp -R "$build/." "$usr_src"
+	rm -rf "$build"
 	say "DKMS: building gpushare $version for kernel $kernel"
 	dkms add -m gpushare -v "$version" >/dev/null
 	if ! dkms build -m gpushare -v "$version" -k "$kernel" >/dev/null; then
@@ -266,6 +288,10 @@ install_kmod() {
 	ko=$(find "/lib/modules/$kernel/updates/dkms" -name 'gpushare.ko*' 2>/dev/null | head -n 1)
 	[ -n "$ko" ] || die "DKMS did not install gpushare.ko for $kernel"
 	say "installed $ko"
+	modules_load
+}
+
+modules_load() {
 	mkdir -p "$(dirname "$MODULES_LOAD")"
 	printf '# nri-gpushare: load gpushare.ko at boot (scripts/install-node.sh)\ngpushare\n' >"$MODULES_LOAD"
 	if [ -r "$kmod_root/version" ] && [ "$(cat "$kmod_root/version")" != "$version" ]; then

@@ -404,8 +404,12 @@ def node() -> Iterator[Root]:
         root.kernel = kernel
         with phase(f"headers of {kernel} in the root's mirror?"):
             headers_from_host_if_gone(root, kernel)
-        with phase(f"sh scripts/install-node.sh --kernel {kernel}"):
-            root.install_log = root.ok(["sh", "scripts/install-node.sh", "--kernel", kernel])
+        with phase(f"sh scripts/install-node.sh --kernel {kernel} (under umask 000)"):
+            # The operator's umask must not matter: see test_nothing_installed_is_world_writable.
+            root.install_log = root.ok(
+                ["sh", "-c", 'umask 000 && exec "$@"', "sh",
+                 "sh", "scripts/install-node.sh", "--kernel", kernel]
+            )  # fmt: skip
         said = [line for line in root.install_log.splitlines() if line.startswith("install-node:")]
         log("\n".join(said))
         yield root
@@ -518,6 +522,24 @@ def test_install_puts_everything_in_place(node: Root) -> None:
     assert "systemd is not running here: skipped" in node.install_log
 
 
+def test_nothing_installed_is_world_writable(node: Root) -> None:
+    """Installed under umask 000, still: a world-writable venv or interposer
+    directory would let any local user change the daemon's code or what
+    every GPU container loads."""
+    paths = [
+        "/opt/nri-gpushare",
+        LIBDIR,
+        "/etc/nri-gpushare",
+        f"/usr/src/gpushare-{VERSION}",
+        "/usr/local/share/doc/nri-gpushare",
+        UNIT,
+        "/etc/modules-load.d/gpushare.conf",
+    ]
+    found = node.ok(["find", *paths, "!", "-type", "l", "-perm", "-o+w"])
+    assert found == "", f"world-writable:\n{found}"
+    assert node.host("/etc/nri-gpushare/gpushare.yaml").stat().st_mode & 0o777 == 0o644
+
+
 def test_installed_unit_verifies(node: Root) -> None:
     done = subprocess.run(
         ["systemd-analyze", "verify", f"--root={node.path}", "nri-gpushare.service"],
@@ -535,9 +557,13 @@ def test_installed_unit_verifies(node: Root) -> None:
 def test_rerun_keeps_the_config_and_upgrades(node: Root) -> None:
     config = node.host("/etc/nri-gpushare/gpushare.yaml")
     config.write_text(config.read_text() + "# the operator's own line\n")
+    ko = node.host(f"/lib/modules/{node.kernel}/updates/dkms/gpushare.ko")
+    built = ko.stat().st_ino
     with phase("install again, same version"):
-        node.ok(["sh", "scripts/install-node.sh", "--kernel", node.kernel])
+        again = node.ok(["sh", "scripts/install-node.sh", "--kernel", node.kernel])
     assert config.read_text().endswith("# the operator's own line\n")
+    # The same sources: the module DKMS built stays, never removed to be rebuilt.
+    assert "built and installed for" in again and ko.stat().st_ino == built, again
     with phase("copy a newer version of the tree"):
         copy_tree(node.host("/src-next"), NEXT_VERSION)
     with phase(f"install {NEXT_VERSION} over {VERSION}"):
