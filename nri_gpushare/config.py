@@ -255,7 +255,8 @@ def _listen_address(reader: _Reader, name: str, default: str) -> str:
     host, sep, port = value.rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    ok = bool(sep) and bool(host) and port.isdigit() and 1 <= int(port) <= 65535
+    ok = bool(sep) and bool(host) and port.isascii() and port.isdigit()
+    ok = ok and 1 <= int(port) <= 65535
     if not ok or any(c.isspace() or c in "[]/" for c in host):
         reader.fail(
             reader.key(name), f"{value!r} is not host:port such as 127.0.0.1:9400 or [::1]:9400"

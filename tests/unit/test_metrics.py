@@ -388,3 +388,22 @@ async def test_silent_connections_are_dropped(monkeypatch):
         assert await _scrape_ok(server)
     finally:
         await asyncio.to_thread(server.close)
+
+
+@pytest.mark.parametrize(
+    "listen",
+    ["127.0.0.1:²", "127.0.0.1:٩٤٠٠", "127.0.0.1:0", "0.0.0.0:99999", ":9400", "[::1]", "a b:1"],
+)
+def test_hostile_listen_addresses_are_config_errors(listen: str) -> None:
+    """Never a traceback, never a port other than the one written."""
+    from nri_gpushare.config import parse_config
+
+    with pytest.raises(ConfigError, match="metrics.listen"):
+        parse_config({"metrics": {"listen": listen}})
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1:9400", "[::1]:9400", "[::]:9400", "node:9400"])
+def test_listen_addresses(listen: str) -> None:
+    from nri_gpushare.config import parse_config
+
+    assert parse_config({"metrics": {"listen": listen}}).metrics_listen == listen
