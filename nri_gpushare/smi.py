@@ -427,9 +427,17 @@ def _frame(path: str, form: str) -> tuple[str, bool]:
         status = query_status(path)
     except (OSError, ValueError) as exc:  # ValueError: a cut-off or garbled reply
         return f"gpushare-smi: {unreachable(path, exc)}", False
-    doc = view(status)
-    if form == "table":
-        return render(doc), True
+    try:
+        doc = view(status)
+        if form == "table":
+            return render(doc), True
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        return (
+            f"gpushare-smi: cannot read the daemon's status at {path} ({type(exc).__name__}: "
+            f"{_clean(str(exc))}): is the daemon (nri-gpushare --version) of another version "
+            f"than gpushare-smi? restart it after an upgrade",
+            False,
+        )
     return json.dumps(doc, indent=2 if form == "json" else None), True
 
 

@@ -99,6 +99,26 @@ def test_unreachable_daemon_is_a_clear_error(tmp_path, capsys):
     assert cli.main(["smi", "--json", "--status-socket", missing]) == 1
 
 
+@pytest.mark.parametrize(
+    "reply",
+    [
+        {"gpus": [{"index": 0}]},
+        {"allocations": [{"gpus": []}]},
+        {"unserved": [{}]},
+        {"gpus": "not a list"},
+        [],
+    ],
+)
+def test_a_status_it_cannot_read_is_a_clear_error(monkeypatch, capsys, reply):
+    """A daemon of another version (or something else on the socket): a
+    message, never a traceback; --watch goes on."""
+    monkeypatch.setattr("nri_gpushare.status.query_status", lambda path: reply)
+    for args in ([], ["--json"]) if "unserved" not in reply else ([],):  # JSON passes it on
+        assert smi.main(args) == 1
+        err = capsys.readouterr().err
+        assert "cannot read the daemon's status" in err and "version" in err, err
+
+
 def test_json_from_the_daemon(monkeypatch, capsys):
     monkeypatch.setattr("nri_gpushare.status.query_status", lambda path: status())
     assert cli.main(["smi", "--json"]) == 0
