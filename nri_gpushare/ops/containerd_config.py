@@ -24,6 +24,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -623,6 +624,8 @@ class ConfigFile:
 
     def read(self) -> str | None:
         try:
+            if not stat.S_ISREG(self.path.stat().st_mode):  # a FIFO would block the read
+                raise ConfigEditError(f"{self.path} is not a regular file")
             self.data = self.path.read_bytes()
         except FileNotFoundError:
             if self.path.parent.is_dir():
@@ -633,6 +636,11 @@ class ConfigFile:
             ) from None
         except OSError as exc:
             raise ConfigEditError(f"cannot read it: {exc.strerror}") from None
+        if self.data.startswith(b"\xef\xbb\xbf"):
+            raise ConfigEditError(
+                "it starts with a UTF-8 byte order mark, which containerd 2.x refuses to "
+                f"parse: remove it (sed -i '1s/^\\xEF\\xBB\\xBF//' {self.path}) and run again"
+            )
         try:
             return self.data.decode("utf-8")
         except UnicodeDecodeError:

@@ -467,6 +467,26 @@ def test_a_missing_directory_is_named(tmp_path: Path) -> None:
         ConfigFile(str(tmp_path / "nope" / "config.toml")).read()
 
 
+def test_a_byte_order_mark_is_named(tmp_path: Path) -> None:
+    """containerd 1.7 reads past a BOM, 2.x refuses the file: say so, not 'Empty key'."""
+    config = tmp_path / "config.toml"
+    config.write_bytes(b"\xef\xbb\xbfversion = 2\n")
+    with pytest.raises(ConfigEditError, match="byte order mark"):
+        ConfigFile(str(config)).read()
+
+
+def test_something_other_than_a_file_is_refused_without_reading_it(tmp_path: Path) -> None:
+    """A FIFO would block a read for ever."""
+    config = tmp_path / "config.toml"
+    os.mkfifo(config)
+    with pytest.raises(ConfigEditError, match="not a regular file"):
+        ConfigFile(str(config)).read()
+    config.unlink()
+    config.mkdir()
+    with pytest.raises(ConfigEditError, match="not a regular file"):
+        ConfigFile(str(config)).read()
+
+
 def test_a_file_that_is_not_utf8_is_refused(tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
     config.write_bytes(b"version = 2\n# \xff\n")
