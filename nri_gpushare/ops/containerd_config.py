@@ -181,7 +181,7 @@ def _nri_table(doc: TOMLDocument) -> Table | None:
     safely: inline tables, dotted keys, an array of tables.
     """
     from tomlkit.container import OutOfOrderTableProxy
-    from tomlkit.items import InlineTable, Table
+    from tomlkit.items import AoT, InlineTable, Table
 
     plugins = doc.get("plugins")
     if plugins is None:
@@ -199,8 +199,10 @@ def _nri_table(doc: TOMLDocument) -> Table | None:
     if isinstance(nri, Table) and not nri.is_super_table():
         return nri
     form = "an inline table" if isinstance(nri, InlineTable) else "dotted keys or sub-tables"
-    if not isinstance(nri, Table | InlineTable):
+    if isinstance(nri, AoT):
         form = "an array of tables"
+    elif not isinstance(nri, Table | InlineTable):
+        form = "a table split over several places (its sub-table after another table)"
     raise ConfigEditError(
         f"the NRI settings are written as {form}; enable edits a {NRI_HEADER} table: "
         "move them into one (header on its own line, one key per line) and run it again"

@@ -249,6 +249,10 @@ def test_odd_but_valid_tables_round_trip(text: str) -> None:
         (f'version = 2\nplugins."{NRI}".disable = true\n', "dotted keys"),
         (f'version = 2\n[plugins."{NRI}".sub]\n  a = 1\n', "dotted keys or sub-tables"),
         (f'version = 2\n[[plugins."{NRI}"]]\n  a = 1\n', "array of tables"),
+        (
+            f'version = 2\n[plugins."{NRI}"]\n  a = 1\n[plugins.x]\n[plugins."{NRI}".sub]\n',
+            "split over several places",
+        ),
         ("version = 2\n[plugins\n", "not valid TOML"),
         (
             f"version = 2\n{HEADER}\n  disable = true\n{HEADER}\n  disable = true\n",
