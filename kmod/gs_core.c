@@ -557,7 +557,7 @@ static int gs_parse_gputime(char *s, struct gs_state_line *l)
 
 /*
  * One line of a state to import after its header (modified, without its
- * newline): gpu, add, bind by cgroup id, set or gputime.  0 or -EINVAL.
+ * newline): gpu, add, bind by cgroup id, set, gputime or end.  0 or -EINVAL.
  */
 int gs_parse_state_line(char *line, struct gs_state_line *l)
 {
@@ -565,6 +565,10 @@ int gs_parse_state_line(char *line, struct gs_state_line *l)
 	int ret;
 
 	memset(l, 0, sizeof(*l));
+	if (!strcmp(line, "end")) {
+		l->kind = GS_LINE_END;
+		return 0;
+	}
 	if (word == 3 && !strncmp(line, "set", 3))
 		return gs_parse_set(line + 3, l);
 	if (word == 7 && !strncmp(line, "gputime", 7))
@@ -693,7 +697,8 @@ static int gs_check_state_line(struct gs_state_line *lines, u32 i,
 
 /*
  * Would the parsed lines of a state (in their order) rebuild a module
- * whose registry is empty, every one of them taken?  The same checks as
+ * whose registry is empty, every one of them taken, and is the state
+ * whole (its last line, and only that, is "end")?  The same checks as
  * the commands' own, on a model of the GPUs: each GPU declared once and
  * before its settings and containers, each ID added once and bound and
  * timed after its add, nothing over-committed.  Quotas that ask for the
@@ -708,11 +713,19 @@ int gs_check_state(struct gs_state_line *lines, u32 n, u32 *bad)
 
 	memset(&sim, 0, sizeof(sim));
 	for (i = 0; i < n; i++) {
-		ret = gs_check_state_line(lines, i, &sim);
+		if (lines[i].kind == GS_LINE_END)
+			ret = i + 1 == n ? 0 : -EINVAL;
+		else
+			ret = gs_check_state_line(lines, i, &sim);
 		if (ret) {
 			*bad = i;
 			return ret;
 		}
+	}
+	/* No end line: a first piece of a state, or one cut short. */
+	if (!n || lines[n - 1].kind != GS_LINE_END) {
+		*bad = n;
+		return -EINVAL;
 	}
 	return 0;
 }

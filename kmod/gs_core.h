@@ -99,6 +99,12 @@ extern const char *const gs_gpu_files[GS_GPU_NFILES];
  *   set default_memsize <bytes>
  *   set <gpu> max_inst|policy|prio_ratio|slice_us <value>
  *   gputime <id> <gpu> <ns>
+ *   end
+ *
+ * The "end" line is the last and only there: a state written in several
+ * write() calls (tail and cat write a larger file in pieces), or cut
+ * short, has none in its first piece, so that piece is refused whole
+ * instead of being imported as a smaller, valid state.
  */
 #define GS_STATE_FORMAT		1
 #define GS_STATE_MAX		(512 * 1024)	/* longest state write, bytes */
@@ -120,6 +126,7 @@ enum gs_line_kind {
 	GS_LINE_CMD,		/* cmd: gpu, add, or bind by cgroup id */
 	GS_LINE_SET,		/* setting (cmd.gpu for a GPU's) = value */
 	GS_LINE_GPUTIME,	/* cmd.id on cmd.gpu was charged value ns */
+	GS_LINE_END,		/* the state's last line */
 };
 
 struct gs_state_line {

@@ -589,9 +589,11 @@ static void gs_dump_lines(struct seq_file *m, bool state)
 		if (cgrp)
 			seq_printf(m, "bind %s %llu\n", ctr->id, cgroup_id(cgrp));
 	}
-	if (state)
+	if (state) {
 		list_for_each_entry(ctr, &gs_ctrs, node)
 			gs_dump_gputime(m, ctr);
+		seq_puts(m, "end\n");	/* whole: see gs_check_state() */
+	}
 	mutex_unlock(&gs_lock);
 }
 
@@ -744,6 +746,8 @@ static int gs_apply_state(struct gs_state_line *lines, u32 n)
 					  l->setting, l->value);
 		} else if (l->kind == GS_LINE_GPUTIME) {
 			gs_set_gputime(l->cmd.id, l->cmd.gpu, l->value);
+		} else if (l->kind == GS_LINE_END) {
+			continue;
 		} else if (l->cmd.op == GS_OP_BIND) {
 			ret = gs_bind(&l->cmd);
 			if (ret) {
@@ -806,8 +810,11 @@ static int gs_parse_state(char *buf, struct gs_state_line **linesp, u32 *np)
 		n++;
 	}
 	ret = gs_check_state(lines, n, &max);
-	if (ret) {
+	if (ret && max == n)
+		pr_warn("import: refused, no \"end\" line: the state must be written whole, in one write()\n");
+	else if (ret)
 		pr_warn("import: line %u refused (%d)\n", max + 2, ret);
+	if (ret) {
 		kvfree(lines);
 		return ret;
 	}

@@ -639,7 +639,8 @@ static void test_state_lines(void)
 		"gputime ../x 0 1", "gputime policy 0 1", "gputimes c1 0 1", "del c1",
 		"bind c1 /a", "bind c1 0", "bind c1", "add c1 0:5\n", "gpu 0 1\n",
 		"set 0 policy 1\n", "gputime c1 0 1\n", "nop", "gpushare-upgrade 1 0.1.0 exported",
-		"set 0 policy 18446744073709551616",
+		"set 0 policy 18446744073709551616", "end ", " end", "end\n", "END",
+		"end 1", "ends",
 	};
 	struct gs_state_line l;
 	size_t i;
@@ -658,6 +659,7 @@ static void test_state_lines(void)
 	      l.cmd.op == GS_OP_GPU && l.cmd.total_mem == 100);
 	CHECK(state_line("add c1 0:5:10:1", &l) == 0 && l.cmd.op == GS_OP_ADD &&
 	      l.cmd.quota[0].weight == 10);
+	CHECK(state_line("end", &l) == 0 && l.kind == GS_LINE_END);
 	CHECK(state_line("bind c1 77", &l) == 0 && l.cmd.op == GS_OP_BIND &&
 	      l.cmd.cgroup_id == 77 && !l.cmd.cgroup_path);
 	for (i = 0; i < ARRAY_SIZE(bad); i++) {
@@ -708,9 +710,16 @@ static void test_state_check(void)
 		    "set 0 policy 3", "set 0 prio_ratio 50", "set 0 slice_us 2000",
 		    "gpu 1 100", "add a 0:60:50:0,1:10:0:1", "add b 0:40:50:1",
 		    "bind a 7", "bind b 8", "gputime a 0 5", "gputime a 1 6",
-		    "gputime b 0 0");
-	CHECK_STATE(0, 0, "gpu 0 100");
-	CHECK_STATE(0, 0, "set default_memsize 5", "gpu 0 100", "add a 0:0");
+		    "gputime b 0 0", "end");
+	CHECK_STATE(0, 0, "gpu 0 100", "end");
+	CHECK_STATE(0, 0, "end");
+	CHECK_STATE(0, 0, "set default_memsize 5", "gpu 0 100", "add a 0:0", "end");
+	/* Not whole: no end line, or lines after it (a state cut or split). */
+	CHECK_STATE(-EINVAL, 0);
+	CHECK_STATE(-EINVAL, 1, "gpu 0 100");
+	CHECK_STATE(-EINVAL, 3, "set default_memsize 5", "gpu 0 100", "add a 0:1");
+	CHECK_STATE(-EINVAL, 1, "gpu 0 100", "end", "add a 0:1");
+	CHECK_STATE(-EINVAL, 0, "end", "end");
 	CHECK_STATE(-EINVAL, 1, "gpu 0 100", "add a 0:0");
 	CHECK_STATE(-ENXIO, 0, "add a 0:1");
 	CHECK_STATE(-ENXIO, 1, "gpu 0 100", "add a 0:1,1:1");
@@ -721,14 +730,14 @@ static void test_state_check(void)
 	CHECK_STATE(-ENOSPC, 2, "gpu 0 100", "add a 0:1:60", "add b 0:1:41");
 	CHECK_STATE(-ENOSPC, 3, "gpu 0 100", "set 0 max_inst 1", "add a 0:1", "add b 0:1");
 	CHECK_STATE(-ENOSPC, 3, "gpu 0 100", "add a 0:1", "add b 0:1", "set 0 max_inst 1");
-	CHECK_STATE(0, 0, "gpu 0 100", "add a 0:1", "add b 0:1", "set 0 max_inst 2");
+	CHECK_STATE(0, 0, "gpu 0 100", "add a 0:1", "add b 0:1", "set 0 max_inst 2", "end");
 	CHECK_STATE(-ENOENT, 1, "gpu 0 100", "bind a 7", "add a 0:1");
 	CHECK_STATE(-EINVAL, 3, "gpu 0 100", "add a 0:1", "bind a 7", "bind a 8");
 	CHECK_STATE(-EBUSY, 4, "gpu 0 100", "add a 0:1", "add b 0:1", "bind a 7", "bind b 7");
 	CHECK_STATE(-ENOENT, 1, "gpu 0 100", "gputime a 0 1");
 	CHECK_STATE(-ENXIO, 3, "gpu 0 100", "gpu 1 100", "add a 0:1", "gputime a 1 1");
 	CHECK_STATE(-EINVAL, 3, "gpu 0 100", "add a 0:1", "gputime a 0 1", "gputime a 0 2");
-	CHECK_STATE(0, 0, "gpu 0 100", "add a 0:100:100:1", "gputime a 0 1");
+	CHECK_STATE(0, 0, "gpu 0 100", "add a 0:100:100:1", "gputime a 0 1", "end");
 }
 
 int main(void)
