@@ -29,6 +29,7 @@ import argparse
 import ctypes
 import errno
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -179,11 +180,35 @@ class SystemHost:
 # -- the saved state ---------------------------------------------------------------
 
 
+def check_private(path: Path, directory: bool) -> None:
+    """Refuse a state file or directory that another user could have written: the
+    saved state is imported into the kernel as it is (registrations, quotas,
+    bindings), so only a file of this user, in a directory only this user (or
+    root) can change, is trusted."""
+    st = os.stat(path) if directory else os.lstat(path)
+    kind = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
+    owners = {0, os.geteuid()} if directory else {os.geteuid()}
+    if not kind or st.st_uid not in owners or st.st_mode & 0o022:
+        what = "directory" if directory else "regular file"
+        raise UpgradeError(
+            f"refusing {path}: the upgrade's state must be a {what} owned by uid"
+            f" {os.geteuid()} and writable by nobody else (it has uid {st.st_uid}, mode"
+            f" {stat.filemode(st.st_mode)}); another user could have written it. Check it,"
+            " fix its owner and mode (or use another --state-dir), then run again"
+        )
+
+
 def save_state(path: Path, state: ModuleState, boot_id: str) -> None:
     """Write the state durably: a temp file, fsync, rename, fsync of the directory."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    check_private(path.parent, directory=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    try:
+        fd = os.open(tmp, flags, 0o600)
+    except FileExistsError:  # left by a killed run with this PID
+        os.unlink(tmp)
+        fd = os.open(tmp, flags, 0o600)
     try:
         os.write(fd, f"{COMMENT} boot_id={boot_id}\n{state.text()}".encode())
         os.fsync(fd)
@@ -278,6 +303,10 @@ class Upgrade:
             self.say(f"{MODULE} {current.version} waits for the state: importing {self.state_file}")
             return self._import(saved, current.version, "")
         if current.state == "live" and saved is not None:
+            if current.containers() and set(current.of("add")) == set(saved.of("add")):
+                # Killed after the import, before its check: finish that.
+                self.say(f"{MODULE} {current.version} holds the saved state: verifying")
+                return self._verify(saved, "")
             if current.containers():
                 return EXIT_REFUSED, (
                     f"{self.state_file} holds the state of an unfinished upgrade, but {MODULE}"
@@ -309,8 +338,11 @@ class Upgrade:
 
     def _saved(self) -> ModuleState | None:
         """The saved state of an unfinished upgrade of this boot; an older one is set aside."""
+        if self.state_file.parent.exists():
+            check_private(self.state_file.parent, directory=True)
         if not self.state_file.exists():
             return None
+        check_private(self.state_file, directory=False)
         boot, state = load_saved(self.state_file)
         if boot != self.host.boot_id():
             moved = set_aside(self.state_file, "stale")
@@ -404,7 +436,9 @@ class Upgrade:
             _, cid, gpu, ns = line.split()
             if now.get((cid, gpu), -1) < int(ns):
                 problems.append(f"GPU time not carried over: {line}")
-        if refs != len(adds):
+        # One reference per registration; more while a container's process has
+        # /dev/gpushare open, which it may do as soon as the module is live.
+        if refs is None or refs < len(adds):
             problems.append(f"reference count {refs}, but {len(adds)} containers are registered")
         if problems:
             raise UpgradeError(
@@ -435,7 +469,8 @@ class Upgrade:
         manual = (
             f"The saved state is in {self.state_file}. To restore it by hand: `modprobe"
             f" {MODULE} await_import=1` (or `insmod <path> await_import=1`), then `tail -n +2"
-            f" {self.state_file} > /proc/gpushare/upgrade`, or run `nri-gpushare kmod-upgrade`"
+            f" {self.state_file} | dd of=/proc/gpushare/upgrade bs=1M iflag=fullblock` (one"
+            " write: the module refuses a state in pieces), or run `nri-gpushare kmod-upgrade`"
             " again."
         )
         self.say(f"{why}: rolling back to modprobe's {MODULE}")

@@ -117,7 +117,7 @@ class FakeHost:
     def refcount(self) -> int | None:
         if not self.loaded:
             return None
-        return self.adds() if self.state == "live" else 0
+        return self.adds() + len(self.open_files) if self.state == "live" else 0
 
     def holders(self) -> list[tuple[int, str]]:
         return list(self.open_files)
@@ -180,7 +180,7 @@ def test_everything_fails_leaves_the_file_and_instructions(tmp_path: Path) -> No
     code, message = run(host, tmp_path)
     assert code == up.EXIT_FAILED and not host.loaded
     assert "the rollback failed too" in message
-    assert f"tail -n +2 {tmp_path / up.STATE_FILE} > /proc/gpushare/upgrade" in message
+    assert f"tail -n +2 {tmp_path / up.STATE_FILE} | dd of=/proc/gpushare/upgrade" in message
     assert saved_lines(tmp_path) == LINES
     # Once the cause is fixed, a rerun finishes the job.
     del host.fail["load /new.ko"], host.fail["load None"]
@@ -421,3 +421,91 @@ def test_an_unwritable_state_dir_leaves_the_module_frozen_and_says_so(tmp_path: 
     assert host.state == "exported" and tuple(host.lines) == LINES and host.loaded
     code, message = run(host, tmp_path)  # a writable one: carries on
     assert code == up.EXIT_OK, message
+
+
+def test_killed_after_the_import_a_rerun_finishes(tmp_path: Path) -> None:
+    host = FakeHost()
+    real = host.write_state
+
+    def write_then_die(text: str) -> None:
+        real(text)
+        if text.startswith(up.MAGIC):
+            raise Killed("after the import")
+
+    host.write_state = write_then_die  # type: ignore[method-assign]
+    with pytest.raises(Killed):
+        run(host, tmp_path)
+    assert (host.state, tuple(host.lines)) == ("live", LINES) and saved_lines(tmp_path) == LINES
+    code, message = run(host, tmp_path)
+    assert code == up.EXIT_OK, message
+    assert not (tmp_path / up.STATE_FILE).exists()
+    assert len(list(tmp_path.glob(f"{up.STATE_FILE}.imported-*"))) == 1
+
+
+@pytest.mark.parametrize("how", ["file 0666", "file 0620", "symlink", "dir 0777", "dir 0775"])
+def test_a_state_another_user_could_have_written_is_never_imported(
+    tmp_path: Path, how: str
+) -> None:
+    host = FakeHost()
+    host.fail["load /new.ko"] = errno.ENOEXEC
+    host.fail["load None"] = errno.ENOENT
+    run(host, tmp_path)  # leaves the module unloaded and the state saved
+    path = tmp_path / up.STATE_FILE
+    assert saved_lines(tmp_path) == LINES and not host.loaded
+    host.fail.clear()
+    what, _, mode = how.partition(" ")
+    if what == "file":
+        path.chmod(int(mode, 8))
+    elif what == "dir":
+        tmp_path.chmod(int(mode, 8))
+    else:
+        planted = tmp_path / "elsewhere"
+        path.rename(planted)
+        path.symlink_to(planted)
+    host.calls.clear()
+    code, message = run(host, tmp_path)
+    assert code == up.EXIT_FAILED and "another user could have written it" in message
+    assert host.calls == [] and not host.loaded, "nothing loaded, nothing imported"
+    tmp_path.chmod(0o700)
+
+
+def test_a_writable_state_dir_is_refused_before_the_export(tmp_path: Path) -> None:
+    host = FakeHost()
+    tmp_path.chmod(0o777)
+    code, message = run(host, tmp_path)
+    assert code == up.EXIT_FAILED and "another user could have written it" in message
+    assert host.calls == [] and host.state == "live"
+    tmp_path.chmod(0o700)
+
+
+def test_the_state_dir_is_created_private(tmp_path: Path) -> None:
+    host = FakeHost()
+    code, message = up.Upgrade(host, tmp_path / "new" / up.STATE_FILE, module=NEW).run()
+    assert code == up.EXIT_OK, message
+    assert (tmp_path / "new").stat().st_mode & 0o777 == 0o700
+
+
+def test_a_device_opened_right_after_the_import_is_no_failure(tmp_path: Path) -> None:
+    host = FakeHost()
+    real = host.write_state
+
+    def import_then_open(text: str) -> None:
+        real(text)
+        if text.startswith(up.MAGIC):  # a CUDA program starts at once
+            host.open_files.append((4242, "python3"))
+
+    host.write_state = import_then_open  # type: ignore[method-assign]
+    code, message = run(host, tmp_path)
+    assert code == up.EXIT_OK, message
+    assert host.refcount() == len([line for line in LINES if line.startswith("add ")]) + 1
+
+
+def test_a_reference_missing_after_the_import_is_a_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = FakeHost()
+    real = host.refcount
+    monkeypatch.setattr(host, "refcount", lambda: (real() or 1) - 1)
+    code, message = run(host, tmp_path)
+    assert code == up.EXIT_FAILED and "reference count 1, but 2 containers" in message
+    assert saved_lines(tmp_path) == LINES, "the saved state stays"
