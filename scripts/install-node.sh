@@ -333,6 +333,18 @@ mounted_somewhere() {
 		END { exit !found }'
 }
 
+# The CDI spec that names $1 (a path under $LIBDIR), if one does: a CDI
+# container created later mounts the version its spec names.
+cdi_spec_naming() {
+	for spec in /etc/cdi/* /var/run/cdi/*; do
+		if [ -f "$spec" ] && grep -qF "$1" "$spec"; then
+			echo "$spec"
+			return 0
+		fi
+	done
+	return 1
+}
+
 prune_interposers() {
 	[ -d "$LIBDIR" ] || return 0
 	current=$(readlink "$LIBLINK" 2>/dev/null || true)
@@ -345,6 +357,10 @@ prune_interposers() {
 		fi
 		if mounted_somewhere "$lib"; then
 			say "keeping interposer $v: a container has it mounted"
+			continue
+		fi
+		if spec=$(cdi_spec_naming "$lib"); then
+			say "keeping interposer $v: $spec names it (CDI containers created from now on mount it); 'nri-gpushare cdi generate' names the current one"
 			continue
 		fi
 		rm -rf "${LIBDIR:?}/$v"

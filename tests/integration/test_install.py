@@ -600,6 +600,18 @@ def test_prune_keeps_versions_a_container_has_mounted(node: Root) -> None:
     holder.kill()
     holder.wait()
     node.kill_processes()  # the sleep
+    # A CDI spec generated before the upgrade still names it: containers
+    # created from that spec would mount it.
+    spec = node.host("/etc/cdi/gpushare.io-gpu.json")
+    made_dir = not spec.parent.exists()
+    spec.parent.mkdir(parents=True, exist_ok=True)
+    spec.write_text(f'{{"mounts": [{{"hostPath": "{old}"}}]}}\n')
+    kept = node.ok(["sh", "scripts/install-node.sh", "--prune"])
+    assert f"keeping interposer {VERSION}: /etc/cdi/gpushare.io-gpu.json names it" in kept, kept
+    assert node.host(old).is_file()
+    spec.unlink()
+    if made_dir:
+        spec.parent.rmdir()
     pruned = node.ok(["sh", "scripts/install-node.sh", "--prune"])
     assert f"removed interposer {VERSION}" in pruned
     assert not node.host(f"{LIBDIR}/{VERSION}").exists()
