@@ -86,7 +86,7 @@ def test_unit_runs_what_the_installer_installs() -> None:
     program = f"{paths['VENV']}/bin/nri-gpushare"
     config = paths["CONFIG"]
     assert [shlex.split(v) for v in settings["ExecStart"]] == [[program, "run", "--config", config]]
-    assert [shlex.split(v) for v in settings["ExecStartPre"]] == [
+    assert [shlex.split(v.lstrip("-")) for v in settings["ExecStartPre"]] == [
         [program, "load-module", "--config", config]
     ]
     assert settings["Documentation"] == [f"file:{paths['DOC']}/install.md"]
@@ -94,3 +94,36 @@ def test_unit_runs_what_the_installer_installs() -> None:
     assert settings["Restart"] == ["on-failure"]
     # The journal gets the output: no log file, no redirection elsewhere.
     assert "StandardOutput" not in settings and "StandardError" not in settings
+
+
+def test_a_config_error_in_exec_start_pre_is_not_restarted_for_ever(tmp_path: Path) -> None:
+    """RestartPreventExitStatus= is matched against the main process's status
+    only (systemd's service_shall_restart reads main_exec_status): an
+    ExecStartPre that fails with it is restarted every RestartSec for ever.
+    So an ExecStartPre that can exit with such a status must be '-' (its
+    failure ignored): the daemon then reads the same config and exits 2 as
+    the main process, which stops the restarts."""
+    import sys
+
+    settings = unit_settings(UNIT.read_text())
+    prevent = {int(s) for v in settings["RestartPreventExitStatus"] for s in v.split()}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kmod: maybe\n")
+    for line in settings["ExecStartPre"]:
+        argv = shlex.split(line.lstrip("-@:+!"))
+        assert argv[1] == "load-module"
+        done = subprocess.run(
+            [sys.executable, "-m", "nri_gpushare.cli", *argv[1:-1], str(bad)],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        )
+        if done.returncode in prevent:
+            assert line.startswith("-"), f"ExecStartPre exits {done.returncode}: {line}"
+    done = subprocess.run(
+        [sys.executable, "-m", "nri_gpushare.cli", "run", "--config", str(bad)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert done.returncode in prevent, done.stderr
