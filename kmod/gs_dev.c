@@ -49,73 +49,75 @@ static bool gs_fh_less(struct rb_node *a, const struct rb_node *b)
 }
 
 /*
- * Tie @fh to the caller's registration, if it has one, and add it to the
- * container's files, next to those of the same opener.  A container
- * deleted meanwhile is none: either del finds the file listed (and its
- * bytes, none yet, orphaned) or the file finds the container orphaned.
+ * Open @fh: tie it to the caller's registration, if it has one, and add
+ * it to the container's files, next to those of the same opener.  A
+ * container deleted meanwhile is none: either del finds the file listed
+ * (and its bytes, none yet, orphaned) or the file finds the container
+ * orphaned.  Without a container only @admin opens (ENOENT).
+ *
+ * The file is counted in gs_nfiles in the same gs_mem_lock section that
+ * checks the module is not frozen, so an open racing an upgrade's export
+ * either counts (and the export is refused) or is refused (EBUSY): an
+ * open file's ledger and places in the schedules could not move to the
+ * next version.  A refused open is never counted, not even for a moment,
+ * so no user can hold exports off by opening in a loop (the device is
+ * 0666).
  */
-static void gs_fh_attach(struct gs_fh *fh)
+static int gs_fh_open(struct gs_fh *fh, bool admin)
 {
 	struct gs_ctr *ctr;
 	struct cgroup *cgrp;
+	int ret = 0;
 
 	rcu_read_lock();
 	ctr = gs_find_task(&cgrp);
 	if (ctr && !kref_get_unless_zero(&ctr->ref))
 		ctr = NULL;
 	rcu_read_unlock();
-	if (!ctr)
-		return;
 
 	spin_lock(&gs_mem_lock);
-	if (!gs_ctr_orphaned(ctr)) {
-		rb_add(&fh->node, &ctr->files, gs_fh_less);
-		fh->ctr = ctr;
+	if (gs_upgrade != GS_UPGRADE_LIVE) {
+		ret = -EBUSY;
+	} else {
+		if (ctr && !gs_ctr_orphaned(ctr)) {
+			rb_add(&fh->node, &ctr->files, gs_fh_less);
+			fh->ctr = ctr;
+		}
+		if (fh->ctr || admin)
+			gs_nfiles++;
+		else
+			ret = -ENOENT;
 	}
 	spin_unlock(&gs_mem_lock);
-	if (!fh->ctr)
+	if (ctr && !fh->ctr)
 		gs_ctr_put(ctr);
+	return ret;
 }
 
-/*
- * Count an opening file, unless an upgrade froze the module: an open
- * file's ledger and places in the schedules could not move to the next
- * version, so an export needs none open and none opens after it.
- */
-static int gs_count_file(int delta)
+/* A file closed: one fewer for an upgrade's export to wait for. */
+static void gs_uncount_file(void)
 {
-	int ret = 0;
-
 	spin_lock(&gs_mem_lock);
-	if (delta > 0 && gs_upgrade != GS_UPGRADE_LIVE)
-		ret = -EBUSY;
-	else
-		gs_nfiles += delta;
+	gs_nfiles--;
 	spin_unlock(&gs_mem_lock);
-	return ret;
 }
 
 static int gs_dev_open(struct inode *inode, struct file *file)
 {
+	bool admin = file_ns_capable(file, &init_user_ns, CAP_SYS_ADMIN);
 	struct gs_fh *fh;
 	int ret;
 
-	ret = gs_count_file(1);
-	if (ret)
-		return ret;
 	/* Charged to the opener's memory cgroup, like its other files. */
 	fh = kzalloc(sizeof(*fh), GFP_KERNEL_ACCOUNT);
-	if (!fh) {
-		gs_count_file(-1);
+	if (!fh)
 		return -ENOMEM;
-	}
 	fh->pid = get_task_pid(current, PIDTYPE_TGID);
-	gs_fh_attach(fh);
-	if (!fh->ctr && !file_ns_capable(file, &init_user_ns, CAP_SYS_ADMIN)) {
+	ret = gs_fh_open(fh, admin);
+	if (ret) {
 		put_pid(fh->pid);
 		kfree(fh);
-		gs_count_file(-1);
-		return -ENOENT;
+		return ret;
 	}
 	file->private_data = fh;	/* was the miscdevice */
 	return nonseekable_open(inode, file);
@@ -173,7 +175,7 @@ static int gs_dev_release(struct inode *inode, struct file *file)
 	}
 	put_pid(fh->pid);
 	kfree(fh);
-	gs_count_file(-1);
+	gs_uncount_file();
 	return 0;
 }
 

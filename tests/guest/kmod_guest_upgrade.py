@@ -453,6 +453,41 @@ def test_race_export_abort_against_commands_and_opens(container: MakeContainer) 
     cleanup(A, B, C, D)
 
 
+def test_refused_opens_never_hold_an_export_off(container: MakeContainer) -> None:
+    """/dev/gpushare is 0666: a user outside every container opening it in a
+    loop is refused (ENOENT, or EBUSY while frozen) and must never be counted
+    as an open file, not even for the moment the refusal takes, or any user
+    could keep every export refused (EBUSY) and so block upgrades."""
+    from tests.guest.kmod_support import NOBODY
+
+    need_two_cpus()
+    populate(container)  # registrations make the opener's lookup longer
+    deadline = time.monotonic() + seconds("GPUSHARE_RACE_S", 6)
+    mark("upgrade race: export against refused opens")
+
+    def hammer() -> int:
+        os.setgid(NOBODY)
+        os.setuid(NOBODY)
+        seen: collections.Counter[int] = collections.Counter()
+        while time.monotonic() < deadline:
+            seen[errno_of(lambda: os.close(os.open(DEV, os.O_RDWR)))] += 1
+        print("refused opener", names(seen), file=sys.stderr)
+        return 0 if set(seen) <= {errno.ENOENT, errno.EBUSY} else 1
+
+    pids = [fork(hammer) for _ in range(3)]
+    exports: collections.Counter[int] = collections.Counter()
+    try:
+        while time.monotonic() < deadline or sum(exports.values()) < 50:
+            exports[write(UPGRADE, "export")] += 1
+            assert write(UPGRADE, "abort") == 0
+    finally:
+        assert wait_all(pids) == [0, 0, 0]
+    print("exports against refused opens:", names(exports), file=sys.stderr)
+    assert set(exports) == {0}, names(exports)
+    assert header()[3] == "live" and refcount() == 4
+    cleanup(A, B, C, D)
+
+
 def test_race_replace_against_commands_and_opens(container: MakeContainer, tmp_path: Path) -> None:
     """Whole upgrades N -> N+1 -> N ... while other processes write commands,
     settings and the upgrade file, and open the device; the registry survives each."""
