@@ -305,11 +305,13 @@ class SnapshotCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         snap = None
-        future = self._snapshot()
+        future: concurrent.futures.Future[Snapshot] | None = None
         try:
+            future = self._snapshot()  # RuntimeError once the loop is closed (shutting down)
             snap = future.result(SCRAPE_WAIT)
         except Exception as e:  # noqa: BLE001 - the scrape says so (gpushare_scrape_ok 0)
-            future.cancel()
+            if future is not None:
+                future.cancel()
             log.warning("metrics: no status snapshot for this scrape: %s", e or type(e).__name__)
         yield from families(snap)
 

@@ -407,3 +407,15 @@ def test_listen_addresses(listen: str) -> None:
     from nri_gpushare.config import parse_config
 
     assert parse_config({"metrics": {"listen": listen}}).metrics_listen == listen
+
+
+def test_a_scrape_after_the_loop_closed_says_scrape_not_ok():
+    """The daemon shutting down: its loop is gone, the scrape still answers."""
+    loop = asyncio.new_event_loop()
+    loop.close()
+
+    async def take():
+        return snapshot()
+
+    got = list(SnapshotCollector(loop, take).collect())
+    assert [(f.name, f.samples[0].value) for f in got] == [("gpushare_scrape_ok", 0)]
