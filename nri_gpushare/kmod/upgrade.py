@@ -26,8 +26,10 @@ and cgroups are gone) and is never imported.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import errno
+import fcntl
 import os
 import stat
 import subprocess
@@ -56,6 +58,10 @@ FALLBACK = (
 
 class UpgradeError(Exception):
     """A step failed; the message is for a person."""
+
+
+class AnotherUpgrade(UpgradeError):
+    """Another `nri-gpushare kmod-upgrade` runs: nothing was done."""
 
 
 @dataclass(frozen=True)
@@ -254,12 +260,37 @@ class Upgrade:
 
     def run(self) -> tuple[int, str]:
         try:
-            return self._run()
+            with self._exclusive():
+                return self._run()
+        except AnotherUpgrade as e:
+            return EXIT_REFUSED, str(e)
         except UpgradeError as e:
             return EXIT_FAILED, str(e)
         except OSError as e:  # not root, the state directory full or read-only, ...
             where = f" ({e.filename})" if e.filename else ""
             return EXIT_FAILED, f"{e.strerror or e}{where}. {self._where_things_are()}"
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Any:
+        """One upgrade at a time: a second one's export would answer "again:
+        nothing", and its rmmod could unload the first one's new module while
+        that waits for its state.  Checks the state directory before anything."""
+        directory = self.state_file.parent
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        check_private(directory, directory=True)
+        lock = directory / f"{self.state_file.name}.lock"
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise AnotherUpgrade(
+                    f"another nri-gpushare kmod-upgrade is running (it holds {lock}):"
+                    " nothing was done; wait for it to finish"
+                ) from None
+            yield
+        finally:
+            os.close(fd)
 
     def _where_things_are(self) -> str:
         """Where the state is now, and how to go on, after an unexpected failure."""

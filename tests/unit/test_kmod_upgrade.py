@@ -155,7 +155,7 @@ def test_refused_while_the_device_is_open_changes_nothing(tmp_path: Path) -> Non
     assert "/dev/gpushare is open, held by PID 4242 (python3)" in message
     assert "Nothing was changed" in message and "nri-gpushare uninstall" in message
     assert (host.version, host.state, tuple(host.lines)) == ("0.1.0", "live", LINES)
-    assert list(tmp_path.iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir()] == [f"{up.STATE_FILE}.lock"], "no state saved"
 
 
 def test_not_loaded_and_nothing_saved(tmp_path: Path) -> None:
@@ -411,16 +411,50 @@ def test_the_client_tells_an_upgrade_from_other_ebusy(
     assert raised.value.errno == errno.EBUSY
 
 
-def test_an_unwritable_state_dir_leaves_the_module_frozen_and_says_so(tmp_path: Path) -> None:
+def test_an_unusable_state_dir_is_found_before_the_export(tmp_path: Path) -> None:
     host = FakeHost()
     blocked = tmp_path / "file"
     blocked.write_text("")
     code, message = up.Upgrade(host, blocked / "sub" / up.STATE_FILE, module=NEW).run()
+    assert code == up.EXIT_FAILED and "runs on (live); nothing was lost" in message
+    assert host.calls == [] and host.state == "live" and tuple(host.lines) == LINES
+    code, message = run(host, tmp_path)  # a writable one: goes
+    assert code == up.EXIT_OK, message
+
+
+def test_a_state_dir_that_breaks_after_the_export_leaves_the_module_frozen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = FakeHost()
+
+    def full(path: Path, state: up.ModuleState, boot: str) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(up, "save_state", full)
+    code, message = run(host, tmp_path)
     assert code == up.EXIT_FAILED
     assert "frozen (exported) and still holds every registration" in message
     assert host.state == "exported" and tuple(host.lines) == LINES and host.loaded
-    code, message = run(host, tmp_path)  # a writable one: carries on
+    monkeypatch.undo()
+    code, message = run(host, tmp_path)  # fixed: carries on
     assert code == up.EXIT_OK, message
+
+
+def test_a_second_upgrade_at_the_same_time_is_refused(tmp_path: Path) -> None:
+    host = FakeHost()
+    inner: list[tuple[int, str]] = []
+    real = host.write_state
+
+    def export_then_second(text: str) -> None:
+        real(text)
+        if text == "export" and not inner:
+            inner.append(run(host, tmp_path))  # another admin's run, meanwhile
+
+    host.write_state = export_then_second  # type: ignore[method-assign]
+    code, message = run(host, tmp_path)
+    assert code == up.EXIT_OK, message
+    assert inner[0][0] == up.EXIT_REFUSED and "another nri-gpushare kmod-upgrade" in inner[0][1]
+    assert (host.version, host.state, tuple(host.lines)) == ("0.2.0", "live", LINES)
 
 
 def test_killed_after_the_import_a_rerun_finishes(tmp_path: Path) -> None:
