@@ -298,6 +298,8 @@ class SnapshotCollector(Collector):
 
     def _snapshot(self) -> concurrent.futures.Future[Snapshot]:
         """The snapshot being taken, or a new one: scrapes at once share one."""
+        if self.loop.is_closed():
+            raise RuntimeError("the daemon is shutting down")
         with self._lock:
             if self._pending is None or self._pending.done():
                 self._pending = asyncio.run_coroutine_threadsafe(_awaited(self.take), self.loop)

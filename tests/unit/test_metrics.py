@@ -265,6 +265,11 @@ async def test_collector_without_an_answer_reports_scrape_not_ok(monkeypatch):
     assert [(f.name, f.samples[0].value) for f in got] == [("gpushare_scrape_ok", 0)]
 
 
+def _get(url: str) -> bytes:
+    with urllib.request.urlopen(url) as response:
+        return bytes(response.read())
+
+
 async def test_server_serves_metrics_over_http():
     async def take():
         return snapshot()
@@ -273,11 +278,12 @@ async def test_server_serves_metrics_over_http():
     server.start()
     try:
         url = f"http://127.0.0.1:{server.port}"
-        body = await asyncio.to_thread(lambda: urllib.request.urlopen(url + "/metrics").read())
+        body = await asyncio.to_thread(_get, url + "/metrics")
         s = parse(body.decode())
         assert by_name(s, "gpushare_gpu_containers")[lab(gpu="1", uuid="GPU-1", model="Sim")] == 1
         with pytest.raises(urllib.error.HTTPError) as e:
-            await asyncio.to_thread(lambda: urllib.request.urlopen(url + "/other"))
+            await asyncio.to_thread(_get, url + "/other")
+        e.value.close()
         assert e.value.code == 404
     finally:
         await asyncio.to_thread(server.close)
@@ -344,7 +350,7 @@ async def _serving():
 
 async def _scrape_ok(server: MetricsServer) -> bool:
     url = f"http://127.0.0.1:{server.port}/metrics"
-    body = await asyncio.to_thread(lambda: urllib.request.urlopen(url).read())
+    body = await asyncio.to_thread(_get, url)
     return b"gpushare_scrape_ok 1.0" in body
 
 
