@@ -625,9 +625,16 @@ class ConfigFile:
         self.data: bytes | None = None
 
     def read(self) -> str | None:
+        """The file's text; None if it does not exist.  ConfigEditError naming it."""
+        try:
+            return self._read()
+        except ConfigEditError as exc:
+            raise ConfigEditError(f"{self.path}: {exc}") from None
+
+    def _read(self) -> str | None:
         try:
             if not stat.S_ISREG(self.path.stat().st_mode):  # a FIFO would block the read
-                raise ConfigEditError(f"{self.path} is not a regular file")
+                raise ConfigEditError("not a regular file")
             self.data = self.path.read_bytes()
         except FileNotFoundError:
             if self.path.parent.is_dir():

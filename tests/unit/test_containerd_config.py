@@ -606,3 +606,11 @@ def test_nri_in_disabled_plugins_is_refused() -> None:
     with pytest.raises(ConfigEditError, match="disabled_plugins"):
         effective_nri(dump, "config.toml")
     assert effective_nri({"plugins": {NRI: {"disable": True}}}, "x") == {"disable": True}
+
+
+def test_a_file_that_cannot_be_read_is_named(tmp_path: Path) -> None:
+    """'cannot read it' says which file."""
+    config = tmp_path / "config.toml"
+    config.write_bytes(b"\xff\n")
+    with pytest.raises(ConfigEditError, match=f"^{config}: not UTF-8"):
+        ConfigFile(str(config)).read()
