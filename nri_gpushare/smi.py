@@ -293,8 +293,8 @@ def render(doc: Mapping[str, Any], local_time: str | None = None) -> str:
     nri = "NRI: connected" if plugin["nri_connected"] else "NRI: NOT connected"
     stamp = local_time or time.strftime("%a %b %d %H:%M:%S %Y")
     lines = [
-        f"gpushare-smi   nri-gpushare {plugin['version']}   {stamp}",
-        f"{module}   {nri}",
+        _clean(f"gpushare-smi   nri-gpushare {plugin['version']}   {stamp}")[:WIDTH],
+        *textwrap.wrap(_clean(f"{module}   {nri}"), WIDTH, subsequent_indent="  "),
     ]
     notes = _Notes()
     rows = []

@@ -119,6 +119,16 @@ def test_a_status_it_cannot_read_is_a_clear_error(monkeypatch, capsys, reply):
         assert "cannot read the daemon's status" in err and "version" in err, err
 
 
+def test_a_long_module_problem_is_wrapped_and_cleaned():
+    """The module's problem (a path, an errno text) still fits the width and
+    sends nothing to the terminal."""
+    doc = status()
+    doc["kmod"] = {"mode": "optional", "loaded": False, "problem": "x\x1b[2J " * 40}
+    text = smi.render(smi.view(doc), local_time="then")
+    assert max(len(line) for line in text.splitlines()) <= smi.WIDTH
+    assert "\x1b" not in text
+
+
 def test_json_from_the_daemon(monkeypatch, capsys):
     monkeypatch.setattr("nri_gpushare.status.query_status", lambda path: status())
     assert cli.main(["smi", "--json"]) == 0
