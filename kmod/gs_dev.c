@@ -49,25 +49,38 @@ static bool gs_fh_less(struct rb_node *a, const struct rb_node *b)
 }
 
 /*
+ * Count an open file unless an upgrade froze the module: an open file's
+ * ledger and places in the schedules could not move to the next
+ * version, so an export needs none open and none opens after it.  The
+ * count and the check share gs_mem_lock with the export's, so an open
+ * racing an export either counts (the export is refused) or is refused.
+ */
+static int gs_count_file(void)
+{
+	lockdep_assert_held(&gs_mem_lock);
+	if (gs_upgrade != GS_UPGRADE_LIVE)
+		return -EBUSY;
+	gs_nfiles++;
+	return 0;
+}
+
+/*
  * Open @fh: tie it to the caller's registration, if it has one, and add
  * it to the container's files, next to those of the same opener.  A
  * container deleted meanwhile is none: either del finds the file listed
  * (and its bytes, none yet, orphaned) or the file finds the container
- * orphaned.  Without a container only @admin opens (ENOENT).
+ * orphaned.  Without a container only root opens (ENOENT).
  *
- * The file is counted in gs_nfiles in the same gs_mem_lock section that
- * checks the module is not frozen, so an open racing an upgrade's export
- * either counts (and the export is refused) or is refused (EBUSY): an
- * open file's ledger and places in the schedules could not move to the
- * next version.  A refused open is never counted, not even for a moment,
- * so no user can hold exports off by opening in a loop (the device is
- * 0666).
+ * A refused open is never counted, not even for the moment the refusal
+ * takes, so that no user can hold upgrades off by opening the device
+ * (0666) in a loop; and, as before, a container's open asks for no
+ * capability (a denied one may be audited).
  */
-static int gs_fh_open(struct gs_fh *fh, bool admin)
+static int gs_fh_open(struct gs_fh *fh, struct file *file)
 {
 	struct gs_ctr *ctr;
 	struct cgroup *cgrp;
-	int ret = 0;
+	int ret = -ENOENT;
 
 	rcu_read_lock();
 	ctr = gs_find_task(&cgrp);
@@ -76,21 +89,23 @@ static int gs_fh_open(struct gs_fh *fh, bool admin)
 	rcu_read_unlock();
 
 	spin_lock(&gs_mem_lock);
-	if (gs_upgrade != GS_UPGRADE_LIVE) {
-		ret = -EBUSY;
-	} else {
-		if (ctr && !gs_ctr_orphaned(ctr)) {
+	if (ctr && !gs_ctr_orphaned(ctr)) {
+		ret = gs_count_file();
+		if (!ret) {
 			rb_add(&fh->node, &ctr->files, gs_fh_less);
 			fh->ctr = ctr;
 		}
-		if (fh->ctr || admin)
-			gs_nfiles++;
-		else
-			ret = -ENOENT;
 	}
 	spin_unlock(&gs_mem_lock);
 	if (ctr && !fh->ctr)
 		gs_ctr_put(ctr);
+	if (ret != -ENOENT ||
+	    !file_ns_capable(file, &init_user_ns, CAP_SYS_ADMIN))
+		return ret;
+
+	spin_lock(&gs_mem_lock);
+	ret = gs_count_file();
+	spin_unlock(&gs_mem_lock);
 	return ret;
 }
 
@@ -104,7 +119,6 @@ static void gs_uncount_file(void)
 
 static int gs_dev_open(struct inode *inode, struct file *file)
 {
-	bool admin = file_ns_capable(file, &init_user_ns, CAP_SYS_ADMIN);
 	struct gs_fh *fh;
 	int ret;
 
@@ -113,7 +127,7 @@ static int gs_dev_open(struct inode *inode, struct file *file)
 	if (!fh)
 		return -ENOMEM;
 	fh->pid = get_task_pid(current, PIDTYPE_TGID);
-	ret = gs_fh_open(fh, admin);
+	ret = gs_fh_open(fh, file);
 	if (ret) {
 		put_pid(fh->pid);
 		kfree(fh);

@@ -249,9 +249,15 @@ def test_export_freezes_and_abort_undoes_it(container: MakeContainer) -> None:
     assert ctl(f"add e 1:{GIB}") == errno.EBUSY
     assert ctl(f"del {A}") == errno.EBUSY
     assert ctl(f"bind {D} /{cgs[A].name}") == errno.EBUSY
-    assert write(ROOT / "0" / "policy", "1") == errno.EBUSY
-    assert write(ROOT / "default_memsize", "1") == errno.EBUSY
-    assert write(ROOT / "0" / A / "weight", "5") == errno.EBUSY
+    settings = {
+        ROOT / "default_memsize": "1",
+        **{ROOT / "0" / n: v for n, v in (("policy", "1"), ("max_inst", "24"))},
+        **{ROOT / "0" / n: v for n, v in (("prio_ratio", "50"), ("slice_us", "2000"))},
+        **{ROOT / "0" / A / n: v for n, v in (("weight", "5"), ("highprio", "1"))},
+        ROOT / "0" / A / "memsize": str(GIB + 1),
+    }
+    for path, text in settings.items():  # every writable file
+        assert write(path, text) == errno.EBUSY, path
     assert errno_of(lambda: os.close(os.open(DEV, os.O_RDWR))) == errno.EBUSY
     assert in_child(lambda: errno_of(abi.query), cgroup=cgs[A]) == errno.EBUSY
     assert snap() == before
@@ -366,7 +372,13 @@ def test_import_takes_a_state_whole_or_not_at_all(
     assert write(UPGRADE, good) == errno.EBUSY, "only into an empty registry"
     assert quota_seen(cgs[C]) == [[1, GIB, 0, 0]]
     cleanup(A, B, C, D, "e")
-    # A live, empty module takes a state too (the daemon loaded it meanwhile).
+    # A live, empty module takes a state too (the daemon loaded it meanwhile),
+    # but not while a file is open: its ledger is not in the state.
+    fd = os.open(DEV, os.O_RDWR)
+    try:
+        assert write(UPGRADE, good) == errno.EBUSY and header()[3] == "live"
+    finally:
+        os.close(fd)
     assert write(UPGRADE, good) == 0 and refcount() == 5
     cleanup(A, B, C, D, "e")
 
