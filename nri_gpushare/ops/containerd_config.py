@@ -655,18 +655,25 @@ class ConfigFile:
         except UnicodeDecodeError:
             raise ConfigEditError("not UTF-8 text") from None
 
-    def temp(self, text: str) -> Path:
-        """`text` in a hidden file beside the config (relative imports resolve alike).
+    @property
+    def imports_from(self) -> Path:
+        """Where containerd resolves the config's relative `imports`: beside
+        the path it is given (a link's directory, not its target's)."""
+        return self.given.parent
+
+    def temp(self, text: str, directory: Path | None = None) -> Path:
+        """`text` in a hidden file beside the config (or in `directory`).
 
         The name does not end in .toml, so no `imports` glob picks it up.
         """
+        directory = directory or self.path.parent
         try:
             fd, name = tempfile.mkstemp(
-                prefix=f".{self.path.name}.", suffix=".nri-gpushare.tmp", dir=self.path.parent
+                prefix=f".{self.path.name}.", suffix=".nri-gpushare.tmp", dir=directory
             )
         except OSError as exc:
             raise NoTempFileError(
-                f"cannot write a temporary file in {self.path.parent}: {exc.strerror}"
+                f"cannot write a temporary file in {directory}: {exc.strerror}"
             ) from None
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as out:
@@ -773,9 +780,17 @@ def _validated(
 ) -> tuple[Path | None, dict[str, Any]]:
     """Write the new text beside the file and have containerd parse it: the
     temp file (None: the file goes) and containerd's NRI settings after."""
-    temp = file.temp(plan.new if plan.new is not None else "")
+    text = plan.new if plan.new is not None else ""
+    temp = file.temp(text)
+    check = temp  # parsed where containerd resolves the imports (a link's directory)
     try:
-        dump = binary.dump(temp, f"the edited {file.path} (in {temp.name})")
+        if os.path.realpath(file.imports_from) != os.path.realpath(temp.parent):
+            check = file.temp(text, file.imports_from)
+        try:
+            dump = binary.dump(check, f"the edited {file.path} (in {check})")
+        finally:
+            if check != temp:
+                check.unlink(missing_ok=True)
         nri = effective_nri(dump, "the new file")
         if settings is not None:
             wrong = [
@@ -784,7 +799,8 @@ def _validated(
                 if key in nri and not _same(key, nri[key], value)
             ]
             if wrong:
-                imports = [str(i) for i in dump.get("imports") or [] if str(i) != str(temp)]
+                own = os.path.abspath(check)
+                imports = [str(i) for i in dump.get("imports") or [] if str(i) != own]
                 raise ConfigEditError(
                     "after the edit containerd still reads "
                     + ", ".join(wrong)
@@ -868,9 +884,9 @@ def _enable(args: argparse.Namespace) -> int:
     file = ConfigFile(args.config)
     text = file.read()
     if text is not None:
-        effective = effective_nri(binary.dump(file.path), str(file.path))
+        effective = effective_nri(binary.dump(file.given), str(file.given))
     else:
-        base = file.temp(f"version = {binary.config_version}\n")
+        base = file.temp(f"version = {binary.config_version}\n", file.imports_from)
         try:
             effective = effective_nri(binary.dump(base), "containerd's defaults")
         finally:
@@ -902,7 +918,7 @@ def _disable(args: argparse.Namespace) -> int:
     if text is None:
         print(f"{file.path}: no change: the file does not exist")
         return 0
-    binary.dump(file.path)  # containerd must parse it now, as after
+    binary.dump(file.given)  # containerd must parse it now, as after
     try:
         plan = plan_disable(text)
     except ConfigEditError as exc:

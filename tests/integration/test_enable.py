@@ -304,3 +304,26 @@ def test_a_symlinked_config_is_edited_where_it_points(tmp_short: Path) -> None:
     assert len(_backups(target)) == 1
     assert cli("disable", *args).returncode == 0
     assert target.read_bytes() == (DATA / "containerd-1.7.24-default.toml").read_bytes()
+
+
+def test_a_symlinked_configs_imports_resolve_beside_the_link(tmp_short: Path) -> None:
+    """containerd resolves relative `imports` beside the path it is given
+    (the link), not beside the link's target: enable must read and check
+    the file as containerd will, or it reports NRI on while an import in the
+    link's directory turns it off."""
+    _require(TRIXIE_BIN)
+    (tmp_short / "managed").mkdir()
+    target = tmp_short / "managed" / "containerd.toml"
+    target.write_text('version = 2\nimports = ["conf.d/*.toml"]\n')
+    link = tmp_short / "config.toml"
+    link.symlink_to(target)
+    (tmp_short / "conf.d").mkdir()
+    (tmp_short / "conf.d" / "nri.toml").write_text(
+        'version = 2\n[plugins."io.containerd.nri.v1.nri"]\n  disable = true\n'
+    )
+    done = cli("enable", "--config", str(link), "--containerd", str(TRIXIE_BIN / "containerd"))
+    assert done.returncode == 1, done.stdout
+    assert "imports" in done.stderr and "nri.toml" in done.stderr, done.stderr
+    assert target.read_text() == 'version = 2\nimports = ["conf.d/*.toml"]\n'
+    assert sorted(p.name for p in tmp_short.iterdir()) == ["conf.d", "config.toml", "managed"]
+    assert [p.name for p in (tmp_short / "managed").iterdir()] == ["containerd.toml"]
