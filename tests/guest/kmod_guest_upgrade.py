@@ -343,10 +343,22 @@ def test_import_takes_a_state_whole_or_not_at_all(
         body[: body.index(f"add {A} ")] + f"add {A} 0:10",
         good + "end\n",
         plus(f"add {C} 0:1\n"),
+        plus("set 0 policy 3\n" * 4096),  # E2BIG: over 4096 lines
+        plus(f"add {'x' * 400_000} 0:1\n"),  # one huge line
+        plus(f"add {C}/x 0:1\n"),  # odd characters in an ID
+        plus("bind e 18446744073709551616\n"),
     ]
     for text in bad:
         err = write(UPGRADE, text)
-        assert err in (errno.EINVAL, errno.EPROTO, errno.ENOSPC, errno.EEXIST, errno.ENOENT), (
+        refusals = (
+            errno.EINVAL,
+            errno.EPROTO,
+            errno.ENOSPC,
+            errno.EEXIST,
+            errno.ENOENT,
+            errno.E2BIG,
+        )
+        assert err in refusals, (
             err,
             text[-40:],
         )
