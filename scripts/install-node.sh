@@ -295,7 +295,7 @@ modules_load() {
 	mkdir -p "$(dirname "$MODULES_LOAD")"
 	printf '# nri-gpushare: load gpushare.ko at boot (scripts/install-node.sh)\ngpushare\n' >"$MODULES_LOAD"
 	if [ -r "$kmod_root/version" ] && [ "$(cat "$kmod_root/version")" != "$version" ]; then
-		say "gpushare $(cat "$kmod_root/version") is loaded: $version takes over after the next reboot, or after 'nri-gpushare uninstall' and 'modprobe gpushare' with no container registered"
+		say "gpushare $(cat "$kmod_root/version") is loaded: 'nri-gpushare kmod-upgrade' makes $version take over now, keeping every container's registration (docs/install.md); otherwise it does at the next reboot"
 	fi
 }
 
