@@ -5,11 +5,18 @@ does nothing (exit 0, saying so) otherwise.  A failed modprobe fails the
 command only under `kmod: required`, since the daemon would refuse to start
 without the module then; under `kmod: optional` it is logged and the daemon
 starts without enforcement.
+
+While `nri-gpushare kmod-upgrade` has a saved state that no module has taken
+yet (`<state_dir>/kmod-upgrade.state`: an upgrade running, or one that was
+interrupted), it loads nothing: a plain load would come up empty, the daemon
+would register its containers anew, and the upgrade's import (GPU time,
+settings) would then be refused.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from typing import Any
@@ -46,6 +53,17 @@ def load_module(args: argparse.Namespace) -> int:
         return 0
     if not config.kmod_load:
         _say(f"kmod_load is false in the config: not loading {MODULE}")
+        return 0
+    from nri_gpushare.kmod.upgrade import STATE_FILE
+
+    pending = os.path.join(config.state_dir, STATE_FILE)
+    if os.path.lexists(pending):
+        _say(
+            f"not loading {MODULE}: {pending} holds a module upgrade's state that no module "
+            f"has taken yet (an upgrade is running, or was interrupted: run "
+            f"`nri-gpushare kmod-upgrade` to finish it)",
+            error=True,
+        )
         return 0
     command = [args.modprobe, MODULE]
     try:

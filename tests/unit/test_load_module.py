@@ -88,3 +88,21 @@ def test_bad_config_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     config = _config(tmp_path, "kmod_load: maybe\n")
     assert main(["load-module", "--config", config]) == 2
     assert "kmod_load" in capsys.readouterr().err
+
+
+def test_an_unfinished_module_upgrade_is_left_to_kmod_upgrade(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A plain load would come up empty under a saved upgrade state: the daemon
+    would register anew and the upgrade's import would be refused."""
+    modprobe, log = _modprobe(tmp_path, 0)
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    (state_dir / "kmod-upgrade.state").write_text("gpushare-upgrade 1 0.1.0 exported\n")
+    config = _config(tmp_path, f"kmod_load: true\nkmod: required\nstate_dir: {state_dir}\n")
+    assert main(["load-module", "--config", config, "--modprobe", modprobe]) == 0
+    assert not log.exists()
+    assert "nri-gpushare kmod-upgrade" in capsys.readouterr().err
+    (state_dir / "kmod-upgrade.state").rename(state_dir / "kmod-upgrade.state.imported-1")
+    assert main(["load-module", "--config", config, "--modprobe", modprobe]) == 0
+    assert log.read_text() == "gpushare\n"
