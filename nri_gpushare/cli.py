@@ -48,19 +48,18 @@ def _used(share: dict[str, Any]) -> str:
     return "?" if used is None else format_bytes(used)
 
 
-_POLICY_NAMES = ("fair share", "preemptive", "weighted", "fixed share", "weak", "native")
-
-
 def _compute(share: dict[str, Any]) -> str | None:
     """'compute 30% target (policy 3 fixed share), 29.6% used (60 s)'; None
     from a plugin whose status has no compute fields."""
+    from nri_gpushare.share.report import POLICIES
+
     if "compute_rule" not in share:
         return None
     target = share.get("compute_target")
     text = "compute no share" if target is None else f"compute {target}% target"
     policy = share.get("compute_policy")
-    if isinstance(policy, int) and 0 <= policy < len(_POLICY_NAMES):
-        text += f" (policy {policy} {_POLICY_NAMES[policy]})"
+    if isinstance(policy, int) and policy in POLICIES:
+        text += f" (policy {policy} {POLICIES[policy]})"
     elif str(share["compute_rule"]).startswith("standalone"):
         text += " (standalone)"
     used = share.get("compute_used_pct")
@@ -74,7 +73,9 @@ def _scheduler(gpu: dict[str, Any]) -> str:
     policy = gpu.get("policy")
     if not isinstance(policy, int):
         return ""
-    name = _POLICY_NAMES[policy] if 0 <= policy < len(_POLICY_NAMES) else "unknown"
+    from nri_gpushare.share.report import POLICIES
+
+    name = POLICIES.get(policy, "unknown")
     text = f"; policy {policy} ({name})"
     if isinstance(gpu.get("slice_us"), int):
         text += f", slice {gpu['slice_us'] / 1000:g} ms"

@@ -29,18 +29,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from nri_gpushare.config import DEFAULT_STATUS_SOCKET
+from nri_gpushare.share.report import POLICIES
 
 SCHEMA = "gpushare-smi/1"
 WIDTH = 120
 """No line of the table is longer."""
-POLICY_NAMES = {
-    0: "fair share",
-    1: "preemptive",
-    2: "weighted",
-    3: "fixed share",
-    4: "weak",
-    5: "native",
-}
+POLICY_NAMES = POLICIES  # the module's scheduling policies by number
 PID_NOTE = "PIDs: as the kernel module sees them (host PID namespace), not the container's."
 
 

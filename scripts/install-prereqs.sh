@@ -24,25 +24,29 @@ need_root() {
 	fi
 }
 
-# --- trixie apt source, pinned low so nothing is ever upgraded from it ---
-if [ ! -f /etc/apt/sources.list.d/gpushare-trixie.sources ]; then
+# --- Debian trixie and sid apt sources, pinned low so nothing is ever ---
+# --- upgraded from them: their packages are only downloaded and extracted ---
+pinned_suite() {
+	[ -f "/etc/apt/sources.list.d/gpushare-$1.sources" ] && return
 	need_root
 	mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
 	mirror=${mirror:-http://deb.debian.org/debian}
-	cat >/etc/apt/sources.list.d/gpushare-trixie.sources <<SRC
+	cat >"/etc/apt/sources.list.d/gpushare-$1.sources" <<SRC
 Types: deb
 URIs: $mirror
-Suites: trixie
+Suites: $1
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 SRC
-	cat >/etc/apt/preferences.d/gpushare-trixie <<PREF
+	cat >"/etc/apt/preferences.d/gpushare-$1" <<PREF
 Package: *
-Pin: release n=trixie
+Pin: release n=$1
 Pin-Priority: 100
 PREF
 	rm -f "$cache/apt-updated"
-fi
+}
+pinned_suite trixie
+pinned_suite sid   # containerd 2.x, for enable/disable against version 3 configs
 
 if [ ! -f "$cache/apt-updated" ]; then
 	need_root
@@ -77,26 +81,7 @@ for p in "${trixie_pkgs[@]}"; do
 done
 
 # --- containerd 2.x from Debian sid, extracted only (into .cache/sid) ---
-# For `enable`/`disable` against containerd 2.x's version 3 config: its
-# binary needs nothing newer than bookworm's libc (GLIBC_2.34).
-if [ ! -f /etc/apt/sources.list.d/gpushare-sid.sources ]; then
-	need_root
-	mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
-	mirror=${mirror:-http://deb.debian.org/debian}
-	cat >/etc/apt/sources.list.d/gpushare-sid.sources <<SRC
-Types: deb
-URIs: $mirror
-Suites: sid
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-SRC
-	cat >/etc/apt/preferences.d/gpushare-sid <<PREF
-Package: *
-Pin: release n=sid
-Pin-Priority: 100
-PREF
-	apt_get update
-fi
+# Its binary needs nothing newer than bookworm's libc (GLIBC_2.34).
 sid="$cache/sid"
 if [ ! -f "$sid/.containerd.done" ]; then
 	mkdir -p "$sid"
