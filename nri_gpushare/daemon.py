@@ -284,6 +284,9 @@ async def sample_compute(service: ShareService, every: float = SAMPLE_EVERY) -> 
     while True:
         try:
             await service.link.catch_up()
+        except Exception:  # nor keep the sampling from running
+            log.exception("landing what a module upgrade held up")
+        try:
             await service.sample_compute()
         except Exception:  # one bad pass must not end the sampling
             log.exception("sampling GPU time")

@@ -477,8 +477,13 @@ async def test_module_gputime_over_the_real_procfs_client(tmp_path: Path) -> Non
 async def test_the_daemon_samples_periodically_and_survives_a_failing_pass() -> None:
     from nri_gpushare.daemon import sample_compute
 
+    class Link:
+        async def catch_up(self) -> None:
+            raise RuntimeError("a failing catch-up does not stop the sampling")
+
     class Service:
         calls = 0
+        link = Link()
 
         async def sample_compute(self) -> None:
             self.calls += 1
@@ -487,8 +492,9 @@ async def test_the_daemon_samples_periodically_and_survives_a_failing_pass() -> 
 
     svc = Service()
     task = asyncio.create_task(sample_compute(svc, every=0.001))  # type: ignore[arg-type]
-    while svc.calls < 3:
-        await asyncio.sleep(0.001)
+    async with asyncio.timeout(30):  # a broken loop fails here instead of hanging the suite
+        while svc.calls < 3:
+            await asyncio.sleep(0.001)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert task.cancelled()
