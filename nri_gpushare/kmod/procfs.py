@@ -331,35 +331,35 @@ class ProcfsKernelModule:
         what = f"reading the GPU time of container {container_id} on GPU {gpu}"
         if not abi.valid_id(container_id):
             raise KmodError(f"{what}: not a valid container ID", errno.EINVAL)
+        absent = NotRegistered(f"{what}: it is not registered there (or GPU {gpu} is not declared)")
         try:
-            text = (d / "gputime").read_text()
-        except FileNotFoundError:
-            if not self.loaded():
-                raise self._not_loaded() from None
-            if d.is_dir():
-                return None
-            raise NotRegistered(
-                f"{what}: it is not registered there (or GPU {gpu} is not declared)"
-            ) from None
+            text = self._read_newer(d, "gputime", absent)
         except OSError as e:
             if e.errno in (errno.EIO, errno.ENOENT):
                 raise NotRegistered(f"{what}: it was unregistered meanwhile") from None
             raise self._error(e, what, {}) from None
-        return self._number(text, d / "gputime", what)
+        return None if text is None else self._number(text, d / "gputime", what)
 
     def slice_us(self, gpu: int) -> int | None:
         """A GPU's scheduling slice in microseconds; None from a module
         without a compute scheduler (no such file)."""
         d = self.root / str(gpu)
+        absent = GpusNotDeclared(f"GPU {gpu} is not declared to gpushare.ko")
+        if (text := self._read_newer(d, "slice_us", absent)) is None:
+            return None
+        return self._number(text, d / "slice_us", f"reading the slice of GPU {gpu}")
+
+    def _read_newer(self, d: Path, name: str, absent: KmodError) -> str | None:
+        """A file only newer modules have: None when `d` is there without it,
+        `absent` when `d` is not (ModuleNotLoaded when the module is not)."""
         try:
-            text = (d / "slice_us").read_text()
+            return (d / name).read_text()
         except FileNotFoundError:
             if not self.loaded():
                 raise self._not_loaded() from None
             if d.is_dir():
                 return None
-            raise GpusNotDeclared(f"GPU {gpu} is not declared to gpushare.ko") from None
-        return self._number(text, d / "slice_us", f"reading the slice of GPU {gpu}")
+            raise absent from None
 
     def orphaned_memory(self, gpu: int) -> int:
         """Bytes still reserved on a GPU by processes of deleted containers."""
