@@ -127,28 +127,10 @@ static u64 gs_advance(struct gs_sched *s, u64 now)
 }
 
 /*
- * Charge @e @ns of GPU time.  A @free charge (a slice nobody eligible
- * wanted: work conservation, or a high-priority entity alone) counts as
- * used but takes no tokens, so that it costs no share once others want
- * theirs; best-effort entities have no tokens to take.
- */
-static void gs_charge(const struct gs_sched *s, struct gs_sched_ent *e,
-		      u64 ns, bool free)
-{
-	s64 floor = gs_floor(s);
-
-	e->used_ns = gs_add(e->used_ns, ns);
-	if (free || !e->rate || !ns)
-		return;
-	if (e->tokens <= floor || ns >= (u64)(e->tokens - floor))
-		e->tokens = floor;
-	else
-		e->tokens -= (s64)ns;
-}
-
-/*
- * Take @ns of tokens from @e for a time the GPU was kept idle for it (an
- * offer it did not take): not GPU time it used, so used_ns stays.
+ * Take @ns of tokens from @e, down to the floor.  Alone (gs_forfeit), for
+ * a time the GPU was kept idle for it (an offer it did not take): not GPU
+ * time it used, so used_ns stays.  A @free charge takes none, and
+ * best-effort entities have no tokens to take.
  */
 static void gs_forfeit(const struct gs_sched *s, struct gs_sched_ent *e,
 		       u64 ns, bool free)
@@ -161,6 +143,19 @@ static void gs_forfeit(const struct gs_sched *s, struct gs_sched_ent *e,
 		e->tokens = floor;
 	else
 		e->tokens -= (s64)ns;
+}
+
+/*
+ * Charge @e @ns of GPU time.  A @free charge (a slice nobody eligible
+ * wanted: work conservation, or a high-priority entity alone) counts as
+ * used but takes no tokens, so that it costs no share once others want
+ * theirs.
+ */
+static void gs_charge(const struct gs_sched *s, struct gs_sched_ent *e,
+		      u64 ns, bool free)
+{
+	e->used_ns = gs_add(e->used_ns, ns);
+	gs_forfeit(s, e, ns, free);
 }
 
 /*
