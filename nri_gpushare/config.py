@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 
 import yaml
 
+from nri_gpushare.k8s import DEFAULT_DEVICE_PLUGIN_DIR
 from nri_gpushare.kmod.abi import MAX_GPUS
 from nri_gpushare.share.model import (
     ETC_LD_SO_PRELOAD,
@@ -77,6 +78,11 @@ class Config:
     #: `nri-gpushare load-module` (the unit's ExecStartPre) loads gpushare.ko
     #: only when this is true.
     kmod_load: bool = False
+    #: `nri-gpushare device-plugin`: the kubelet's device-plugin directory.
+    device_plugin_dir: str = DEFAULT_DEVICE_PLUGIN_DIR
+    #: Post a Warning event to the Kubernetes API on a pod the kubelet
+    #: admitted but the node cannot place (fragmentation on multi-GPU nodes).
+    kubernetes_events: bool = False
 
 
 LOG_FORMATS = ("text", "json")
@@ -194,6 +200,7 @@ def _parse_sources(source: str, data: object) -> tuple[SourcePolicy, SourcePolic
         labels=pods.get("labels", POD_SOURCES.labels, bool),
         env=pods.get("env", POD_SOURCES.env, bool),
         namespaces=tuple(namespaces),
+        kubelet=pods.get("kubelet", POD_SOURCES.kubelet, bool),
     )
     pods.finish()
     hand = _Reader(source, "sources.standalone", top.get("standalone", {}, dict))
@@ -299,6 +306,12 @@ def parse_config(data: object, source: str = "<config>") -> Config:
     metrics = _Reader(source, "metrics", top.get("metrics", {}, dict))
     metrics_listen = _listen_address(metrics, "listen", defaults.metrics_listen)
     metrics.finish()
+    k8s = _Reader(source, "kubernetes", top.get("kubernetes", {}, dict))
+    device_plugin_dir = k8s.get("device_plugin_dir", defaults.device_plugin_dir, str)
+    if not device_plugin_dir.startswith("/"):
+        k8s.fail(k8s.key("device_plugin_dir"), f"{device_plugin_dir!r} must be an absolute path")
+    kubernetes_events = k8s.get("events", defaults.kubernetes_events, bool)
+    k8s.finish()
 
     config = Config(
         socket=socket,
@@ -333,6 +346,8 @@ def parse_config(data: object, source: str = "<config>") -> Config:
         log_format=top.choice("log_format", defaults.log_format, LOG_FORMATS),
         metrics_listen=metrics_listen,
         kmod_load=top.get("kmod_load", defaults.kmod_load, bool),
+        device_plugin_dir=device_plugin_dir,
+        kubernetes_events=kubernetes_events,
     )
     top.finish()
     return config

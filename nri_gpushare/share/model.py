@@ -107,17 +107,21 @@ class SourcePolicy:
     env: cGPU and eGPU variables (the image's ENV and the spec's env: NRI
         cannot tell them apart).
     namespaces: Kubernetes namespaces that may ask; empty: every namespace.
+    kubelet: the ``gpushare.io/kubelet.*`` annotations the device plugin's
+        Allocate put on the container (a pod's ``resources.limits``, see
+        `nri_gpushare.k8s`); only ever for Kubernetes pods.
     """
 
     annotations: bool = True
     labels: bool = False
     env: bool = False
     namespaces: tuple[str, ...] = ()
+    kubelet: bool = True
 
 
 POD_SOURCES = SourcePolicy()
 """Kubernetes pods: only what the pod spec carries (its annotations)."""
-STANDALONE_SOURCES = SourcePolicy(annotations=True, labels=True, env=True)
+STANDALONE_SOURCES = SourcePolicy(annotations=True, labels=True, env=True, kubelet=False)
 """Containers started by hand: labels and env as the operator passed them."""
 
 
