@@ -245,35 +245,46 @@ def test_live_ids_skips_what_does_not_parse() -> None:
     assert live_ids(doc) == {MEMORY: frozenset(range(4)), CORE: frozenset(), COUNT: frozenset({0})}
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
     memory_gib=st.integers(1, 24),
     reserve_mi=st.sampled_from([0, 1, 300, 512, 1024, 1500]),
     max_inst=st.integers(1, 6),
     steps=st.lists(
         st.one_of(
-            st.tuples(st.just("add"), st.integers(1, 8), st.sampled_from([0, 5, 30, 50, 100])),
+            st.tuples(st.just("admit"), st.integers(1, 8), st.sampled_from([0, 5, 30, 50, 100])),
+            st.tuples(st.just("create"), st.integers(0, 10), st.just(0)),
             st.tuples(st.just("remove"), st.integers(0, 10), st.just(0)),
         ),
-        max_size=25,
+        max_size=30,
     ),
 )
 def test_one_gpu_admitted_is_always_placed_and_what_fits_is_admitted(
     memory_gib: int, reserve_mi: int, max_inst: int, steps: list[tuple[str, int, int]]
 ) -> None:
+    """Admission (Allocate) and creation are separate steps, as they are in
+    the kubelet (an image pull lies between): whatever was admitted is placed
+    when it is created, and with nothing waiting, what fits is admitted."""
     node = Node(1, memory_gib * GIB, reserve_mi * MI, max_inst)
+    waiting: list[dict[str, frozenset[int]]] = []
     for op, a, b in steps:
         if op == "remove":
             if node.allocations:
                 node.remove(sorted(node.allocations)[a % len(node.allocations)])
-            continue
-        req = ShareRequest((a * GIB,), (b,), None, "normal", "binpack", "full", {})
-        try:
-            node.ledger.place(req, "probe")
-            fits = True
-        except ShareRefused:
-            fits = False
-        grants = node.admit(a, b)
-        assert (grants is not None) == fits, (op, a, b, node.available())
-        if grants is not None:
-            node.create(grants)  # never refused for capacity
+        elif op == "create":
+            if waiting:
+                node.create(waiting.pop(a % len(waiting)))  # never refused for capacity
+        else:
+            req = ShareRequest((a * GIB,), (b,), None, "normal", "binpack", "full", {})
+            try:
+                node.ledger.place(req, "probe")
+                fits = True
+            except ShareRefused:
+                fits = False
+            grants = node.admit(a, b)
+            if not waiting:
+                assert (grants is not None) == fits, (op, a, b, node.available())
+            if grants is not None:
+                waiting.append(grants)
+    for grants in waiting:
+        node.create(grants)
