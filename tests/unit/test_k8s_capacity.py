@@ -108,6 +108,21 @@ class Node:
         self.pending = [g for g in self.pending if g.ids not in grants.values()]
         return alloc
 
+    def outside(self, memory: int, core: int) -> None:
+        """A share asked for without the kubelet (a container started by
+        hand), when it fits."""
+        self.serial += 1
+        cid = f"o{self.serial}"
+        req = ShareRequest((memory,), (core,), None, "normal", "binpack", "full", {})
+        try:
+            shares = self.ledger.place(req, cid)
+        except ShareRefused:
+            return
+        alloc = Allocation(cid, cid, "", shares, origin="runc")
+        self.ledger.add(alloc)
+        self.allocations[cid] = alloc
+        self.ids[cid] = {}
+
     def remove(self, cid: str) -> None:
         alloc = self.allocations.pop(cid)
         self.ledger.remove(alloc)
@@ -217,6 +232,22 @@ def test_pending_grants_count_until_their_container_is_live() -> None:
     assert len(node.available()[MEMORY]) == 6
 
 
+def test_waiting_grants_come_off_the_room_other_shares_left() -> None:
+    """8000Mi taken by hand leaves 8 GiB; a grant of 4 waiting for its
+    container leaves 4 to admit, not 8."""
+    node = Node(1, 16 * GIB)
+    node.outside(8000 * MI, 0)
+    assert len(node.available()[MEMORY]) == 8
+    first = node.admit(4)
+    assert first is not None
+    assert len(node.available()[MEMORY]) == 4
+    assert node.admit(8) is None
+    second = node.admit(4)
+    assert second is not None
+    node.create(second)
+    node.create(first)
+
+
 def test_fragmentation_on_two_gpus_is_possible_and_documented() -> None:
     """16 GiB free in total, 8 on each GPU: the kubelet admits 12 GiB and no
     GPU can take it.  docs/kubernetes.md names this case."""
@@ -255,6 +286,7 @@ def test_live_ids_skips_what_does_not_parse() -> None:
             st.tuples(st.just("admit"), st.integers(1, 8), st.sampled_from([0, 5, 30, 50, 100])),
             st.tuples(st.just("create"), st.integers(0, 10), st.just(0)),
             st.tuples(st.just("remove"), st.integers(0, 10), st.just(0)),
+            st.tuples(st.just("outside"), st.integers(1, 4000), st.sampled_from([0, 10, 25])),
         ),
         max_size=30,
     ),
@@ -264,13 +296,19 @@ def test_one_gpu_admitted_is_always_placed_and_what_fits_is_admitted(
 ) -> None:
     """Admission (Allocate) and creation are separate steps, as they are in
     the kubelet (an image pull lies between): whatever was admitted is placed
-    when it is created, and with nothing waiting, what fits is admitted."""
+    when it is created, and with nothing waiting, what fits is admitted.
+    Shares asked for another way (MiB sizes, no kubelet IDs) come and go
+    while nothing waits (one that comes while a kubelet grant waits can take
+    its room: the documented race)."""
     node = Node(1, memory_gib * GIB, reserve_mi * MI, max_inst)
     waiting: list[dict[str, frozenset[int]]] = []
     for op, a, b in steps:
         if op == "remove":
             if node.allocations:
                 node.remove(sorted(node.allocations)[a % len(node.allocations)])
+        elif op == "outside":
+            if not waiting:
+                node.outside(a * MI, b)
         elif op == "create":
             if waiting:
                 node.create(waiting.pop(a % len(waiting)))  # never refused for capacity
