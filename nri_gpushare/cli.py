@@ -209,6 +209,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "nri_gpushare.smi",
     "nri_gpushare.ops.containerd_config",
     "nri_gpushare.kmod.upgrade",
+    "nri_gpushare.k8s.command",
 )
 
 
