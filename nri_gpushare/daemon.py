@@ -10,6 +10,11 @@ SIGTERM/SIGINT.
 The event loop never blocks on the kernel module: the service awaits it, and
 the blocking procfs client runs on one worker thread under a timeout
 (`nri_gpushare.kmod.worker`).
+
+A pod refused for fragmentation (the kubelet admitted it, no GPU can take
+it) also gets a ``GPUShareFragmented`` Warning event with config
+``kubernetes.events`` (`PodEvents`), posted in the background: CreateContainer
+never waits for the API server.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from nri_gpushare.host import (
     load_inventory,
     write_preload_file,
 )
+from nri_gpushare.k8s.events import PodRef, post_pod_event
 from nri_gpushare.kmod.client import KernelModule
 from nri_gpushare.kmod.worker import OffLoopKernelModule
 from nri_gpushare.local.server import LocalApiServer
@@ -109,6 +115,65 @@ def adjustment(plan: InjectionPlan) -> Adjustment:
     )
 
 
+PostEvent = Callable[[PodRef, str, str], Awaitable[None]]
+"""Posts an event: (pod, reason, message); raises when it was not posted."""
+
+FRAGMENTED = "GPUShareFragmented"
+"""The event reason of a pod refused for fragmentation."""
+
+
+async def post_event(pod: PodRef, reason: str, message: str) -> None:
+    """The API server's, through `nri_gpushare.k8s.events`."""
+    await post_pod_event(pod, reason, message)
+
+
+class PodEvents:
+    """Kubernetes events about pods (config ``kubernetes.events``), each
+    posted by a task of its own, so that the NRI handler that decides never
+    waits for the API server; a failure is logged.  At most `MAX_IN_FLIGHT`
+    are under way: more are logged and dropped (the kubelet's own "Failed"
+    event on the pod carries the same message anyway)."""
+
+    MAX_IN_FLIGHT = 16
+
+    def __init__(self, post: PostEvent = post_event) -> None:
+        self.post = post
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def fragmented(self, c: ContainerInfo, message: str) -> None:
+        """Post `FRAGMENTED` on the container's pod (none outside Kubernetes)."""
+        if not c.pod_name:
+            return
+        if len(self.tasks) >= self.MAX_IN_FLIGHT:
+            log.warning(
+                "%s: %d Kubernetes events still being posted; the %s event is dropped",
+                c.describe(),
+                len(self.tasks),
+                FRAGMENTED,
+            )
+            return
+        pod = PodRef(c.pod_namespace, c.pod_name, c.pod_uid)
+        task = asyncio.get_running_loop().create_task(
+            self._send(c, pod, FRAGMENTED, message), name="kubernetes-event"
+        )
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _send(self, c: ContainerInfo, pod: PodRef, reason: str, message: str) -> None:
+        try:
+            await self.post(pod, reason, message)
+        except Exception as e:  # the event is extra: its failure is only logged
+            log.warning("%s: the %s event was not posted: %s", c.describe(), reason, e)
+        else:
+            log.info("%s: posted the %s event", c.describe(), reason)
+
+    async def close(self) -> None:
+        """Cancel the events still under way."""
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
 Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
 
 
@@ -133,9 +198,14 @@ class GpuShareHandler(Plugin):
     """NRI events -> share domain."""
 
     def __init__(
-        self, service: ShareService, request_timeout: Callable[[], float] = lambda: 2.0
+        self,
+        service: ShareService,
+        request_timeout: Callable[[], float] = lambda: 2.0,
+        events: PodEvents | None = None,
     ) -> None:
         self.service = service
+        #: Kubernetes events on refused pods; None: config kubernetes.events is off.
+        self.events = events
         #: Seconds the runtime waits for an answer (the stub knows; 2 s is NRI's default).
         self.request_timeout = request_timeout
         #: Time spent in each handler, per event (the metrics' histogram).
@@ -187,6 +257,8 @@ class GpuShareHandler(Plugin):
             async with asyncio.timeout_at(deadline):
                 plan = await self.service.create_container(info)  # logs placed / refused
         except ShareRefused as exc:
+            if exc.reason == "fragmentation" and self.events is not None:
+                self.events.fragmented(info, str(exc))
             raise PluginError(str(exc)) from None
         except TimeoutError:
             raise PluginError(self._late(info)) from None
@@ -464,7 +536,8 @@ async def run_daemon(
     except BaseException:
         close()
         raise
-    handler = GpuShareHandler(service)
+    events = PodEvents() if config.kubernetes_events else None
+    handler = GpuShareHandler(service, events=events)
     if prelaunched:
         stub = Stub.from_environment(
             handler,
@@ -577,6 +650,8 @@ async def run_daemon(
             await asyncio.to_thread(metrics.close)  # waits for a scrape in flight
         await local_api.close()
         await status.close()
+        if events is not None:
+            await events.close()
         if labels is not None:
             labels.close()
         close()

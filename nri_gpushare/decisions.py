@@ -45,6 +45,7 @@ DECISIONS = ("placed", "refused", "released")
 
 REFUSAL_REASONS = (
     "capacity",  # does not fit on the GPUs (memory, core, high-priority slots)
+    "fragmentation",  # admitted by the kubelet on the node's free total; no GPU has its part
     "invalid_request",  # a bad value, or sources that disagree
     "source_denied",  # the node does not take requests from there (config `sources`)
     "interposer_missing",  # isolation full|memory needs libgpushare.so, the node lacks it
@@ -58,6 +59,7 @@ REFUSAL_REASONS = (
 
 _REASON_CLASS = {
     "capacity": "capacity",
+    "fragmentation": "fragmentation",
     "invalid": "invalid_request",
     "conflict": "invalid_request",
     "forbidden": "source_denied",

@@ -244,6 +244,10 @@ class Allocation:
     #: hook) or "runc" (gpushare-runc) for containers NRI does not see.
     origin: str = ""
     namespace: str = ""  # the containerd namespace of a container asked for outside NRI
+    #: resources.limits: resource short name ("gpu-memory") -> the device IDs the
+    #: kubelet gave the container, as ranges ("0-7"); empty when it asked otherwise.
+    #: The device plugin reads them back from status to know which IDs are held.
+    kubelet: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     @property
     def local(self) -> bool:
@@ -275,7 +279,9 @@ class ShareRefused(Exception):
     (does not fit), "kmod" (the kernel module refused or is missing),
     "forbidden" (the node does not let this container ask), "state" (the
     allocation could not be recorded), "interposer" (isolation full|memory
-    needs libgpushare.so, which the node lacks).
+    needs libgpushare.so, which the node lacks), "fragmentation" (a request
+    the kubelet admitted from ``resources.limits`` that fits the node's free
+    total but not its GPUs one by one).
     key: the key or variable to change, when one is to blame.
     """
 

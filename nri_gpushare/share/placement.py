@@ -16,6 +16,12 @@ the first value of a list goes to the lowest chosen index.  Preference:
 
 Explicit devices are taken in the order given.  A refusal names every GPU that
 would not take its part, with the shortfall, and the key to change.
+
+A request from ``resources.limits`` (`ShareRequest.kubelet`) was admitted by
+the kubelet against the node's totals (`nri_gpushare.k8s`).  When the node's
+free memory and compute add up to enough but no GPU (or not enough GPUs) has
+its part free, the refusal's reason is "fragmentation", and its message says
+so and lists what each GPU has free (docs/kubernetes.md "Fragmentation").
 """
 
 from __future__ import annotations
@@ -24,9 +30,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
 
+from ..k8s import CORE, COUNT, MEMORY, RESOURCES
 from .model import Allocation, Gpu, GpuShare, NodePolicy, ShareRefused
 from .request import ShareRequest
-from .units import format_bytes
+from .units import GiB, format_bytes
 
 
 @dataclass
@@ -158,11 +165,66 @@ class Ledger:
             chosen = sorted(combo)
             if all(fits(i, s) for s, i in enumerate(chosen)):
                 return self._shares(chosen, slots)
+        if (fragmented := self._fragmented(req, who, slots, high)) is not None:
+            raise fragmented
         if len(slots) == 1:  # any GPU would do: say why each one does not
             raise self._refusal(req, who, [(i, slots[0]) for i in sorted(self.usage)], high, "")
         preferred = sorted(order[: len(slots)])
         pairs = list(zip(preferred, slots, strict=True))
         raise self._refusal(req, who, pairs, high, self._summary(slots, high))
+
+    def _fragmented(
+        self, req: ShareRequest, who: str, slots: list[tuple[int, int]], high: bool
+    ) -> ShareRefused | None:
+        """The refusal of a request from resources.limits that the node's free
+        total can take but its GPUs one by one cannot; None for any other."""
+        if not req.kubelet:
+            return None
+        parts = set(slots)
+        if any(
+            s.kind not in ("memory", "core")
+            for i in self.usage
+            for slot in parts
+            for s in self.shortfalls(i, *slot, high)
+        ):
+            return None  # max_inst or high-priority slots: the usual refusal says which
+        free_memory = sum(self.free_memory(i) for i in self.usage)
+        free_core = sum(max(0, 100 - u.core_percent) for u in self.usage.values())
+        if free_memory < sum(req.memory_bytes) or free_core < sum(req.core_percent):
+            return None  # not enough in total either: what the kubelet saw is out of date
+        k = req.count
+        ask = f"{RESOURCES[MEMORY]}={sum(req.memory_bytes) // GiB}"
+        if any(req.core_percent):
+            ask += f" {RESOURCES[CORE]}={sum(req.core_percent)}"
+        if k > 1:
+            ask += f" {RESOURCES[COUNT]}={k}"
+        part = " or ".join(_free_part(slot) for slot in dict.fromkeys(slots))
+        able = sum(1 for i in self.usage if any(not self.shortfalls(i, *s, high) for s in parts))
+        if able == 0:
+            lacking = f"no GPU has {part} free"
+        else:
+            has = "GPU has" if able == 1 else "GPUs have"
+            lacking = f"only {able} {has} {part} free, {k} needed"
+        each = "; ".join(
+            f"GPU {i} ({u.gpu.uuid}) {format_bytes(self.free_memory(i))} and "
+            f"{max(0, 100 - u.core_percent)}% compute free"
+            for i, u in sorted(self.usage.items())
+        )
+        spread = (
+            f" or ask for the same total over more GPUs ({RESOURCES[COUNT]})"
+            if k < len(self.usage)
+            else ""
+        )
+        text = (
+            f"gpushare: cannot place {who}: the kubelet admitted resources.limits {ask} "
+            f"because the node's free total is enough ({format_bytes(free_memory)} and "
+            f"{free_core}% compute over {len(self.usage)} GPUs), but {lacking}: {each}. "
+            f"The free room is split over the GPUs (fragmentation, see docs/kubernetes.md "
+            f'"Fragmentation"): the kubelet retries the container, which starts once a share '
+            f"on these GPUs ends; or delete the pod so that the scheduler places it again"
+            f"{spread}"
+        )
+        return ShareRefused(text, "fragmentation", req.keys.get("memory"))
 
     def _summary(self, slots: list[tuple[int, int]], high: bool) -> str:
         """Why no combination of GPUs works, for a multi-GPU request."""
@@ -229,6 +291,11 @@ class Ledger:
             text += f" ({summary})"
         text += "; " + " or ".join(hints[k] for k in kinds)
         return ShareRefused(text, "capacity", keys.get(kinds[0]) if kinds else None)
+
+
+def _free_part(slot: tuple[int, int]) -> str:
+    memory, core = slot
+    return format_bytes(memory) + (f" and {core}% compute" if core else "")
 
 
 def _part(slot: tuple[int, int]) -> str:

@@ -26,18 +26,26 @@ write cut short) is logged and skipped::
 ``interposer`` (whether libgpushare.so was injected) is left out when false,
 and read as false when absent (records of earlier versions).  A container
 asked for outside NRI (`Allocation.local`) also has ``origin`` ("cdi" or
-"runc") and its containerd ``namespace``; NRI's have neither.
+"runc") and its containerd ``namespace``; NRI's have neither.  A pod that
+asked with ``resources.limits`` has ``kubelet``, the device IDs the kubelet
+gave it per resource (``{"gpu-memory": "0-7", "gpu-count": "1"}``), left out
+when empty and read as empty when absent (records of earlier versions).  The
+kernel module does not keep them: where its registration wins over a record,
+the record's IDs stay.
 
 This module is pure: text in, text out; the store does the I/O.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
+from ..k8s import RESOURCES
+from ..k8s.ids import format_ids, parse_ids
 from ..kmod.client import Registration
 from .assigned import assigned_annotation, share_json
 from .kmod_link import registered_as
@@ -111,6 +119,8 @@ def added(a: Allocation) -> str:
     if a.origin:
         entry["origin"] = a.origin
         entry["namespace"] = a.namespace
+    if a.kubelet:
+        entry["kubelet"] = dict(a.kubelet)
     return _line({"add": entry})
 
 
@@ -184,6 +194,11 @@ def _allocation(entry: Any, by_uuid: Mapping[str, Gpu]) -> Allocation:
     if origin not in ORIGINS:
         raise ValueError("bad origin")
     namespace = text("namespace") if origin else ""
+    kubelet = entry.get("kubelet", {})
+    if not isinstance(kubelet, dict) or not all(
+        short in RESOURCES and isinstance(ids, str) for short, ids in kubelet.items()
+    ):
+        raise ValueError("bad kubelet device IDs")
     return Allocation(
         cid,
         text("name"),
@@ -194,6 +209,7 @@ def _allocation(entry: Any, by_uuid: Mapping[str, Gpu]) -> Allocation:
         interposer,
         origin,
         namespace,
+        {short: format_ids(parse_ids(ids)) for short, ids in sorted(kubelet.items())},
     )
 
 
@@ -275,4 +291,4 @@ def module_wins(
         record.describe_shares(),
         module.describe_shares(),
     )
-    return module
+    return dataclasses.replace(module, kubelet=record.kubelet)

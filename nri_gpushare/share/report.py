@@ -32,6 +32,12 @@ the compute target next to what the container got over the last minute:
 
 Each GPU entry gives its scheduler's settings as the module shows them
 (``policy``, ``prio_ratio``, ``slice_us``; null when unknown).
+
+Each allocation's ``kubelet`` is, for a pod that asked with
+``resources.limits``, the device IDs the kubelet gave it per resource, as
+ranges (``{"gpu-memory": "0-7", "gpu-core": "0-59", "gpu-count": "0-1"}``),
+and ``{}`` for any other share.  The device plugin reads them here to know
+which IDs live containers hold (`nri_gpushare.k8s`).
 """
 
 from __future__ import annotations
@@ -219,6 +225,7 @@ def status_document(
                 "registered": is_registered,
                 "interposer": a.interposer,
                 "origin": a.where,
+                "kubelet": dict(a.kubelet),
                 "guards": on,
                 "unguarded": why,
                 "gpus": shares,

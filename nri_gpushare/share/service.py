@@ -52,6 +52,8 @@ from .placement import Ledger
 from .plan import DeviceLookup, injection_plan
 from .report import status_document
 from .request import ShareRequest, ignored, parse_request
+from .request.kubelet import recorded_ids
+from .request.sources import kubelet_allowed
 from .units import GiB, quote
 from .usage import ComputeMeter, ComputeUse, GpuTimeRead, GpuTimeSource, MemoryUsage, MemoryUse
 
@@ -228,6 +230,7 @@ class ShareService:
             interposer,
             origin,
             namespace,
+            req.kubelet,
         )
         # Reserved before the module is asked: what is placed meanwhile sees it.
         self.ledger.add(alloc)
@@ -379,6 +382,9 @@ class ShareService:
                 alloc = records.recover(c, saved.get(c.id), (module or {}).get(c.id), self.gpus)
                 if alloc is None:
                     continue
+                if not alloc.kubelet and kubelet_allowed(c, self.policy.sources_for(c)):
+                    # The module keeps no device IDs: the container still carries them.
+                    alloc = dataclasses.replace(alloc, kubelet=recorded_ids(c))
                 for note in self.ledger.add(alloc):
                     log.warning("%s: recovered share: %s", c.describe(), note)
             except Exception:

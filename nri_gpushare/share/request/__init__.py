@@ -8,6 +8,11 @@ image's labels or environment say.
 
 Sources, highest first (precedence is per attribute):
 
+0. the pod's ``resources.limits`` ``gpushare.io/gpu-memory|gpu-core|gpu-count``,
+   as the device plugin's Allocate hands them over: container annotations
+   ``gpushare.io/kubelet.<resource>`` holding the device IDs the kubelet
+   picked; the number of IDs is the amount (`kubelet`).  Pods only
+   (``sources.pods.kubelet``).
 1. per-container pod annotation  ``gpushare.io/container.<name>.<key>``
 2. pod-wide pod annotation       ``gpushare.io/<key>``
 3. container annotation or label ``gpushare.io/<key>`` (ctr/nerdctl); these two
@@ -15,11 +20,22 @@ Sources, highest first (precedence is per attribute):
 4. environment: cGPU variables and eGPU's ``EGPU=``; if both are set and
    disagree on an attribute, that is an error.
 
-Levels 1-3 resolve by precedence.  The environment is not overridden silently:
-when levels 1-3 and the environment both set an attribute and the values
+Levels 1-3 resolve by precedence.  Level 0 is what the scheduler counted, so
+nothing overrides it: a level 1-3 value that differs from it is a conflict
+(naming both), one that agrees is fine, and priority, placement, isolation
+and gpu-devices still come from levels 1-3.  ``resources.limits`` are totals
+over the container's GPUs: gpu-memory N GiB and gpu-core C with gpu-count k
+(default 1) is N/k GiB and C/k percent on each of k GPUs; N and C must divide
+by k, C/k follows gpu-core's rule below, and gpu-core or gpu-count without
+gpu-memory is an error.  The environment is not overridden silently either:
+when levels 0-3 and the environment both set an attribute and the values
 differ, the request is refused with a message naming both.  Values that agree
 are fine (``gpu-memory: 3Gi`` and ``ALIYUN_COM_GPU_MEM_CONTAINER=3``); the
 higher source then supplies its defaults (e.g. the GPU count).
+
+Only the device plugin writes ``gpushare.io/kubelet.*`` (through the kubelet):
+a pod annotation of that prefix, or one on a container outside Kubernetes
+(annotation or label), is refused as a forgery (reason "forbidden").
 
 Every value is untrusted: whole numbers have at most 18 digits and sizes at
 most 64 characters (checked before any conversion), and a refusal quotes at
@@ -47,9 +63,9 @@ itself (per-container annotation, container annotation or label) are an error;
 pod-wide ones simply do not apply to it, so a pod can share GPUs with some of
 its containers only.
 
-The sources live in their own modules: ``keys`` (gpushare.io keys), ``cgpu``
-and ``egpu`` (the environment), ``values`` (value parsing); ``settings``
-combines them.
+The sources live in their own modules: ``kubelet`` (resources.limits),
+``keys`` (gpushare.io keys), ``cgpu`` and ``egpu`` (the environment),
+``values`` (value parsing); ``settings`` combines them.
 
 cGPU environment (considered only when ``ALIYUN_COM_GPU_MEM_CONTAINER`` is set
 or ``CGPU_DISABLE`` is true, as cGPU does):
@@ -78,15 +94,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..model import PREFIX, ContainerInfo, Gpu, NodePolicy
 from ..units import format_bytes
 from .cgpu import from_cgpu, memory_dev
 from .egpu import from_egpu
 from .keys import KEYS, from_keys
+from .kubelet import canonical, check_forged, kubelet_ids, settings_for
 from .settings import Context, Settings, merge
-from .sources import ignored, namespace_allowed, visible
+from .sources import ignored, kubelet_allowed, namespace_allowed, visible
 from .values import expand
 
 log = logging.getLogger(__name__)
@@ -108,6 +125,8 @@ class ShareRequest:
     isolation: str
     keys: Mapping[str, str]  # attribute -> the key a person changes
     memory_dev_bytes: int | None = None  # ALIYUN_COM_GPU_MEM_DEV, informative
+    #: resources.limits: resource short name -> the kubelet's device IDs (ranges)
+    kubelet: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def count(self) -> int:
@@ -128,9 +147,11 @@ def parse_request(c: ContainerInfo, gpus: Sequence[Gpu], policy: NodePolicy) -> 
     Raises ShareRefused (reason "invalid", "conflict" or "forbidden") naming
     the key, the value and what is allowed.  Nothing is reserved here.
     """
+    check_forged(c)
     sources = policy.sources_for(c)
     ctx = Context(visible(c, sources), gpus, policy)
-    upper = from_keys(ctx)
+    ids = kubelet_ids(ctx) if kubelet_allowed(c, sources) else {}
+    upper = merge(ctx, settings_for(ctx, ids), from_keys(ctx))
     if _opted_out(ctx, upper):
         return None
     env = merge(ctx, from_cgpu(ctx), from_egpu(ctx))
@@ -147,7 +168,7 @@ def parse_request(c: ContainerInfo, gpus: Sequence[Gpu], policy: NodePolicy) -> 
             merged.memory.key,
             "forbidden",
         )
-    return _resolve(ctx, merged)
+    return _resolve(ctx, merged, canonical(ids))
 
 
 def _opted_out(ctx: Context, upper: Settings) -> bool:
@@ -168,7 +189,7 @@ def _demand_without_memory(ctx: Context, merged: Settings) -> None:
         log.info("%s: gpushare keys without gpu-memory; not managed", ctx.c.describe())
 
 
-def _resolve(ctx: Context, m: Settings) -> ShareRequest:
+def _resolve(ctx: Context, m: Settings, kubelet: Mapping[str, str]) -> ShareRequest:
     memory = m.memory
     assert memory is not None
     if not ctx.gpus:
@@ -229,4 +250,5 @@ def _resolve(ctx: Context, m: Settings) -> ShareRequest:
         isolation=isolation,
         keys=keys,
         memory_dev_bytes=memory_dev(ctx),
+        kubelet=kubelet,
     )

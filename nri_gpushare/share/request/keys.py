@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import NamedTuple, TypeVar
 
+from ...k8s import ANNOTATION_PREFIX
 from ..model import ASSIGNED, ISOLATIONS, PLACEMENTS, PREFIX, PRIORITIES, ShareRefused
 from ..units import quote
 from .settings import Context, Setting, Settings
@@ -23,6 +24,7 @@ T = TypeVar("T")
 
 KEYS = ("gpu-memory", "gpu-core", "gpu-count", "gpu-devices", "priority", "placement", "isolation")
 _FULL = {key: PREFIX + key for key in KEYS}
+KUBELET = ANNOTATION_PREFIX[len(PREFIX) :]  # "kubelet."
 
 
 def from_keys(ctx: Context) -> Settings:
@@ -121,8 +123,9 @@ def _check_container_keys(
         if not key.startswith(PREFIX) or key == ASSIGNED:
             continue
         rest = key[len(PREFIX) :]
-        # Pod annotations copied to the container by the runtime: read from the pod.
-        if rest.startswith("container."):
+        # Pod annotations copied to the container by the runtime: read from the pod;
+        # the device plugin's (resources.limits): read by `kubelet`.
+        if rest.startswith(("container.", KUBELET)):
             continue
         if rest in KEYS:
             found = True

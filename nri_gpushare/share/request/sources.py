@@ -8,6 +8,11 @@ the pod spec's env, which NRI cannot tell apart.  So by default a pod asks
 through annotations only; image labels and environment are opt-in.  What a
 source may not say is hidden from the request parser and reported by
 `ignored`, so the container runs as if it had not said it.
+
+The device plugin's ``gpushare.io/kubelet.*`` container annotations (a pod's
+``resources.limits``, `kubelet`) are a source of their own (`SourcePolicy.kubelet`),
+read for pods only: without ``annotations`` they are still read, and without
+``kubelet`` they are hidden and reported like the rest.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
+from ...k8s import ANNOTATION_PREFIX
 from ..model import ASSIGNED, PREFIX, ContainerInfo, SourcePolicy
 from ..units import quote
 
@@ -31,7 +37,20 @@ REQUEST_ENV = (
 
 
 def _ours(mapping: Mapping[str, str]) -> list[str]:
-    return sorted(quote(k) for k in mapping if k.startswith(PREFIX) and k != ASSIGNED)
+    return sorted(
+        quote(k)
+        for k in mapping
+        if k.startswith(PREFIX) and k != ASSIGNED and not k.startswith(ANNOTATION_PREFIX)
+    )
+
+
+def _kubelet(mapping: Mapping[str, str]) -> list[str]:
+    return sorted(quote(k) for k in mapping if k.startswith(ANNOTATION_PREFIX))
+
+
+def kubelet_allowed(c: ContainerInfo, sources: SourcePolicy) -> bool:
+    """Whether the device plugin's annotations are read: pods only."""
+    return bool(c.pod_name) and sources.kubelet
 
 
 def visible(c: ContainerInfo, sources: SourcePolicy) -> ContainerInfo:
@@ -39,9 +58,16 @@ def visible(c: ContainerInfo, sources: SourcePolicy) -> ContainerInfo:
     container itself when a hidden source says nothing about a share: the
     usual case, and the cheap one)."""
     changes: dict[str, object] = {}
-    if not sources.annotations and (_has_ours(c.pod_annotations) or _has_ours(c.annotations)):
+    kubelet = kubelet_allowed(c, sources)
+    if not sources.annotations and (_ours(c.pod_annotations) or _ours(c.annotations)):
         changes["pod_annotations"] = {}
-        changes["annotations"] = {}
+        changes["annotations"] = {
+            k: v for k, v in c.annotations.items() if kubelet and k.startswith(ANNOTATION_PREFIX)
+        }
+    elif not kubelet and c.pod_name and _kubelet(c.annotations):
+        changes["annotations"] = {
+            k: v for k, v in c.annotations.items() if not k.startswith(ANNOTATION_PREFIX)
+        }
     if not sources.labels and _has_ours(c.labels):
         changes["labels"] = {}
     if not sources.env and any(k in c.env for k in REQUEST_ENV):
@@ -64,6 +90,8 @@ def ignored(c: ContainerInfo, sources: SourcePolicy) -> list[str]:
         out += [f"container label {k}" for k in _ours(c.labels)]
     if not sources.env:
         out += [f"environment {k}" for k in REQUEST_ENV if k in c.env]
+    if c.pod_name and not sources.kubelet:
+        out += [f"container annotation {k} (resources.limits)" for k in _kubelet(c.annotations)]
     return out
 
 

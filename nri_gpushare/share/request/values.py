@@ -24,6 +24,10 @@ anything is parsed, so a huge list costs nothing (every live container's
 request may be parsed again at each Synchronize)."""
 
 
+CORE_RULE = "must be a multiple of 5 between 5 and 100 (percent of a GPU)"
+"""gpu-core's rule per GPU, as every source's refusal states it."""
+
+
 class Invalid(Exception):
     """A value's problem, without the key (the caller knows the key)."""
 
@@ -85,10 +89,7 @@ def core_list(text: str) -> tuple[int, ...]:
     out = []
     for item in values:
         if not is_number(item) or not 5 <= int(item) <= 100 or int(item) % 5:
-            raise Invalid(
-                f"{_which(item, values)}must be a multiple of 5 between 5 and 100 "
-                "(percent of a GPU)"
-            )
+            raise Invalid(f"{_which(item, values)}{CORE_RULE}")
         out.append(int(item))
     return tuple(out)
 
