@@ -1,0 +1,107 @@
+#!/bin/sh
+# The DaemonSet's init container (deploy/daemonset.yaml): installs
+# nri-gpushare on this node from the project tree shipped in the image, with
+# the node installer of docs/install.md, and leaves the daemon running under
+# the node's systemd (so it serves containerd whatever happens to this pod).
+#
+# 1. checks the ConfigMap's gpushare.yaml with the image's own parser;
+# 2. copies the tree to the node's /opt/nri-gpushare/src (whole, by rename);
+# 3. writes the config to the node's /etc/nri-gpushare/gpushare.yaml;
+# 4. runs scripts/install-node.sh there (venv, unit, interposer, DKMS module);
+# 5. `nri-gpushare enable`, and restarts containerd when that changed its
+#    config or NRI's socket is missing (running containers keep running:
+#    their shims outlive containerd);
+# 6. `systemctl enable --now nri-gpushare` and waits for its status socket.
+#
+# Steps 4-6 run on the node itself (nsenter into PID 1's namespaces; the pod
+# has hostPID).  Idempotent: a pod restart re-runs it, which changes what
+# changed and restarts the daemon (running containers are not touched).
+#
+# Environment: INSTALL_ARGS (extra install-node.sh arguments, e.g. --no-kmod),
+# CONTAINERD_CONFIG (default /etc/containerd/config.toml), WAIT_SECONDS (60).
+set -eu
+
+SRC=/opt/nri-gpushare/src
+VENV=/opt/nri-gpushare/venv
+ETC=/etc/nri-gpushare
+CONFIG=$ETC/gpushare.yaml
+CONFIG_IN=/config/gpushare.yaml
+HOST=/host
+CONTAINERD_CONFIG=${CONTAINERD_CONFIG:-/etc/containerd/config.toml}
+WAIT_SECONDS=${WAIT_SECONDS:-60}
+
+say() { echo "node-install: $*"; }
+die() {
+	echo "node-install: $*" >&2
+	exit 1
+}
+on_node() { nsenter --target 1 --mount --uts --ipc --net --pid -- "$@"; }
+
+# 1. A bad ConfigMap stops here, before the node is touched.
+setting() {
+	"$VENV/bin/python" - "$CONFIG_IN" "$1" <<'PY'
+import sys
+from nri_gpushare.config import ConfigError, load_config
+try:
+    config = load_config(sys.argv[1])
+except ConfigError as exc:
+    sys.exit(f"node-install: the ConfigMap's gpushare.yaml: {exc}")
+print(getattr(config, sys.argv[2]))
+PY
+}
+nri_socket=$(setting socket) || exit 1
+status_socket=$(setting status_socket) || exit 1
+say "config checked: NRI socket $nri_socket, status socket $status_socket"
+
+# 2. The tree, replaced whole: install-node.sh runs from it, and the
+# uninstall Job (deploy/uninstall-job.yaml) later runs its --uninstall.
+mkdir -p "$HOST/opt/nri-gpushare"
+rm -rf "$HOST$SRC.new" "$HOST$SRC.old"
+cp -a "$SRC" "$HOST$SRC.new"
+if [ -e "$HOST$SRC" ]; then mv "$HOST$SRC" "$HOST$SRC.old"; fi
+mv "$HOST$SRC.new" "$HOST$SRC"
+rm -rf "$HOST$SRC.old"
+say "copied the project to the node's $SRC"
+
+# 3. The config (install-node.sh keeps an existing one, so this one stays).
+mkdir -p "$HOST$ETC"
+if cmp -s "$CONFIG_IN" "$HOST$CONFIG"; then
+	say "$CONFIG is unchanged"
+else
+	cp "$CONFIG_IN" "$HOST$CONFIG.tmp"
+	chmod 0644 "$HOST$CONFIG.tmp"
+	mv "$HOST$CONFIG.tmp" "$HOST$CONFIG"
+	say "wrote $CONFIG from the ConfigMap"
+fi
+
+# 4. The node installer (docs/install.md).
+# shellcheck disable=SC2086 # INSTALL_ARGS: one word per argument
+on_node sh "$SRC/scripts/install-node.sh" ${INSTALL_ARGS:-}
+
+# 5. NRI in containerd.  containerd reads its config only at start.
+# shellcheck disable=SC2016 # $1 is the inner shell's
+checksum() { on_node sh -c 'sha256sum "$1" 2>/dev/null || echo none' sh "$CONTAINERD_CONFIG"; }
+before=$(checksum)
+on_node "$VENV/bin/nri-gpushare" enable --config "$CONTAINERD_CONFIG" --plugin-config "$CONFIG"
+after=$(checksum)
+if [ "$before" != "$after" ]; then
+	say "containerd's config changed: restarting containerd (running containers keep running)"
+	on_node systemctl restart containerd
+elif ! on_node test -S "$nri_socket"; then
+	say "no NRI socket at $nri_socket: restarting containerd so that it reads its config"
+	on_node systemctl restart containerd
+fi
+
+# 6. The daemon, under the node's systemd.
+on_node systemctl enable --now nri-gpushare.service
+waited=0
+until on_node test -S "$status_socket"; do
+	if [ "$waited" -ge "$WAIT_SECONDS" ]; then
+		on_node systemctl --no-pager status nri-gpushare.service >&2 || true
+		on_node journalctl --no-pager -n 30 -u nri-gpushare.service >&2 || true
+		die "the daemon did not come up within ${WAIT_SECONDS}s (its journal is above)"
+	fi
+	sleep 1
+	waited=$((waited + 1))
+done
+say "nri-gpushare is running on $(on_node hostname)"

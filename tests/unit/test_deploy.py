@@ -1,0 +1,318 @@
+"""deploy/: every manifest is valid against the Kubernetes schemas
+(kubernetes-validate, strict: unknown fields are errors) and the pieces agree
+with each other and with the code: the ConfigMap is a config the daemon
+takes, the RBAC grants what events.py uses, the paths the DaemonSet and its
+scripts name are the ones the image, the node installer and the config use."""
+
+from __future__ import annotations
+
+import copy
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+import yaml
+
+from nri_gpushare.config import Config, parse_config
+from nri_gpushare.k8s import MEMORY, endpoint, events
+from tests.prereqs import missing
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+MANIFESTS = sorted(p for p in DEPLOY.glob("*.yaml") if p.name != "kustomization.yaml")
+VERSIONS = ("1.29", kubernetes_validate.latest_version())
+"""The oldest Kubernetes we claim, and the newest the installed schemas know."""
+NAMESPACE = "gpushare-system"
+SRC = "/opt/nri-gpushare/src"
+
+
+def documents(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+
+
+def find(kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [
+        d
+        for p in MANIFESTS
+        for d in documents(p)
+        if d["kind"] == kind and name in (None, d["metadata"]["name"])
+    ]
+    assert len(found) == 1, f"{kind} {name}: {len(found)} found"
+    return found[0]
+
+
+def container(pod: dict[str, Any], name: str, init: bool = False) -> dict[str, Any]:
+    found: list[dict[str, Any]] = [
+        c for c in pod["initContainers" if init else "containers"] if c["name"] == name
+    ]
+    assert len(found) == 1, name
+    return found[0]
+
+
+def daemonset_pod() -> dict[str, Any]:
+    spec: dict[str, Any] = find("DaemonSet", "nri-gpushare")["spec"]["template"]["spec"]
+    return spec
+
+
+def node_config() -> Config:
+    text = find("ConfigMap", "nri-gpushare-config")["data"]["gpushare.yaml"]
+    return parse_config(yaml.safe_load(text), "deploy/configmap.yaml")
+
+
+def shell_settings(path: Path) -> dict[str, str]:
+    """NAME=value lines at the top level of a script, with $NAME expanded."""
+    values: dict[str, str] = {}
+    for name, value in re.findall(r"^([A-Z_]+)=(\S+)$", path.read_text(), re.M):
+        for known, resolved in values.items():
+            value = value.replace(f"${known}", resolved)
+        values[name] = value
+    return values
+
+
+def validate(doc: dict[str, Any], version: str) -> None:
+    kubernetes_validate.validate(doc, version, strict=True)
+
+
+# -- the schemas -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_every_manifest_is_valid(path: Path, version: str) -> None:
+    docs = documents(path)
+    assert docs, f"{path} has no documents"
+    for doc in docs:
+        validate(doc, version)
+
+
+def broken_daemonsets() -> list[tuple[str, dict[str, Any]]]:
+    good = find("DaemonSet")
+    cases: list[tuple[str, dict[str, Any]]] = []
+    for what in ("unknown field", "wrong type", "missing required", "bad enum"):
+        doc = copy.deepcopy(good)
+        pod = doc["spec"]["template"]["spec"]
+        if what == "unknown field":
+            container(pod, "credentials")["volumeMount"] = []
+        elif what == "wrong type":
+            pod["hostPID"] = "yes"
+        elif what == "missing required":
+            del container(pod, "device-plugin")["name"]
+        else:
+            pod["volumes"][1]["hostPath"]["type"] = 7
+        cases.append((what, doc))
+    return cases
+
+
+@pytest.mark.parametrize(("what", "doc"), broken_daemonsets(), ids=lambda v: str(v)[:20])
+def test_a_broken_manifest_is_refused(what: str, doc: dict[str, Any]) -> None:
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(doc, VERSIONS[-1])
+
+
+def test_everything_is_in_one_namespace() -> None:
+    for path in MANIFESTS:
+        for doc in documents(path):
+            if doc["kind"] in ("Namespace", "ClusterRole", "ClusterRoleBinding"):
+                continue
+            assert doc["metadata"]["namespace"] == NAMESPACE, f"{path.name}: {doc['kind']}"
+    namespace = find("Namespace", NAMESPACE)
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+
+
+def test_kustomization_lists_the_manifests() -> None:
+    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    assert kustomization["namespace"] == NAMESPACE
+    wanted = {p.name for p in MANIFESTS} - {"uninstall-job.yaml"}
+    assert set(kustomization["resources"]) == wanted
+    [image] = kustomization["images"]
+    images = {c["image"].split(":")[0] for c in all_containers()}
+    assert images == {image["name"]}
+
+
+def all_containers() -> list[dict[str, Any]]:
+    pod = daemonset_pod()
+    job = find("Job")["spec"]["template"]["spec"]
+    found: list[dict[str, Any]] = pod["initContainers"] + pod["containers"] + job["containers"]
+    return found
+
+
+# -- the config --------------------------------------------------------------
+
+
+def test_configmap_is_a_kubernetes_node_config() -> None:
+    config = node_config()
+    assert config.kubernetes_events is True
+    assert config.pod_sources.annotations is False, "shares must come through limits"
+    assert config.pod_sources.kubelet is True
+    assert config.kmod == "required" and config.kmod_load is True
+    assert config.use_nvml is True and config.inventory == ()
+
+
+# -- RBAC --------------------------------------------------------------------
+
+
+def test_rbac_grants_exactly_what_events_posts() -> None:
+    role = find("ClusterRole", "nri-gpushare")
+    granted = [
+        (group, resource, tuple(rule["verbs"]))
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    ]
+    assert tuple(granted) == events.RBAC_RULES
+    binding = find("ClusterRoleBinding", "nri-gpushare")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    account = find("ServiceAccount")
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": account["metadata"]["name"],
+            "namespace": account["metadata"]["namespace"],
+        }
+    ]
+    assert daemonset_pod()["serviceAccountName"] == account["metadata"]["name"]
+
+
+# -- the DaemonSet and its scripts --------------------------------------------
+
+
+def test_the_pod_reaches_the_nodes_namespaces() -> None:
+    pod = daemonset_pod()
+    assert pod["hostPID"] is True  # nsenter --target 1
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["nodeSelector"] == {"gpushare.io/enabled": "true"}
+    install = container(pod, "install", init=True)
+    assert install["securityContext"]["privileged"] is True
+    on_node = "nsenter --target 1 --mount --uts --ipc --net --pid --"
+    for script in ("node-install.sh", "node-uninstall.sh"):
+        assert f'on_node() {{ {on_node} "$@"; }}' in (DEPLOY / script).read_text()
+
+
+def test_init_container_mounts_what_its_script_writes() -> None:
+    pod = daemonset_pod()
+    install = container(pod, "install", init=True)
+    assert install["command"] == ["sh", f"{SRC}/deploy/node-install.sh"]
+    script = shell_settings(DEPLOY / "node-install.sh")
+    installer = shell_settings(REPO / "scripts" / "install-node.sh")
+    assert script["CONFIG"] == installer["CONFIG"] == "/etc/nri-gpushare/gpushare.yaml"
+    assert script["VENV"] == installer["VENV"]
+    assert script["SRC"].startswith(installer["PREFIX"] + "/")
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in install["volumeMounts"]}
+    # The ConfigMap, where the script reads it.
+    config_mount = str(Path(script["CONFIG_IN"]).parent)
+    config_volume = volumes[mounts[config_mount]]
+    assert config_volume["configMap"]["name"] == "nri-gpushare-config"
+    # The node's directories, at $HOST + their path.
+    for wanted in (installer["PREFIX"], installer["ETC"]):
+        volume = volumes[mounts[script["HOST"] + wanted]]
+        assert volume["hostPath"]["path"] == wanted
+
+
+def test_device_plugin_runs_the_installed_daemons_version_on_the_node() -> None:
+    """The device plugin runs in the node's mount namespace: the venv the
+    init container installed, the node's NVML, the config the daemon reads,
+    the kubelet's device-plugin directory and the daemon's status socket as
+    they are on the node."""
+    config = node_config()
+    pod = daemonset_pod()
+    plugin = container(pod, "device-plugin")
+    venv = shell_settings(REPO / "scripts" / "install-node.sh")["VENV"]
+    config_path = shell_settings(DEPLOY / "node-install.sh")["CONFIG"]
+    assert plugin["command"] == ["nsenter", "--target=1", "--mount", "--"] + [
+        f"{venv}/bin/nri-gpushare",
+        "device-plugin",
+        "--config",
+        config_path,
+    ]
+    assert plugin["securityContext"]["privileged"] is True
+    probe = plugin["livenessProbe"]["exec"]["command"]
+    socket = f"{config.device_plugin_dir}/{endpoint(MEMORY)}"
+    assert probe == ["nsenter", "--target=1", "--mount", "--", "test", "-S", socket]
+    assert "volumeMounts" not in plugin  # the node's own paths, through nsenter
+
+
+def test_credentials_go_where_the_daemon_reads_them() -> None:
+    config = node_config()
+    pod = daemonset_pod()
+    creds = container(pod, "credentials")
+    argv = creds["command"]
+    assert argv[:4] == [
+        "/opt/nri-gpushare/venv/bin/python",
+        "-m",
+        events.__name__,
+        "sync-credentials",
+    ]
+    assert argv[argv.index("--to") + 1] == events.HOST_DIR
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    [mount] = creds["volumeMounts"]
+    host_path = volumes[mount["name"]]["hostPath"]["path"]
+    assert mount["mountPath"] == host_path  # the same path inside as on the node
+    assert events.HOST_DIR.startswith(host_path + "/")
+    assert host_path == str(Path(config.status_socket).parent)
+    env = {e["name"]: e for e in creds["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert "privileged" not in creds["securityContext"]
+    assert creds["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_uninstall_job_runs_the_installers_uninstall_on_one_node() -> None:
+    job = find("Job", "nri-gpushare-uninstall")
+    pod = job["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True and pod["nodeName"]
+    [uninstall] = pod["containers"]
+    assert uninstall["command"] == ["sh", f"{SRC}/deploy/node-uninstall.sh"]
+    assert uninstall["securityContext"]["privileged"] is True
+    text = (DEPLOY / "node-uninstall.sh").read_text()
+    assert 'on_node sh "$SRC/scripts/install-node.sh" --uninstall' in text
+    assert job["spec"]["backoffLimit"] == 0  # a refusal is an answer, not a retry
+
+
+def dockerfile_copies() -> dict[str, str]:
+    """destination -> source of the Dockerfile's COPY lines."""
+    copies: dict[str, str] = {}
+    for line in (DEPLOY / "Dockerfile").read_text().splitlines():
+        if line.startswith("COPY "):
+            *sources, dest = shlex.split(line)[1:]
+            for source in sources:
+                target = dest + source if dest.endswith("/") else dest
+                copies[target.rstrip("/")] = source
+    return copies
+
+
+def test_image_carries_what_the_scripts_run() -> None:
+    copies = dockerfile_copies()
+    for dest, source in copies.items():
+        assert (REPO / source).exists(), f"Dockerfile copies {source}, which is not in the repo"
+        assert dest == f"{SRC}/{source}", "the image's tree is the repository's layout"
+    # Everything install-node.sh reads from its tree.
+    installer = (REPO / "scripts" / "install-node.sh").read_text()
+    used = set(re.findall(r'"\$src/([A-Za-z_.-]+)', installer))
+    used |= {"pyproject.toml", "README.md", "LICENSE", "nri_gpushare"}  # its tar of the package
+    assert used <= {dest.removeprefix(f"{SRC}/") for dest in copies}
+    # Every path under the tree a manifest runs is in the repository.
+    for c in all_containers():
+        for arg in c["command"]:
+            if arg.startswith(SRC + "/"):
+                assert (REPO / arg.removeprefix(SRC + "/")).is_file(), arg
+    venv = shell_settings(REPO / "scripts" / "install-node.sh")["VENV"]
+    assert f"python3 -m venv {venv}" in (DEPLOY / "Dockerfile").read_text()
+
+
+@pytest.mark.parametrize("script", ["node-install.sh", "node-uninstall.sh"])
+def test_scripts_pass_shellcheck(script: str) -> None:
+    if shutil.which("shellcheck") is None:
+        missing("shellcheck is needed to check deploy/*.sh")
+    done = subprocess.run(
+        ["shellcheck", "-s", "sh", str(DEPLOY / script)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout
