@@ -11,8 +11,8 @@ source may not say is hidden from the request parser and reported by
 
 The device plugin's ``gpushare.io/kubelet.*`` container annotations (a pod's
 ``resources.limits``, `kubelet`) are a source of their own (`SourcePolicy.kubelet`),
-read for pods only: without ``annotations`` they are still read, and without
-``kubelet`` they are hidden and reported like the rest.
+read for pods only (`kubelet_allowed`): without ``annotations`` they are still
+read, and without ``kubelet`` they are not read and are reported like the rest.
 """
 
 from __future__ import annotations
@@ -58,15 +58,11 @@ def visible(c: ContainerInfo, sources: SourcePolicy) -> ContainerInfo:
     container itself when a hidden source says nothing about a share: the
     usual case, and the cheap one)."""
     changes: dict[str, object] = {}
-    kubelet = kubelet_allowed(c, sources)
     if not sources.annotations and (_ours(c.pod_annotations) or _ours(c.annotations)):
         changes["pod_annotations"] = {}
+        # The device plugin's stay: `kubelet_allowed` says whether they are read.
         changes["annotations"] = {
-            k: v for k, v in c.annotations.items() if kubelet and k.startswith(ANNOTATION_PREFIX)
-        }
-    elif not kubelet and c.pod_name and _kubelet(c.annotations):
-        changes["annotations"] = {
-            k: v for k, v in c.annotations.items() if not k.startswith(ANNOTATION_PREFIX)
+            k: v for k, v in c.annotations.items() if k.startswith(ANNOTATION_PREFIX)
         }
     if not sources.labels and _has_ours(c.labels):
         changes["labels"] = {}
