@@ -87,10 +87,12 @@ class TestKubelet:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    async def start(self) -> None:
+    async def start(self, remove_sockets: bool = True) -> None:
+        """Serve; first remove every file in the directory, as the real
+        kubelet does, unless `remove_sockets` is false (only kubelet.sock then)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         for entry in self.directory.iterdir():
-            if not entry.is_dir():
+            if not entry.is_dir() and (remove_sockets or entry == self.socket):
                 entry.unlink()
         self._server = Server([_Registration(self)])
         await self._server.start(path=str(self.socket))
@@ -105,11 +107,11 @@ class TestKubelet:
             await self._drop(plugin)
         self.plugins.clear()
 
-    async def restart(self) -> None:
+    async def restart(self, remove_sockets: bool = True) -> None:
         """As a kubelet restart: every socket in the directory is removed and
         kubelet.sock comes back as a new file."""
         await self.stop()
-        await self.start()
+        await self.start(remove_sockets)
 
     async def registered(self, request: pb.RegisterRequest) -> None:
         async with self._changed:

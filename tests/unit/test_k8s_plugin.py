@@ -220,7 +220,7 @@ async def test_grant_is_held_until_the_daemon_shows_it(state: PluginState, daemo
     # The daemon placed the container: its IDs are live, the grant is done.
     daemon.doc = status_doc(({"kubelet": {MEMORY: "0-3"}},), used_gib=(4, 0))
     await state.refresh()
-    assert state.pending == ()
+    assert not state.pending
     devices = state.devices[MEMORY]
     assert ids(devices)[:4] == ["0", "1", "2", "3"]  # held by the live container
     assert len(ids(devices)) == 30  # 4 live + 11 + 15 free
@@ -233,7 +233,7 @@ async def test_grant_expires(state: PluginState, clock: Clock) -> None:
     assert state.pending == (Grant(COUNT, frozenset({0})),)
     clock.now += 1
     await state.refresh()
-    assert state.pending == ()
+    assert not state.pending
 
 
 async def test_grant_survives_the_daemon_being_down(
@@ -364,6 +364,42 @@ async def test_registers_serves_and_reregisters(
     finally:
         await plugin.close()
     assert not any(plugin_dir.iterdir())  # our sockets are gone
+
+
+async def test_new_kubelet_socket_alone_means_register_again(
+    state: PluginState, plugin_dir: Path
+) -> None:
+    plugin = DevicePlugin(str(plugin_dir), state)
+    try:
+        async with TestKubelet(plugin_dir) as kubelet:
+            await plugin.tick()
+            await kubelet.wait_registered(3)
+            await kubelet.restart(remove_sockets=False)  # our sockets stay
+            await plugin.tick()
+            await kubelet.wait_registered(6)
+            await kubelet.wait_for(RESOURCES[MEMORY])
+    finally:
+        await plugin.close()
+
+
+async def test_our_socket_removed_means_serve_and_register_again(
+    state: PluginState, plugin_dir: Path
+) -> None:
+    plugin = DevicePlugin(str(plugin_dir), state)
+    try:
+        async with TestKubelet(plugin_dir) as kubelet:
+            await plugin.tick()
+            await kubelet.wait_registered(3)
+            (plugin_dir / endpoint(COUNT)).unlink()
+            await plugin.tick()
+            await kubelet.wait_registered(4)
+            assert kubelet.requests[3].resource_name == RESOURCES[COUNT]
+            assert endpoint(COUNT) in kubelet.sockets()
+            await kubelet.wait_for(RESOURCES[COUNT], lambda d: healthy(d) == 2)
+            await plugin.tick()
+            assert len(kubelet.requests) == 4
+    finally:
+        await plugin.close()
 
 
 async def test_register_failure_is_retried(state: PluginState, plugin_dir: Path) -> None:
