@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import tempfile
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import pytest
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
+from nri_gpushare.cli import main
 from nri_gpushare.k8s import (
     ANNOTATIONS,
     CORE,
@@ -429,3 +431,37 @@ async def test_stop_ends_list_and_watch_cleanly(state: PluginState, plugin_dir: 
             await asyncio.wait_for(p.task, 5)
             assert p.ended == "ok"
     assert not any(plugin_dir.iterdir())
+
+
+async def test_allocate_does_not_wait_for_a_slow_daemon(daemon: Daemon, clock: Clock) -> None:
+    release = threading.Event()
+
+    def slow() -> dict[str, Any]:
+        release.wait(30)
+        return daemon()
+
+    state = PluginState(GPUS, RESERVE, 16, status=daemon, clock=clock)
+    await state.refresh()
+    state._status_source = slow  # the daemon stops answering
+    refreshing = asyncio.create_task(state.refresh())
+    try:
+        await asyncio.sleep(0)
+        reply = await asyncio.wait_for(
+            DevicePluginService(MEMORY, state).allocate(allocate_request(["1"])), 5
+        )
+        assert reply.container_responses[0].annotations == {ANNOTATIONS[MEMORY]: "1"}
+        assert not refreshing.done()
+    finally:
+        release.set()
+        await refreshing
+
+
+def test_command_refuses_a_bad_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kubernetes: {device_plugin_dir: relative/dir}\n")
+    assert main(["device-plugin", "--config", str(bad)]) == 2
+    assert "device_plugin_dir" in capsys.readouterr().err
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("use_nvml: false\n")
+    assert main(["device-plugin", "--config", str(empty)]) == 2
+    assert "no GPUs" in capsys.readouterr().err
