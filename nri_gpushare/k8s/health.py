@@ -33,6 +33,18 @@ class GpuHealth:
         except Exception as e:  # no library, no driver: nothing to ask
             log.info("NVML unavailable (%s): every GPU is reported healthy", e)
             return
+        try:
+            count = int(nvml.nvmlDeviceGetCount())
+        except Exception as e:
+            count, why = 0, str(e)
+        else:
+            why = "it reports no GPUs"
+        if count == 0:
+            # The GPUs are the config's static inventory then (as for the
+            # daemon): NVML has nothing to say about them.
+            log.info("NVML is not asked for health: %s", why)
+            _shutdown(nvml)
+            return
         self._nvml = nvml
 
     @property
@@ -55,11 +67,15 @@ class GpuHealth:
 
     def close(self) -> None:
         if self._nvml is not None:
-            try:
-                self._nvml.nvmlShutdown()
-            except Exception:
-                pass
+            _shutdown(self._nvml)
             self._nvml = None
+
+
+def _shutdown(nvml: Any) -> None:
+    try:
+        nvml.nvmlShutdown()
+    except Exception as e:
+        log.debug("nvmlShutdown: %s", e)
 
 
 def _import_pynvml() -> ModuleType:

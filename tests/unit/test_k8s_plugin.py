@@ -261,10 +261,14 @@ async def test_unhealthy_gpu(daemon: Daemon, clock: Clock) -> None:
 
 
 class FakeNvml:
-    def __init__(self, broken: set[int], init_fails: bool = False) -> None:
+    def __init__(self, broken: set[int], init_fails: bool = False, count: int = 4) -> None:
         self.broken = broken
         self.init_fails = init_fails
+        self.count = count
         self.shutdown = False
+
+    def nvmlDeviceGetCount(self) -> int:
+        return self.count
 
     def nvmlInit(self) -> None:
         if self.init_fails:
@@ -296,6 +300,11 @@ def test_health_from_nvml() -> None:
 def test_health_without_nvml() -> None:
     assert GpuHealth(True, FakeNvml({0}, init_fails=True)).unhealthy([0]) == frozenset()
     assert GpuHealth(False, FakeNvml({0})).unhealthy([0]) == frozenset()
+    # NVML without GPUs: the static inventory is in use, NVML cannot judge it.
+    none = FakeNvml({0}, count=0)
+    health = GpuHealth(True, none)
+    assert not health.active and health.unhealthy([0]) == frozenset()
+    assert none.shutdown
 
 
 async def _next(stream: AsyncIterator[pb.ListAndWatchResponse]) -> pb.ListAndWatchResponse:
