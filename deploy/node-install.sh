@@ -18,15 +18,17 @@
 # changed and restarts the daemon (running containers are not touched).
 #
 # Environment: INSTALL_ARGS (extra install-node.sh arguments, e.g. --no-kmod),
-# CONTAINERD_CONFIG (default /etc/containerd/config.toml), WAIT_SECONDS (60).
+# CONTAINERD_CONFIG (default /etc/containerd/config.toml), WAIT_SECONDS (60);
+# CONFIG_IN and HOST_ROOT: where the pod mounts the ConfigMap's file and the
+# node's /opt/nri-gpushare and /etc/nri-gpushare (/config, /host).
 set -eu
 
 SRC=/opt/nri-gpushare/src
 VENV=/opt/nri-gpushare/venv
 ETC=/etc/nri-gpushare
 CONFIG=$ETC/gpushare.yaml
-CONFIG_IN=/config/gpushare.yaml
-HOST=/host
+CONFIG_IN=${CONFIG_IN:-/config/gpushare.yaml} # the ConfigMap's mount
+HOST=${HOST_ROOT:-/host}                       # where the node's directories are mounted
 CONTAINERD_CONFIG=${CONTAINERD_CONFIG:-/etc/containerd/config.toml}
 WAIT_SECONDS=${WAIT_SECONDS:-60}
 

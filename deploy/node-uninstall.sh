@@ -10,7 +10,7 @@
 set -eu
 
 SRC=/opt/nri-gpushare/src
-HOST=/host
+HOST=${HOST_ROOT:-/host} # where the node's /opt/nri-gpushare is mounted
 
 say() { echo "node-uninstall: $*"; }
 on_node() { nsenter --target 1 --mount --uts --ipc --net --pid -- "$@"; }

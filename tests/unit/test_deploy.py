@@ -11,6 +11,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,8 @@ def node_config() -> Config:
 def shell_settings(path: Path) -> dict[str, str]:
     """NAME=value lines at the top level of a script, with $NAME expanded."""
     values: dict[str, str] = {}
-    for name, value in re.findall(r"^([A-Z_]+)=(\S+)$", path.read_text(), re.M):
+    for name, value in re.findall(r"^([A-Z_]+)=(\S+)", path.read_text(), re.M):
+        value = re.sub(r"^\$\{[A-Z_]+:-(.*)\}$", r"\1", value)  # ${VAR:-default}
         for known, resolved in values.items():
             value = value.replace(f"${known}", resolved)
         values[name] = value
@@ -316,3 +318,137 @@ def test_scripts_pass_shellcheck(script: str) -> None:
         ["shellcheck", "-s", "sh", str(DEPLOY / script)], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stdout
+
+
+# -- the scripts, run against a fake node ----------------------------------------
+
+FAKE_NSENTER = """#!/bin/sh
+# Logs the node-side command and answers as a node would ($FAKE_* say how).
+while [ "$1" != "--" ]; do shift; done
+shift
+echo "$*" >>"$FAKE_LOG"
+case $1 in
+test) [ -n "$FAKE_SOCKETS" ] ;;
+sh)
+	case $2 in
+	-c) n=$(grep -c sha256sum "$FAKE_LOG"); [ -n "$FAKE_CHANGED" ] && echo "sum-$n" || echo sum ;;
+	*) [ -z "$FAKE_REFUSE" ] || { echo "refusing to unload gpushare: 1 container"; exit 1; } ;;
+	esac ;;
+*) exit 0 ;;
+esac
+"""
+
+
+def run_on_fake_node(
+    tmp_path: Path, script: str, config: str = "", **fake: str
+) -> tuple[subprocess.CompletedProcess[str], list[str], Path]:
+    """Run deploy/<script> as its container would, with the image's tree at
+    /opt/nri-gpushare (a private tmpfs, in a user and mount namespace), this
+    venv as the image's, and a fake nsenter that logs what would run on the
+    node.  Returns the run, the node commands and the fake node's root."""
+    if shutil.which("unshare") is None:
+        missing("unshare (util-linux) is needed to run deploy's scripts")
+    bin_dir, host, log = tmp_path / "bin", tmp_path / "host", tmp_path / "node.log"
+    bin_dir.mkdir(parents=True)
+    host.mkdir()
+    log.touch()
+    (bin_dir / "nsenter").write_text(FAKE_NSENTER)
+    (bin_dir / "nsenter").chmod(0o755)
+    config_in = tmp_path / "gpushare.yaml"
+    config_in.write_text(config or find("ConfigMap")["data"]["gpushare.yaml"])
+    image = tmp_path / "image"
+    image.mkdir()
+    for part in ("deploy", "scripts"):
+        shutil.copytree(REPO / part, image / "src" / part)
+    venv = Path(sys.prefix)
+    inner = (
+        f"mount -t tmpfs none /opt && mkdir -p /opt/nri-gpushare"
+        f" && cp -a {image}/src /opt/nri-gpushare/src"
+        f" && ln -s {venv} /opt/nri-gpushare/venv"
+        f" && exec sh /opt/nri-gpushare/src/deploy/{script}"
+    )
+    env = {
+        "PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOST_ROOT": str(host),
+        "CONFIG_IN": str(config_in),
+        "WAIT_SECONDS": "1",
+        "FAKE_LOG": str(log),
+        "FAKE_SOCKETS": "",
+        "FAKE_CHANGED": "",
+        "FAKE_REFUSE": "",
+    } | fake
+    unshare = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", inner]
+    done = subprocess.run(unshare, env=env, capture_output=True, text=True, timeout=60)
+    if "unshare:" in done.stderr and done.returncode != 0 and not log.read_text():
+        missing(f"cannot make a user and mount namespace: {done.stderr.strip()}")
+    return done, log.read_text().splitlines(), host
+
+
+ENABLE = (
+    "/opt/nri-gpushare/venv/bin/nri-gpushare enable --config /etc/containerd/config.toml"
+    " --plugin-config /etc/nri-gpushare/gpushare.yaml"
+)
+
+
+def test_install_leaves_containerd_alone_when_enable_changed_nothing(tmp_path: Path) -> None:
+    done, node, host = run_on_fake_node(tmp_path, "node-install.sh", FAKE_SOCKETS="1")
+    assert done.returncode == 0, done.stderr
+    assert [c for c in node if not c.startswith(("sh -c", "hostname"))] == [
+        "sh /opt/nri-gpushare/src/scripts/install-node.sh",
+        ENABLE,
+        "test -S /var/run/nri/nri.sock",
+        "systemctl enable --now nri-gpushare.service",
+        "test -S /run/nri-gpushare/status.sock",
+    ]
+    assert (host / "etc/nri-gpushare/gpushare.yaml").read_text() == (
+        find("ConfigMap")["data"]["gpushare.yaml"]
+    )
+    assert (host / "opt/nri-gpushare/src/scripts/install-node.sh").is_file()
+    assert not list((host / "opt/nri-gpushare").glob("src.*"))  # no .new / .old left
+
+
+def test_install_restarts_containerd_when_its_config_changed(tmp_path: Path) -> None:
+    done, node, _ = run_on_fake_node(
+        tmp_path, "node-install.sh", FAKE_SOCKETS="1", FAKE_CHANGED="1"
+    )
+    assert done.returncode == 0, done.stderr
+    assert node[node.index(ENABLE) + 2] == "systemctl restart containerd"
+    assert node.count("systemctl restart containerd") == 1
+
+
+def test_install_restarts_containerd_without_an_nri_socket(tmp_path: Path) -> None:
+    done, node, _ = run_on_fake_node(tmp_path, "node-install.sh")
+    assert "systemctl restart containerd" in node
+    # ... and, the daemon's socket never appearing, fails showing its journal.
+    assert done.returncode == 1
+    assert "did not come up within 1s" in done.stderr
+    assert "journalctl --no-pager -n 30 -u nri-gpushare.service" in node
+
+
+def test_install_refuses_a_bad_configmap_before_touching_the_node(tmp_path: Path) -> None:
+    bad = find("ConfigMap")["data"]["gpushare.yaml"] + "max_inst: 99\n"
+    done, node, host = run_on_fake_node(tmp_path, "node-install.sh", bad, FAKE_SOCKETS="1")
+    assert done.returncode == 1
+    assert "the ConfigMap's gpushare.yaml" in done.stderr and "max_inst" in done.stderr
+    assert node == [] and list(host.iterdir()) == []
+
+
+def test_uninstall_removes_the_tree_only_after_the_installer_agreed(tmp_path: Path) -> None:
+    done, node, _ = run_on_fake_node(tmp_path, "node-uninstall.sh", FAKE_SOCKETS="1")
+    assert done.returncode == 0, done.stderr
+    uninstall = "sh /opt/nri-gpushare/src/scripts/install-node.sh --uninstall"
+    assert node[:3] == [
+        "test -f /opt/nri-gpushare/src/scripts/install-node.sh",
+        uninstall,
+        "rm -rf /opt/nri-gpushare/src /run/nri-gpushare/kubernetes",
+    ]
+    done, node, _ = run_on_fake_node(
+        tmp_path / "refused", "node-uninstall.sh", FAKE_SOCKETS="1", FAKE_REFUSE="1"
+    )
+    assert done.returncode == 1
+    assert "nothing was removed" in done.stderr and "drain" in done.stderr
+    assert node == ["test -f /opt/nri-gpushare/src/scripts/install-node.sh", uninstall]
+    done, node, _ = run_on_fake_node(
+        tmp_path / "purge", "node-uninstall.sh", FAKE_SOCKETS="1", PURGE="1"
+    )
+    assert node[1] == uninstall + " --purge"
