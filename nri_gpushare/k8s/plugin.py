@@ -90,7 +90,7 @@ class PluginState:
         self._changed = asyncio.Event()
         self.version = 0
         self.devices: dict[str, tuple[Device, ...]] = {}
-        self._recompute()
+        self._publish(self._advertise(None))
 
     @property
     def pending(self) -> tuple[Grant, ...]:
@@ -120,6 +120,19 @@ class PluginState:
         """Take a new status document (None: the daemon cannot be reached,
         `problem` says why) and the unhealthy GPUs; drop the grants the
         daemon now shows or that are too old; recompute."""
+        if unhealthy != self._unhealthy:
+            log.warning("unhealthy GPUs (NVML): %s", sorted(unhealthy) or "none")
+        self._unhealthy = unhealthy
+        try:
+            live = live_ids(status) if status is not None else {}
+            self._drop_grants(live)
+            devices = self._advertise(status)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            if status is None:
+                raise
+            # A daemon of another version, say: treat it as unreachable.
+            status, problem = None, f"the document is not understood: {type(e).__name__} {e}"
+            devices = self._advertise(None)
         if (status is not None) != self._reachable:
             if status is None:
                 log.warning(
@@ -130,10 +143,12 @@ class PluginState:
             else:
                 log.info("the daemon's status can be read: advertising its free capacity")
             self._reachable = status is not None
-        if unhealthy != self._unhealthy:
-            log.warning("unhealthy GPUs (NVML): %s", sorted(unhealthy) or "none")
+        self._status = status
+        self._publish(devices)
+
+    def _drop_grants(self, live: Mapping[str, frozenset[int]]) -> None:
+        """Forget the grants whose IDs are live and those too old."""
         now = self._clock()
-        live = live_ids(status) if status is not None else {}
         kept = []
         for stamp, grant in self._pending:
             if grant.ids & live.get(grant.short, frozenset()):
@@ -148,24 +163,19 @@ class PluginState:
             else:
                 kept.append((stamp, grant))
         self._pending = kept
-        self._status, self._unhealthy = status, unhealthy
-        self._recompute()
 
     def grant(self, grants: Iterable[Grant]) -> None:
         """Count what an Allocate call handed out as in use from now on."""
         now = self._clock()
         self._pending.extend((now, grant) for grant in grants)
-        self._recompute()
+        self._publish(self._advertise(self._status))
 
-    def _recompute(self) -> None:
-        devices = advertise(
-            self._status,
-            self._inventory,
-            self._reserve,
-            self._max_inst,
-            self.pending,
-            self._unhealthy,
+    def _advertise(self, status: Mapping[str, Any] | None) -> dict[str, tuple[Device, ...]]:
+        return advertise(
+            status, self._inventory, self._reserve, self._max_inst, self.pending, self._unhealthy
         )
+
+    def _publish(self, devices: dict[str, tuple[Device, ...]]) -> None:
         if devices != self.devices:
             self.devices = devices
             self.version += 1
@@ -357,7 +367,10 @@ class DevicePlugin:
 
     async def run(self, stop: asyncio.Event, poll: float = POLL) -> None:
         while not stop.is_set():
-            await self.tick()
+            try:
+                await self.tick()
+            except Exception:  # a bug: keep serving what is served
+                log.exception("checking the sockets and the registration failed")
             try:
                 await asyncio.wait_for(stop.wait(), poll)
             except TimeoutError:
@@ -453,7 +466,10 @@ class DevicePlugin:
 
 async def refresh_loop(state: PluginState, stop: asyncio.Event, poll: float = POLL) -> None:
     while not stop.is_set():
-        await state.refresh()
+        try:
+            await state.refresh()
+        except Exception:  # a bug: keep the last lists
+            log.exception("refreshing the device lists failed")
         try:
             await asyncio.wait_for(stop.wait(), poll)
         except TimeoutError:

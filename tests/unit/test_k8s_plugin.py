@@ -134,6 +134,28 @@ async def test_daemon_down_lists_every_device_unhealthy(state: PluginState, daem
     assert len(ids(state.devices[MEMORY])) == 30
 
 
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"gpus": [{"index": 0}]},  # no memory_total
+        {"gpus": [{"index": "x", "memory_total": 1, "memory_free": 1}]},
+        {"gpus": 3},
+        {"gpus": [], "allocations": 7},
+        {"gpus": [], "policy": []},
+    ],
+)
+async def test_a_document_not_understood_is_the_daemon_down(
+    state: PluginState, daemon: Daemon, doc: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    daemon.doc = doc
+    await state.refresh()
+    assert len(state.devices[MEMORY]) == 30 and not ids(state.devices[MEMORY])
+    assert "the document is not understood" in caplog.text
+    daemon.doc = status_doc()
+    await state.refresh()
+    assert len(ids(state.devices[MEMORY])) == 30
+
+
 async def test_allocate_answers_the_annotation(state: PluginState) -> None:
     service = DevicePluginService(MEMORY, state)
     reply = await service.allocate(allocate_request(["7", "0", "1", "2"], ["9"]))
