@@ -14,8 +14,10 @@
 # 6. `systemctl enable --now nri-gpushare` and waits for its status socket.
 #
 # Steps 4-6 run on the node itself (nsenter into PID 1's namespaces; the pod
-# has hostPID).  Idempotent: a pod restart re-runs it, which changes what
-# changed and restarts the daemon (running containers are not touched).
+# has hostPID).  Idempotent: a pod restart re-runs it; with the same image it
+# skips step 4 (and restarts the daemon only for a changed config), with a
+# new one it upgrades (install-node.sh restarts the daemon; running
+# containers are not touched).
 #
 # Environment: INSTALL_ARGS (extra install-node.sh arguments, e.g. --no-kmod),
 # CONTAINERD_CONFIG (default /etc/containerd/config.toml), WAIT_SECONDS (60);
@@ -31,6 +33,7 @@ CONFIG_IN=${CONFIG_IN:-/config/gpushare.yaml} # the ConfigMap's mount
 HOST=${HOST_ROOT:-/host}                       # where the node's directories are mounted
 CONTAINERD_CONFIG=${CONTAINERD_CONFIG:-/etc/containerd/config.toml}
 WAIT_SECONDS=${WAIT_SECONDS:-60}
+STAMP=.installed-by-daemonset
 
 say() { echo "node-install: $*"; }
 die() {
@@ -56,29 +59,50 @@ status_socket=$(setting status_socket) || exit 1
 say "config checked: NRI socket $nri_socket, status socket $status_socket"
 
 # 2. The tree, replaced whole: install-node.sh runs from it, and the
-# uninstall Job (deploy/uninstall-job.yaml) later runs its --uninstall.
-mkdir -p "$HOST/opt/nri-gpushare"
-rm -rf "$HOST$SRC.new" "$HOST$SRC.old"
-cp -a "$SRC" "$HOST$SRC.new"
-if [ -e "$HOST$SRC" ]; then mv "$HOST$SRC" "$HOST$SRC.old"; fi
-mv "$HOST$SRC.new" "$HOST$SRC"
-rm -rf "$HOST$SRC.old"
-say "copied the project to the node's $SRC"
+# uninstall Job (deploy/uninstall-job.yaml) later runs its --uninstall.  The
+# stamp a successful install leaves in it says which tree was installed: a
+# pod restart with the same image and INSTALL_ARGS installs nothing again
+# (install-node.sh would restart the daemon for nothing).
+tree=$(cd "$SRC" && find . -type f ! -name "$STAMP" -print0 | sort -z | xargs -0 sha256sum |
+	sha256sum | cut -d' ' -f1)
+tree="$tree ${INSTALL_ARGS:-}"
+installed=$(cat "$HOST$SRC/$STAMP" 2>/dev/null || true)
+if [ "$installed" = "$tree" ] && on_node test -x "$VENV/bin/nri-gpushare"; then
+	fresh=0
+	say "the node has this image's tree installed already: install-node.sh is skipped"
+else
+	fresh=1
+	mkdir -p "$HOST/opt/nri-gpushare"
+	rm -rf "$HOST$SRC.new" "$HOST$SRC.old"
+	cp -a "$SRC" "$HOST$SRC.new"
+	if [ -e "$HOST$SRC" ]; then mv "$HOST$SRC" "$HOST$SRC.old"; fi
+	mv "$HOST$SRC.new" "$HOST$SRC"
+	rm -rf "$HOST$SRC.old"
+	say "copied the project to the node's $SRC"
+fi
 
 # 3. The config (install-node.sh keeps an existing one, so this one stays).
 mkdir -p "$HOST$ETC"
 if cmp -s "$CONFIG_IN" "$HOST$CONFIG"; then
+	config_changed=0
 	say "$CONFIG is unchanged"
 else
+	config_changed=1
 	cp "$CONFIG_IN" "$HOST$CONFIG.tmp"
 	chmod 0644 "$HOST$CONFIG.tmp"
 	mv "$HOST$CONFIG.tmp" "$HOST$CONFIG"
 	say "wrote $CONFIG from the ConfigMap"
 fi
 
-# 4. The node installer (docs/install.md).
-# shellcheck disable=SC2086 # INSTALL_ARGS: one word per argument
-on_node sh "$SRC/scripts/install-node.sh" ${INSTALL_ARGS:-}
+# 4. The node installer (docs/install.md); it restarts a running daemon.
+if [ "$fresh" = 1 ]; then
+	# shellcheck disable=SC2086 # INSTALL_ARGS: one word per argument
+	on_node sh "$SRC/scripts/install-node.sh" ${INSTALL_ARGS:-}
+	echo "$tree" >"$HOST$SRC/$STAMP"
+elif [ "$config_changed" = 1 ]; then
+	say "restarting the daemon for the new config (running containers are not touched)"
+	on_node systemctl try-restart nri-gpushare.service
+fi
 
 # 5. NRI in containerd.  containerd reads its config only at start.
 # shellcheck disable=SC2016 # $1 is the inner shell's

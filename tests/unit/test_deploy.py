@@ -349,17 +349,16 @@ def run_on_fake_node(
     if shutil.which("unshare") is None:
         missing("unshare (util-linux) is needed to run deploy's scripts")
     bin_dir, host, log = tmp_path / "bin", tmp_path / "host", tmp_path / "node.log"
-    bin_dir.mkdir(parents=True)
-    host.mkdir()
-    log.touch()
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    host.mkdir(exist_ok=True)
+    log.write_text("")
     (bin_dir / "nsenter").write_text(FAKE_NSENTER)
     (bin_dir / "nsenter").chmod(0o755)
     config_in = tmp_path / "gpushare.yaml"
     config_in.write_text(config or find("ConfigMap")["data"]["gpushare.yaml"])
     image = tmp_path / "image"
-    image.mkdir()
     for part in ("deploy", "scripts"):
-        shutil.copytree(REPO / part, image / "src" / part)
+        shutil.copytree(REPO / part, image / "src" / part, dirs_exist_ok=True)
     venv = Path(sys.prefix)
     inner = (
         f"mount -t tmpfs none /opt && mkdir -p /opt/nri-gpushare"
@@ -405,6 +404,35 @@ def test_install_leaves_containerd_alone_when_enable_changed_nothing(tmp_path: P
     )
     assert (host / "opt/nri-gpushare/src/scripts/install-node.sh").is_file()
     assert not list((host / "opt/nri-gpushare").glob("src.*"))  # no .new / .old left
+
+
+def test_a_pod_restart_with_the_same_image_installs_nothing_again(tmp_path: Path) -> None:
+    install = "sh /opt/nri-gpushare/src/scripts/install-node.sh"
+    done, node, host = run_on_fake_node(tmp_path, "node-install.sh", FAKE_SOCKETS="1")
+    assert done.returncode == 0 and install in node
+    stamp = host / "opt/nri-gpushare/src/.installed-by-daemonset"
+    assert stamp.read_text().strip()
+    done, node, _ = run_on_fake_node(tmp_path, "node-install.sh", FAKE_SOCKETS="1")
+    assert done.returncode == 0, done.stderr
+    assert install not in node and "systemctl try-restart nri-gpushare.service" not in node
+    assert "install-node.sh is skipped" in done.stdout
+    # A new config restarts the daemon, still without installing.
+    changed = find("ConfigMap")["data"]["gpushare.yaml"].replace("max_inst: 16", "max_inst: 8")
+    done, node, host = run_on_fake_node(tmp_path, "node-install.sh", changed, FAKE_SOCKETS="1")
+    assert done.returncode == 0, done.stderr
+    assert install not in node and "systemctl try-restart nri-gpushare.service" in node
+    assert "max_inst: 8" in (host / "etc/nri-gpushare/gpushare.yaml").read_text()
+    # Other install-node.sh arguments, or a changed tree: installed again.
+    done, node, _ = run_on_fake_node(
+        tmp_path, "node-install.sh", changed, FAKE_SOCKETS="1", INSTALL_ARGS="--no-kmod"
+    )
+    assert install + " --no-kmod" in node
+    (tmp_path / "image/src/scripts/new-file").write_text("x")
+    done, node, _ = run_on_fake_node(
+        tmp_path, "node-install.sh", changed, FAKE_SOCKETS="1", INSTALL_ARGS="--no-kmod"
+    )
+    assert install + " --no-kmod" in node
+    assert (host / "opt/nri-gpushare/src/scripts/new-file").exists()
 
 
 def test_install_restarts_containerd_when_its_config_changed(tmp_path: Path) -> None:
