@@ -118,7 +118,10 @@ elif ! on_node test -S "$nri_socket"; then
 	on_node systemctl restart containerd
 fi
 
-# 6. The daemon, under the node's systemd.
+# 6. The daemon, under the node's systemd.  The kubelet made
+# /run/nri-gpushare (0755) for the credentials container's volume before
+# this ran; the daemon gives it 0750 only when it makes it itself.
+on_node chmod 0750 /run/nri-gpushare
 on_node systemctl enable --now nri-gpushare.service
 waited=0
 until on_node test -S "$status_socket"; do

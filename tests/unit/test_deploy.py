@@ -396,6 +396,7 @@ def test_install_leaves_containerd_alone_when_enable_changed_nothing(tmp_path: P
         "sh /opt/nri-gpushare/src/scripts/install-node.sh",
         ENABLE,
         "test -S /var/run/nri/nri.sock",
+        "chmod 0750 /run/nri-gpushare",
         "systemctl enable --now nri-gpushare.service",
         "test -S /run/nri-gpushare/status.sock",
     ]
