@@ -281,8 +281,8 @@ async def post_pod_event(
     check_pod(pod)
     if not _REASON.fullmatch(reason) or len(reason) > MAX_REASON:
         raise EventError(f"event reason {reason[:80]!r} must be CamelCase letters and digits")
-    if settings is None:
-        settings = Settings.from_environment()
+    if settings is None:  # a few small files: still, not on the event loop
+        settings = await asyncio.to_thread(Settings.from_environment)
     body = event_body(pod, reason, message, settings.node, datetime.now(UTC))
     path = f"/api/v1/namespaces/{quote(pod.namespace, safe='')}/events"
     data = json.dumps(body).encode()

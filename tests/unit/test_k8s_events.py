@@ -320,3 +320,15 @@ def test_sync_outside_a_pod_is_refused(
     assert events.main(["sync-credentials", "--once", "--to", str(tmp_path / "d")]) == 1
     assert "not in a pod" in capsys.readouterr().err
     assert not (tmp_path / "d").exists()
+
+
+async def test_without_settings_the_pods_service_account_is_used(
+    api: ApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if Path(events.SERVICE_ACCOUNT_DIR, "token").exists():
+        pytest.skip("this test runs outside a pod")  # pragma: no cover
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", api.url.rsplit(":", 1)[1])
+    with pytest.raises(EventError, match="service account token .* is the pod's service account"):
+        await asyncio.wait_for(post_pod_event(POD, "GPUShareFragmented", "m"), timeout=30)
+    assert api.requests == []
