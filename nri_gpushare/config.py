@@ -208,6 +208,7 @@ def _parse_sources(source: str, data: object) -> tuple[SourcePolicy, SourcePolic
         annotations=hand.get("annotations", STANDALONE_SOURCES.annotations, bool),
         labels=hand.get("labels", STANDALONE_SOURCES.labels, bool),
         env=hand.get("env", STANDALONE_SOURCES.env, bool),
+        kubelet=False,
     )
     hand.finish()
     top.finish()

@@ -56,8 +56,6 @@ class Node:
             LimitLink(None),
             {},
         )
-        for entry in doc["allocations"]:
-            entry.setdefault("kubelet", self.ids.get(entry["container_id"], {}))
         return doc
 
     def advertised(self, unhealthy: tuple[int, ...] = ()) -> dict[str, tuple[Device, ...]]:
@@ -101,7 +99,8 @@ class Node:
         self.serial += 1
         cid = f"c{self.serial}"
         shares = self.ledger.place(req, cid)
-        alloc = Allocation(cid, cid, "ns/pod", shares)
+        kubelet = {s: format_ids(ids) for s, ids in grants.items()}
+        alloc = Allocation(cid, cid, "ns/pod", shares, kubelet=kubelet)
         self.ledger.add(alloc)
         self.allocations[cid] = alloc
         self.ids[cid] = {s: format_ids(ids) for s, ids in grants.items()}
