@@ -481,3 +481,54 @@ def test_uninstall_removes_the_tree_only_after_the_installer_agreed(tmp_path: Pa
         tmp_path / "purge", "node-uninstall.sh", FAKE_SOCKETS="1", PURGE="1"
     )
     assert node[1] == uninstall + " --purge"
+
+
+def dockerignored(path: str, patterns: list[str]) -> bool:
+    """Whether BuildKit leaves `path` (relative, '/'-separated) out of the
+    context: a pattern matching the path or one of its parent directories."""
+    parts = path.split("/")
+    candidates = ["/".join(parts[:n]) for n in range(1, len(parts) + 1)]
+    ignored = False
+    for pattern in patterns:
+        negate = pattern.startswith("!")
+        body = pattern.lstrip("!").strip("/")
+        regex = re.escape(body).replace(r"\*\*/", "(.*/)?").replace(r"\*\*", ".*")
+        regex = regex.replace(r"\*", "[^/]*").replace(r"\?", "[^/]")
+        if any(re.fullmatch(regex, c) for c in candidates):
+            ignored = not negate
+    return ignored
+
+
+def test_the_build_context_keeps_what_the_node_installer_builds() -> None:
+    lines = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+    patterns = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    needed = [
+        "pyproject.toml",
+        "README.md",
+        "LICENSE",
+        "scripts/install-node.sh",
+        "systemd/nri-gpushare.service",
+        "docs/install.md",
+        "config/gpushare.yaml",
+        "deploy/node-install.sh",
+        "deploy/node-uninstall.sh",
+        "kmod/Kbuild",
+        "kmod/Makefile",
+        "kmod/COPYING",
+        "kmod/dkms.conf",
+        "libgpushare/Makefile",
+    ]
+    for pattern in ("kmod/*.[ch]", "kmod/include/**/*", "libgpushare/src/*", "nri_gpushare/**/*"):
+        needed += [
+            str(p.relative_to(REPO))
+            for p in REPO.glob(pattern)
+            if p.is_file()
+            and "__pycache__" not in p.parts
+            and not p.name.endswith((".pyc", ".mod.c"))  # build output, kbuild's included
+        ]
+    assert len(needed) > 50
+    kept_out = [p for p in needed if dockerignored(p, patterns)]
+    assert kept_out == []
+    for junk in (".git/config", ".venv/bin/python", "kmod/gpushare.ko", "kmod/gs_core.o"):
+        assert dockerignored(junk, patterns), junk
+    assert not dockerignored("kmod/gs_core.c", ["**/*.o"]) and dockerignored("a/b.o", ["**/*.o"])
