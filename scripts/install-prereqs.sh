@@ -56,7 +56,7 @@ fi
 
 # --- bookworm packages ---
 pkgs=(runc busybox-static protobuf-compiler qemu-system-x86 cpio kmod make gcc libc6-dev binutils
-      linux-image-amd64 linux-headers-amd64 iproute2 shellcheck mmdebstrap systemd)
+      linux-image-amd64 linux-headers-amd64 iproute2 shellcheck mmdebstrap systemd openssl)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
