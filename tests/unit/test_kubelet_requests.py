@@ -6,6 +6,7 @@ counted and posted as an event."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 
@@ -206,6 +207,44 @@ def test_annotations_that_disagree_are_a_conflict_naming_both(annotation, kubele
     e = refusal(pod(limits(memory=8, core=60), pod_annotations=annotation))
     assert e.reason == "conflict"
     assert f"{kubelet_cite} disagrees with {their_cite}" in str(e)
+
+
+@pytest.mark.parametrize(
+    ("annotations", "env", "cite", "key"),
+    [
+        ({P + "gpu-core": "50"}, {}, "pod annotation gpushare.io/gpu-core=50", P + "gpu-core"),
+        (
+            {P + "container.main.gpu-core": "100"},
+            {},
+            "pod annotation gpushare.io/container.main.gpu-core=100",
+            P + "container.main.gpu-core",
+        ),
+        (
+            {},
+            {"ALIYUN_COM_GPU_MEM_CONTAINER": "4", "ALIYUN_COM_GPU_SCHD_WEIGHT": "16"},
+            "environment ALIYUN_COM_GPU_SCHD_WEIGHT=16 (100%)",
+            "ALIYUN_COM_GPU_SCHD_WEIGHT",
+        ),
+        ({}, {"EGPU": "PGPU=0,MEM=4096,WEIGHT=50"}, "environment EGPU WEIGHT=50", "EGPU"),
+    ],
+)
+def test_no_source_adds_compute_the_limits_did_not_ask_for(annotations, env, cite, key):
+    # limits without gpu-core: the scheduler counted no compute; a gpu-core from
+    # elsewhere would reserve compute it never counted (others then refused)
+    policy = NodePolicy(pod_sources=SourcePolicy(env=True))
+    c = dataclasses.replace(pod(limits(memory=4), pod_annotations=annotations), env=env)
+    e = refusal(c, make_gpus(1), policy)
+    assert (e.reason, e.key) == ("conflict", key)
+    assert f"{cite}: the container asks with resources.limits without gpushare.io/gpu-core" in str(
+        e
+    )
+    assert "ask for the compute in resources.limits" in str(e)
+    # no compute limit from the environment (weight 1, eGPU without WEIGHT) is no compute
+    for env in ({"ALIYUN_COM_GPU_MEM_CONTAINER": "4", "ALIYUN_COM_GPU_SCHD_WEIGHT": "1"},):
+        c = dataclasses.replace(pod(limits(memory=4)), env=env)
+        assert parse_request(c, make_gpus(1), policy).core_percent == (0,)
+    c = dataclasses.replace(pod(limits(memory=4)), env={"EGPU": "PGPU=0,MEM=4096"})
+    assert parse_request(c, make_gpus(1), policy).core_percent == (0,)
 
 
 def test_per_gpu_cite_when_the_count_splits_the_total():

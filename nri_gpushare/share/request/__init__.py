@@ -23,7 +23,10 @@ Sources, highest first (precedence is per attribute):
 Levels 1-3 resolve by precedence.  Level 0 is what the scheduler counted, so
 nothing overrides it: a level 1-3 value that differs from it is a conflict
 (naming both), one that agrees is fine, and priority, placement, isolation
-and gpu-devices still come from levels 1-3.  ``resources.limits`` are totals
+and gpu-devices still come from levels 1-3.  Nor does anything add to it:
+limits without gpu-core mean no compute limit, and a gpu-core from any other
+source (which would reserve compute the scheduler never counted) is a
+conflict.  ``resources.limits`` are totals
 over the container's GPUs: gpu-memory N GiB and gpu-core C with gpu-count k
 (default 1) is N/k GiB and C/k percent on each of k GPUs; N and C must divide
 by k, C/k follows gpu-core's rule below, and gpu-core or gpu-count without
@@ -96,12 +99,13 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ...k8s import CORE, RESOURCES
 from ..model import PREFIX, ContainerInfo, Gpu, NodePolicy
 from ..units import format_bytes
 from .cgpu import from_cgpu, memory_dev
 from .egpu import from_egpu
 from .keys import KEYS, from_keys
-from .kubelet import canonical, check_forged, kubelet_ids, settings_for
+from .kubelet import LIMITS, canonical, check_forged, kubelet_ids, settings_for
 from .settings import Context, Settings, merge
 from .sources import ignored, kubelet_allowed, namespace_allowed, visible
 from .values import expand
@@ -161,6 +165,8 @@ def parse_request(c: ContainerInfo, gpus: Sequence[Gpu], policy: NodePolicy) -> 
         return None
     if merged.memory.value == (0,):
         return None
+    if ids and CORE not in ids:
+        _no_uncounted_core(ctx, merged)
     if not namespace_allowed(c, sources):
         raise ctx.fail(
             f"namespace '{c.pod_namespace}' may not ask for GPU shares on this node "
@@ -169,6 +175,22 @@ def parse_request(c: ContainerInfo, gpus: Sequence[Gpu], policy: NodePolicy) -> 
             "forbidden",
         )
     return _resolve(ctx, merged, canonical(ids))
+
+
+def _no_uncounted_core(ctx: Context, merged: Settings) -> None:
+    """A request from resources.limits without gpu-core: the scheduler counted
+    no compute for it, so no other source may reserve some."""
+    core = merged.core
+    if core is None or not any(core.value):
+        return
+    limit = RESOURCES[CORE]
+    raise ctx.fail(
+        f"{core.cite}: the container asks with {LIMITS} without {limit}, so the scheduler "
+        f"counted no compute for it; ask for the compute in {LIMITS} ({limit}, the total "
+        f"over the container's GPUs) or remove {core.key}",
+        core.key,
+        "conflict",
+    )
 
 
 def _opted_out(ctx: Context, upper: Settings) -> bool:
