@@ -29,9 +29,10 @@ asked for outside NRI (`Allocation.local`) also has ``origin`` ("cdi" or
 "runc") and its containerd ``namespace``; NRI's have neither.  A pod that
 asked with ``resources.limits`` has ``kubelet``, the device IDs the kubelet
 gave it per resource (``{"gpu-memory": "0-7", "gpu-count": "1"}``), left out
-when empty and read as empty when absent (records of earlier versions).  The
-kernel module does not keep them: where its registration wins over a record,
-the record's IDs stay.
+when empty and read as empty when absent (records of earlier versions) or
+garbled (logged; the share itself is kept, and recovery takes the IDs from
+the container's annotations).  The kernel module does not keep them: where
+its registration wins over a record, the record's IDs stay.
 
 This module is pure: text in, text out; the store does the I/O.
 """
@@ -194,11 +195,6 @@ def _allocation(entry: Any, by_uuid: Mapping[str, Gpu]) -> Allocation:
     if origin not in ORIGINS:
         raise ValueError("bad origin")
     namespace = text("namespace") if origin else ""
-    kubelet = entry.get("kubelet", {})
-    if not isinstance(kubelet, dict) or not all(
-        short in RESOURCES and isinstance(ids, str) for short, ids in kubelet.items()
-    ):
-        raise ValueError("bad kubelet device IDs")
     return Allocation(
         cid,
         text("name"),
@@ -209,8 +205,32 @@ def _allocation(entry: Any, by_uuid: Mapping[str, Gpu]) -> Allocation:
         interposer,
         origin,
         namespace,
-        {short: format_ids(parse_ids(ids)) for short, ids in sorted(kubelet.items())},
+        _kubelet_ids(entry.get("kubelet", {}), cid),
     )
+
+
+def _kubelet_ids(kubelet: Any, cid: str) -> dict[str, str]:
+    """A record's device IDs, canonical; {} (logged) when they are garbled.
+
+    The IDs are only what the device plugin reads back, so a bad value costs
+    them, not the share: dropping the whole record would forget a share the
+    container still holds (nothing else keeps it without the kernel module),
+    and recovery takes the IDs from the container's annotations instead."""
+    try:
+        if not isinstance(kubelet, dict) or not all(
+            short in RESOURCES and isinstance(ids, str) for short, ids in kubelet.items()
+        ):
+            raise ValueError("not resource names and ID ranges")
+        return {short: format_ids(parse_ids(ids)) for short, ids in sorted(kubelet.items())}
+    except ValueError as e:
+        log.error(
+            "allocation record of container %.80r: its kubelet device IDs are left out (%s): "
+            "%.200r",
+            cid,
+            e,
+            kubelet,
+        )
+        return {}
 
 
 def from_registration(

@@ -388,7 +388,7 @@ async def test_status_and_records_carry_the_ids():
     assert decoded["c"] == svc.allocations["c"] and decoded["d"].kubelet == {}
 
 
-def test_records_without_ids_still_load_and_bad_ids_are_left_out(caplog):
+def test_records_without_ids_still_load_and_bad_ids_cost_only_the_ids(caplog):
     gpus = make_gpus(1)
     share = {"core": 0, "index": 0, "memory": GiB, "uuid": gpus[0].uuid}
     entry = {
@@ -399,7 +399,16 @@ def test_records_without_ids_still_load_and_bad_ids_are_left_out(caplog):
         "pod": "ns/p",
         "priority": "normal",
     }
-    bad = [{"gpu-memory": "7-0"}, {"gpu-memory": 8}, ["0-7"], {"gpu-mem": "0"}]
+    bad = [
+        {"gpu-memory": "7-0"},
+        {"gpu-memory": 8},
+        ["0-7"],
+        {"gpu-mem": "0"},
+        "0-7",
+        None,
+        {"gpu-memory": "0-" + "9" * 5000},
+        {"gpu-memory": "0-1", "gpu-core": "x"},
+    ]
     lines = [json.dumps({"version": 1}), json.dumps({"add": entry})]
     lines += [
         json.dumps({"add": {**entry, "container_id": f"b{i}", "kubelet": k}})
@@ -412,8 +421,30 @@ def test_records_without_ids_still_load_and_bad_ids_are_left_out(caplog):
         got = records.decode("\n".join(lines), gpus)
     assert got["old"].kubelet == {}
     assert got["new"].kubelet == {"gpu-memory": "0-1"}
-    assert set(got) == {"old", "new"}
-    assert caplog.text.count("left out") == len(bad)
+    # the share is kept (forgetting it would let others be placed on top of it)
+    assert set(got) == {"old", "new"} | {f"b{i}" for i in range(len(bad))}
+    assert all(got[f"b{i}"].kubelet == {} for i in range(len(bad)))
+    assert got["b0"].shares == got["old"].shares
+    assert caplog.text.count("its kubelet device IDs are left out") == len(bad)
+    assert all(len(r.getMessage()) < 600 for r in caplog.records)
+
+
+async def test_a_record_with_garbled_ids_keeps_its_share_and_the_container_gives_the_ids():
+    kmod = FakeKernelModule()
+    svc = service(kmod=kmod, store=MemoryStore())
+    await svc.start()
+    c = pod(limits(memory=4, core=20))
+    lc = live(c, await svc.create_container(c))
+    text = svc.store.load().replace('"gpu-memory":"0-3"', '"gpu-memory":"junk"')
+    assert "junk" in text
+    kmod.regs.clear()  # the module lost it (reloaded) or is not there: the record is all
+    fresh = service(kmod=kmod, store=MemoryStore(text))
+    await fresh.start()
+    await fresh.synchronize([lc])
+    want = {"gpu-core": "0-19", "gpu-memory": "0-3"}
+    assert fresh.allocations["c"].kubelet == want
+    assert fresh.status()["allocations"][0]["kubelet"] == want
+    assert fresh.ledger.usage[0].memory_bytes == 4 * GiB  # still accounted
 
 
 async def test_restart_recovers_the_ids_from_the_records_or_the_container():
