@@ -1,31 +1,11 @@
 #!/usr/bin/env bash
-# Regenerates the committed Python bindings for nri_gpushare/k8s/deviceplugin.proto (the kubelet device-plugin API) with
-# Debian bookworm's protoc (3.21) and betterproto 2.0.0b7's protoc plugin from
-# the project venv.  Usage: scripts/gen-deviceplugin.sh [OUTPUT_DIR]
-# (default nri_gpushare/k8s/generated; a unit test generates into a
-# temporary directory and compares).  Override the tools with $PROTOC and
-# $BETTERPROTO_PLUGIN.
+# Regenerates the committed Python bindings of the kubelet device-plugin API
+# (nri_gpushare/k8s/deviceplugin.proto) the way scripts/gen-protos.sh does the
+# NRI ones.  Usage: scripts/gen-deviceplugin.sh [OUTPUT_DIR]
+# (default nri_gpushare/k8s/generated; a unit test generates into a temporary
+# directory and compares).
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
-api="$top/nri_gpushare/k8s"
-out="${1:-$api/generated}"
-protoc="${PROTOC:-/usr/bin/protoc}"
-plugin="${BETTERPROTO_PLUGIN:-$top/.venv/bin/protoc-gen-python_betterproto}"
-
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-
-# Relative proto names keep the "# sources:" header stable.
-(cd "$api" && "$protoc" -I . --plugin=protoc-gen-python_betterproto="$plugin" \
-	--python_betterproto_out="$tmp" deviceplugin.proto 2>"$tmp/.log") || {
-	cat "$tmp/.log" >&2
-	exit 1
-}
-rm -f "$tmp/.log"
-# protoc-gen-python_betterproto does not always write the top-level package file.
-touch "$tmp/__init__.py"
-
-rm -rf "$out"
-mkdir -p "$out"
-cp -r "$tmp"/. "$out"/
+PROTO_DIR="$top/nri_gpushare/k8s" PROTOS="deviceplugin.proto" \
+	exec "$top/scripts/gen-protos.sh" "${1:-$top/nri_gpushare/k8s/generated}"

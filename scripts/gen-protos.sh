@@ -4,11 +4,13 @@
 # the project venv.  Usage: scripts/gen-protos.sh [OUTPUT_DIR]
 # (default nri_gpushare/api/generated; the schema test generates into a
 # temporary directory and compares).  Override the tools with $PROTOC and
-# $BETTERPROTO_PLUGIN.
+# $BETTERPROTO_PLUGIN; $PROTO_DIR and $PROTOS name other protos
+# (scripts/gen-deviceplugin.sh).
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
-api="$top/nri_gpushare/api"
+api="${PROTO_DIR:-$top/nri_gpushare/api}"
+read -r -a protos <<<"${PROTOS:-nri.proto ttrpc.proto}"
 out="${1:-$api/generated}"
 protoc="${PROTOC:-/usr/bin/protoc}"
 plugin="${BETTERPROTO_PLUGIN:-$top/.venv/bin/protoc-gen-python_betterproto}"
@@ -18,7 +20,7 @@ trap 'rm -rf "$tmp"' EXIT
 
 # Relative proto names keep the "# sources:" header stable.
 (cd "$api" && "$protoc" -I . --plugin=protoc-gen-python_betterproto="$plugin" \
-	--python_betterproto_out="$tmp" nri.proto ttrpc.proto 2>"$tmp/.log") || {
+	--python_betterproto_out="$tmp" "${protos[@]}" 2>"$tmp/.log") || {
 	cat "$tmp/.log" >&2
 	exit 1
 }
