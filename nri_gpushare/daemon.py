@@ -132,17 +132,37 @@ class PodEvents:
     posted by a task of its own, so that the NRI handler that decides never
     waits for the API server; a failure is logged.  At most `MAX_IN_FLIGHT`
     are under way: more are logged and dropped (the kubelet's own "Failed"
-    event on the pod carries the same message anyway)."""
+    event on the pod carries the same message anyway).
+
+    The kubelet retries a refused container every few seconds for as long as
+    the pod exists, and each post is a new Event object in the API server
+    (the kubelet's own events are aggregated, ours are not): so one
+    container gets at most one event per `REPEAT_AFTER` seconds, whatever
+    number of pods are stuck, remembering the last `MAX_REMEMBERED`
+    containers."""
 
     MAX_IN_FLIGHT = 16
+    REPEAT_AFTER = 600.0
+    MAX_REMEMBERED = 4096
 
-    def __init__(self, post: PostEvent = post_event) -> None:
+    def __init__(
+        self, post: PostEvent = post_event, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.post = post
+        self.clock = clock
         self.tasks: set[asyncio.Task[None]] = set()
+        #: (namespace, pod, uid, container) -> clock() of its last event, oldest first
+        self.posted: dict[tuple[str, str, str, str], float] = {}
 
     def fragmented(self, c: ContainerInfo, message: str) -> None:
         """Post `FRAGMENTED` on the container's pod (none outside Kubernetes)."""
         if not c.pod_name:
+            return
+        now = self.clock()
+        key = (c.pod_namespace[:256], c.pod_name[:256], c.pod_uid[:256], c.name[:256])
+        last = self.posted.get(key)
+        if last is not None and now - last < self.REPEAT_AFTER:
+            log.debug("%s: the %s event was posted lately; not again", c.describe(), FRAGMENTED)
             return
         if len(self.tasks) >= self.MAX_IN_FLIGHT:
             log.warning(
@@ -152,6 +172,10 @@ class PodEvents:
                 FRAGMENTED,
             )
             return
+        self.posted.pop(key, None)
+        self.posted[key] = now
+        while len(self.posted) > self.MAX_REMEMBERED:
+            del self.posted[next(iter(self.posted))]
         pod = PodRef(c.pod_namespace, c.pod_name, c.pod_uid)
         task = asyncio.get_running_loop().create_task(
             self._send(c, pod, FRAGMENTED, message), name="kubernetes-event"

@@ -670,12 +670,56 @@ async def test_events_in_flight_are_bounded_and_closed(caplog):
         await asyncio.Event().wait()
 
     events = PodEvents(never)
-    c = pod()
-    for _ in range(PodEvents.MAX_IN_FLIGHT + 3):
-        events.fragmented(c, "m")
+    for i in range(PodEvents.MAX_IN_FLIGHT + 3):
+        events.fragmented(pod(cid=f"c{i}", uid=f"u-{i}"), "m")
     assert len(events.tasks) == PodEvents.MAX_IN_FLIGHT
     assert caplog.text.count("event is dropped") == 3
     events.fragmented(by_hand(), "m")  # no pod: nothing to post on
     assert len(events.tasks) == PodEvents.MAX_IN_FLIGHT
     await asyncio.wait_for(events.close(), 5)
     assert not events.tasks
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_container_the_kubelet_retries_gets_one_event_per_interval():
+    # the kubelet retries a refused container every few seconds; each post is a
+    # new Event object, so a stuck pod must not post one per retry
+    posted: list[PodRef] = []
+
+    async def post(pod_ref: PodRef, reason: str, message: str) -> None:
+        posted.append(pod_ref)
+
+    clock = Clock()
+    events = PodEvents(post, clock)
+    stuck, other = pod(cid="c", uid="u-1"), pod(cid="d", uid="u-2")
+    for _ in range(200):  # 1000 s of retries, one every 5 s
+        events.fragmented(stuck, "m")
+        clock.now += 5
+    events.fragmented(other, "m")  # another pod is not held back by the first
+    await asyncio.wait_for(asyncio.gather(*events.tasks), 5)
+    assert [p.uid for p in posted] == ["u-1", "u-1", "u-2"]  # at 0 s and 600 s
+    # a new pod of the same name (a new uid) is a new pod
+    events.fragmented(pod(cid="c", uid="u-3"), "m")
+    await asyncio.wait_for(asyncio.gather(*events.tasks), 5)
+    assert posted[-1].uid == "u-3"
+
+
+async def test_the_containers_remembered_are_bounded(monkeypatch):
+    async def post(pod_ref: PodRef, reason: str, message: str) -> None:
+        pass
+
+    monkeypatch.setattr(PodEvents, "MAX_REMEMBERED", 8)
+    events = PodEvents(post, Clock())
+    for i in range(50):
+        events.fragmented(pod(cid=f"c{i}", uid=f"u-{i}", name="x" * 10_000), "m")
+        await asyncio.wait_for(asyncio.gather(*events.tasks), 5)
+    assert len(events.posted) == 8
+    assert ("ns", "pod-c49", "u-49", "x" * 256) in events.posted  # the newest stay
+    assert ("ns", "pod-c0", "u-0", "x" * 256) not in events.posted
