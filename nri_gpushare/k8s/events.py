@@ -32,6 +32,7 @@ import os
 import re
 import socket
 import ssl
+import stat
 import sys
 import time
 from collections.abc import Mapping
@@ -98,6 +99,7 @@ class Settings:
                 ca_file=f"{SERVICE_ACCOUNT_DIR}/ca.crt",
                 node=_node_name(env),
             )
+        _check_private_dir(Path(host_dir))
         server = _read_small(Path(host_dir, "server"), "the API server's address").strip()
         node = env.get("NODE_NAME", "")
         if not node:
@@ -110,6 +112,24 @@ class Settings:
             token_file=f"{host_dir}/token",
             ca_file=f"{host_dir}/ca.crt",
             node=node or socket.gethostname().lower(),
+        )
+
+
+def _check_private_dir(directory: Path) -> None:
+    """The daemon sends the token to whatever `server` names: the directory
+    must be this user's alone, so that no one else can have written there."""
+    try:
+        st = directory.lstat()
+    except OSError:
+        return  # reading its files then fails, saying who writes them
+    if not stat.S_ISDIR(st.st_mode):
+        raise EventError(f"{directory} is not a directory (a symlink?): remove it")
+    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise EventError(
+            f"{directory} must be owned by uid {os.geteuid()} and mode 0700 (it is uid "
+            f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}): its token and API server "
+            "address are not used; remove the directory and let the DaemonSet's "
+            "'credentials' container make it again"
         )
 
 
@@ -305,7 +325,11 @@ def _write_if_changed(directory: Path, name: str, data: bytes) -> bool:
     except OSError:
         pass
     temp = directory / f".{name}.tmp"
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:  # a leftover of an interrupted write; never followed if a symlink
+        temp.unlink()
+    except FileNotFoundError:
+        pass
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
         os.fchmod(f.fileno(), 0o600)
@@ -321,6 +345,8 @@ def sync_credentials(dest: Path, env: Mapping[str, str], source: Path) -> list[s
         raise EventError("not in a pod: $KUBERNETES_SERVICE_HOST is not set")
     settings = Settings.from_environment(env)
     dest.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if dest.is_symlink() or not dest.is_dir():
+        raise EventError(f"{dest} is not a directory (a symlink?): remove it")
     os.chmod(dest, 0o700)
     files = {
         "token": _read_small(source / "token", "the service account token").encode(),

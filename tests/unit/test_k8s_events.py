@@ -332,3 +332,45 @@ async def test_without_settings_the_pods_service_account_is_used(
     with pytest.raises(EventError, match="service account token .* is the pod's service account"):
         await asyncio.wait_for(post_pod_event(POD, "GPUShareFragmented", "m"), timeout=30)
     assert api.requests == []
+
+
+def test_a_node_copy_others_could_write_is_not_used(tmp_path: Path) -> None:
+    """The token goes to whatever `server` names: a directory group or others
+    may write is refused, before anything in it is read."""
+    dest = tmp_path / "kubernetes"
+    dest.mkdir(mode=0o700)
+    (dest / "server").write_text("https://attacker.example:443\n")
+    Settings.from_environment({}, host_dir=str(dest))  # private: taken
+    for mode in (0o770, 0o707, 0o755):
+        dest.chmod(mode)
+        with pytest.raises(EventError, match=r"mode 0700 .*mode 0\d\d\d.*not used"):
+            Settings.from_environment({}, host_dir=str(dest))
+    dest.chmod(0o700)
+    link = tmp_path / "link"
+    link.symlink_to(dest)
+    with pytest.raises(EventError, match="not a directory"):
+        Settings.from_environment({}, host_dir=str(link))
+
+
+def test_sync_follows_no_symlink(tmp_path: Path) -> None:
+    source = tmp_path / "serviceaccount"
+    source.mkdir()
+    (source / "token").write_text(TOKEN)
+    (source / "ca.crt").write_text("ca")
+    env = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "NODE_NAME": "n"}
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o755)
+    linked = tmp_path / "linked"
+    linked.symlink_to(elsewhere)
+    with pytest.raises(EventError, match="not a directory"):
+        events.sync_credentials(linked, env, source)
+    assert stat.S_IMODE(elsewhere.stat().st_mode) == 0o755 and not list(elsewhere.iterdir())
+    # A temp file planted as a symlink is replaced, not written through.
+    dest = tmp_path / "dest"
+    dest.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    (dest / ".token.tmp").symlink_to(victim)
+    assert "token" in events.sync_credentials(dest, env, source)
+    assert victim.read_text() == "keep"
+    assert (dest / "token").read_text() == TOKEN
