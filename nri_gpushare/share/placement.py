@@ -18,10 +18,13 @@ Explicit devices are taken in the order given.  A refusal names every GPU that
 would not take its part, with the shortfall, and the key to change.
 
 A request from ``resources.limits`` (`ShareRequest.kubelet`) was admitted by
-the kubelet against the node's totals (`nri_gpushare.k8s`).  When the node's
-free memory and compute add up to enough but no GPU (or not enough GPUs) has
-its part free, the refusal's reason is "fragmentation", and its message says
-so and lists what each GPU has free (docs/kubernetes.md "Fragmentation").
+the kubelet against the node's totals (`nri_gpushare.k8s`).  When the free
+memory and compute of the GPUs those totals count (a container slot left, at
+least 1 GiB free) add up to enough but no GPU (or not enough GPUs) has its
+part free, the refusal's reason is "fragmentation", and its message says so
+and lists what each GPU has free (docs/kubernetes.md "Fragmentation").  A GPU
+that holds max_inst containers is left out of the totals, not a reason to
+call the refusal something else.
 """
 
 from __future__ import annotations
@@ -181,15 +184,23 @@ class Ledger:
         if not req.kubelet:
             return None
         parts = set(slots)
-        if any(
+        # The GPUs the device plugin counts in what it advertises (nri_gpushare.k8s.capacity):
+        # a container slot left and at least 1 GiB free.  The others were never in the
+        # totals the kubelet admitted against, so they neither count nor decide the reason.
+        counted = [
+            i
+            for i, u in sorted(self.usage.items())
+            if len(u.containers) < self.policy.max_inst and self.free_memory(i) >= GiB
+        ]
+        if not counted or any(
             s.kind not in ("memory", "core")
-            for i in self.usage
+            for i in counted
             for slot in parts
             for s in self.shortfalls(i, *slot, high)
         ):
-            return None  # max_inst or high-priority slots: the usual refusal says which
-        free_memory = sum(self.free_memory(i) for i in self.usage)
-        free_core = sum(max(0, 100 - u.core_percent) for u in self.usage.values())
+            return None  # high-priority slots: the usual refusal says which
+        free_memory = sum(self.free_memory(i) for i in counted)
+        free_core = sum(max(0, 100 - self.usage[i].core_percent) for i in counted)
         if free_memory < sum(req.memory_bytes) or free_core < sum(req.core_percent):
             return None  # not enough in total either: what the kubelet saw is out of date
         k = req.count
@@ -208,23 +219,32 @@ class Ledger:
         each = "; ".join(
             f"GPU {i} ({u.gpu.uuid}) {format_bytes(self.free_memory(i))} and "
             f"{max(0, 100 - u.core_percent)}% compute free"
+            + ("" if i in counted else f" ({self._uncounted(i)}: not in the node's total)")
             for i, u in sorted(self.usage.items())
         )
         spread = (
             f" or ask for the same total over more GPUs ({RESOURCES[COUNT]})"
-            if k < len(self.usage)
+            if k < len(counted)
             else ""
         )
+        gpus = "GPU" if len(counted) == 1 else "GPUs"
         text = (
             f"gpushare: cannot place {who}: the kubelet admitted resources.limits {ask} "
             f"because the node's free total is enough ({format_bytes(free_memory)} and "
-            f"{free_core}% compute over {len(self.usage)} GPUs), but {lacking}: {each}. "
+            f"{free_core}% compute over {len(counted)} {gpus}), but {lacking}: {each}. "
             f"The free room is split over the GPUs (fragmentation, see docs/kubernetes.md "
             f'"Fragmentation"): the kubelet retries the container, which starts once a share '
             f"on these GPUs ends; or delete the pod so that the scheduler places it again"
             f"{spread}"
         )
         return ShareRefused(text, "fragmentation", req.keys.get("memory"))
+
+    def _uncounted(self, index: int) -> str:
+        """Why the device plugin leaves GPU `index` out of what it advertises."""
+        held = len(self.usage[index].containers)
+        if held >= self.policy.max_inst:
+            return f"holds {held} containers, max_inst {self.policy.max_inst}"
+        return "less than 1024Mi free"
 
     def _summary(self, slots: list[tuple[int, int]], high: bool) -> str:
         """Why no combination of GPUs works, for a multi-GPU request."""

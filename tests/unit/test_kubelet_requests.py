@@ -570,6 +570,31 @@ async def test_max_inst_is_the_usual_refusal():
     assert info.value.reason == "capacity" and "max_inst 1" in str(info.value)
 
 
+async def test_a_gpu_full_of_containers_does_not_hide_fragmentation():
+    # GPU 0 holds max_inst containers: the device plugin leaves it out of the
+    # totals (3 + 3 GiB advertised), so 4 GiB admitted is fragmentation over GPUs 1-2
+    svc = service(gpus=make_gpus(3, 16 * GiB), max_inst=2)
+    await svc.start()
+    fills = [(0, "1Gi"), (0, "1Gi"), (1, "13Gi"), (2, "13Gi")]
+    for n, (i, size) in enumerate(fills):
+        await svc.create_container(
+            pod(cid=f"fill{n}", pod_annotations={P + "gpu-memory": size, P + "gpu-devices": str(i)})
+        )
+    with pytest.raises(ShareRefused) as info:
+        await svc.create_container(pod(limits(memory=4), cid="x"))
+    e = info.value
+    assert e.reason == "fragmentation", str(e)
+    text = str(e)
+    assert "the node's free total is enough (6144Mi and 200% compute over 2 GPUs)" in text
+    assert "no GPU has 4096Mi free" in text
+    assert "14336Mi and 100% compute free (holds 2 containers, max_inst 2: not in" in text
+    # 3 GiB fits GPU 1 or 2; 7 GiB is more than the counted total: stale, capacity
+    with pytest.raises(ShareRefused) as info:
+        await svc.create_container(pod(limits(memory=7), cid="y"))
+    assert info.value.reason == "capacity"
+    assert svc.decisions.refusals == {"fragmentation": 1, "capacity": 1}
+
+
 def test_fragmentation_is_a_reason_of_its_own_in_the_metrics():
     assert "fragmentation" in REFUSAL_REASONS
     assert refusal_reason("fragmentation") == "fragmentation"
