@@ -256,15 +256,31 @@ def test_credentials_go_where_the_daemon_reads_them() -> None:
     ]
     assert argv[argv.index("--to") + 1] == events.HOST_DIR
     volumes = {v["name"]: v for v in pod["volumes"]}
-    [mount] = creds["volumeMounts"]
-    host_path = volumes[mount["name"]]["hostPath"]["path"]
-    assert mount["mountPath"] == host_path  # the same path inside as on the node
-    assert events.HOST_DIR.startswith(host_path + "/")
-    assert host_path == str(Path(config.status_socket).parent)
+    mounts = {m["name"]: m for m in creds["volumeMounts"]}
+    assert set(mounts) == {"host-credentials", "api-token"}
+    # The node's credentials directory only, at the same path inside: not the
+    # daemon's status socket beside it.
+    host_path = volumes["host-credentials"]["hostPath"]["path"]
+    assert mounts["host-credentials"]["mountPath"] == host_path == events.HOST_DIR
+    assert str(Path(host_path).parent) == str(Path(config.status_socket).parent)
+    # The token: this container's alone, where events.py reads a pod's.
+    assert pod["automountServiceAccountToken"] is False
+    token = mounts["api-token"]
+    assert token["mountPath"] == events.SERVICE_ACCOUNT_DIR and token["readOnly"] is True
+    sources = volumes["api-token"]["projected"]["sources"]
+    assert {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}} in sources
+    assert {
+        "configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+    } in sources
+    for other in pod["initContainers"] + pod["containers"]:
+        if other["name"] != "credentials":
+            assert "api-token" not in {m["name"] for m in other.get("volumeMounts", [])}
     env = {e["name"]: e for e in creds["env"]}
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert "privileged" not in creds["securityContext"]
     assert creds["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert creds["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert creds["securityContext"]["allowPrivilegeEscalation"] is False
 
 
 def test_uninstall_job_runs_the_installers_uninstall_on_one_node() -> None:
