@@ -344,7 +344,10 @@ while [ "$1" != "--" ]; do shift; done
 shift
 echo "$*" >>"$FAKE_LOG"
 case $1 in
-test) [ -n "$FAKE_SOCKETS" ] ;;
+test) case $3 in
+	*/device-plugins/*) [ -n "$FAKE_PLUGIN" ] ;;
+	*) [ -n "$FAKE_SOCKETS" ] ;;
+	esac ;;
 sh)
 	case $2 in
 	-c) n=$(grep -c sha256sum "$FAKE_LOG"); [ -n "$FAKE_CHANGED" ] && echo "sum-$n" || echo sum ;;
@@ -391,6 +394,7 @@ def run_on_fake_node(
         "FAKE_SOCKETS": "",
         "FAKE_CHANGED": "",
         "FAKE_REFUSE": "",
+        "FAKE_PLUGIN": "",
     } | fake
     unshare = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", inner]
     done = subprocess.run(unshare, env=env, capture_output=True, text=True, timeout=60)
@@ -399,6 +403,7 @@ def run_on_fake_node(
     return done, log.read_text().splitlines(), host
 
 
+PLUGIN_SOCKET = "/var/lib/kubelet/device-plugins/gpushare-gpu-memory.sock"
 ENABLE = (
     "/opt/nri-gpushare/venv/bin/nri-gpushare enable --config /etc/containerd/config.toml"
     " --plugin-config /etc/nri-gpushare/gpushare.yaml"
@@ -482,7 +487,8 @@ def test_uninstall_removes_the_tree_only_after_the_installer_agreed(tmp_path: Pa
     done, node, _ = run_on_fake_node(tmp_path, "node-uninstall.sh", FAKE_SOCKETS="1")
     assert done.returncode == 0, done.stderr
     uninstall = "sh /opt/nri-gpushare/src/scripts/install-node.sh --uninstall"
-    assert node[:3] == [
+    assert node[:4] == [
+        f"test -S {PLUGIN_SOCKET}",
         "test -f /opt/nri-gpushare/src/scripts/install-node.sh",
         uninstall,
         "rm -rf /opt/nri-gpushare/src /run/nri-gpushare/kubernetes",
@@ -492,11 +498,30 @@ def test_uninstall_removes_the_tree_only_after_the_installer_agreed(tmp_path: Pa
     )
     assert done.returncode == 1
     assert "nothing was removed" in done.stderr and "drain" in done.stderr
-    assert node == ["test -f /opt/nri-gpushare/src/scripts/install-node.sh", uninstall]
+    assert node == [
+        f"test -S {PLUGIN_SOCKET}",
+        "test -f /opt/nri-gpushare/src/scripts/install-node.sh",
+        uninstall,
+    ]
     done, node, _ = run_on_fake_node(
         tmp_path / "purge", "node-uninstall.sh", FAKE_SOCKETS="1", PURGE="1"
     )
-    assert node[1] == uninstall + " --purge"
+    assert node[2] == uninstall + " --purge"
+
+
+def test_uninstall_refuses_while_the_daemonset_runs_on_the_node(tmp_path: Path) -> None:
+    """Its device plugin would keep advertising from a removed venv, and its
+    pod install everything again: nothing is touched."""
+    config = node_config()
+    assert PLUGIN_SOCKET == f"{config.device_plugin_dir}/{endpoint(MEMORY)}"
+    done, node, host = run_on_fake_node(
+        tmp_path, "node-uninstall.sh", FAKE_SOCKETS="1", FAKE_PLUGIN="1"
+    )
+    assert done.returncode == 1
+    assert "the DaemonSet still runs on this node" in done.stderr
+    assert "gpushare.io/enabled-" in done.stderr and "Nothing was removed" in done.stderr
+    assert node == [f"test -S {PLUGIN_SOCKET}"]
+    assert list(host.iterdir()) == []
 
 
 def dockerignored(path: str, patterns: list[str]) -> bool:
