@@ -20,7 +20,11 @@
 # containers are not touched).
 #
 # Environment: INSTALL_ARGS (extra install-node.sh arguments, e.g. --no-kmod),
-# CONTAINERD_CONFIG (default /etc/containerd/config.toml), WAIT_SECONDS (60);
+# CONTAINERD_CONFIG (default /etc/containerd/config.toml; set but empty: NRI
+# is the operator's to turn on, as on k3s and RKE2, whose containerd config is
+# generated from a template and whose containerd is not containerd.service:
+# steps 5's enable and restart are skipped, and NRI's socket must be there),
+# WAIT_SECONDS (60);
 # CONFIG_IN and HOST_ROOT: where the pod mounts the ConfigMap's file and the
 # node's /opt/nri-gpushare and /etc/nri-gpushare (/config, /host).
 set -eu
@@ -31,7 +35,7 @@ ETC=/etc/nri-gpushare
 CONFIG=$ETC/gpushare.yaml
 CONFIG_IN=${CONFIG_IN:-/config/gpushare.yaml} # the ConfigMap's mount
 HOST=${HOST_ROOT:-/host}                       # where the node's directories are mounted
-CONTAINERD_CONFIG=${CONTAINERD_CONFIG:-/etc/containerd/config.toml}
+CONTAINERD_CONFIG=${CONTAINERD_CONFIG-/etc/containerd/config.toml}
 WAIT_SECONDS=${WAIT_SECONDS:-60}
 STAMP=.installed-by-daemonset
 
@@ -107,15 +111,21 @@ fi
 # 5. NRI in containerd.  containerd reads its config only at start.
 # shellcheck disable=SC2016 # $1 is the inner shell's
 checksum() { on_node sh -c 'sha256sum "$1" 2>/dev/null || echo none' sh "$CONTAINERD_CONFIG"; }
-before=$(checksum)
-on_node "$VENV/bin/nri-gpushare" enable --config "$CONTAINERD_CONFIG" --plugin-config "$CONFIG"
-after=$(checksum)
-if [ "$before" != "$after" ]; then
-	say "containerd's config changed: restarting containerd (running containers keep running)"
-	on_node systemctl restart containerd
-elif ! on_node test -S "$nri_socket"; then
-	say "no NRI socket at $nri_socket: restarting containerd so that it reads its config"
-	on_node systemctl restart containerd
+if [ -z "$CONTAINERD_CONFIG" ]; then
+	on_node test -S "$nri_socket" ||
+		die "CONTAINERD_CONFIG is empty (NRI is yours to turn on) and there is no NRI socket at $nri_socket: enable NRI in containerd's config (k3s and RKE2: its config.toml.tmpl, docs/kubernetes.md \"Deploy\"), restart containerd (k3s, rke2-agent, ...), then delete this pod"
+	say "CONTAINERD_CONFIG is empty: containerd's config is left alone (NRI's socket is there)"
+else
+	before=$(checksum)
+	on_node "$VENV/bin/nri-gpushare" enable --config "$CONTAINERD_CONFIG" --plugin-config "$CONFIG"
+	after=$(checksum)
+	if [ "$before" != "$after" ]; then
+		say "containerd's config changed: restarting containerd (running containers keep running)"
+		on_node systemctl restart containerd
+	elif ! on_node test -S "$nri_socket"; then
+		say "no NRI socket at $nri_socket: restarting containerd so that it reads its config"
+		on_node systemctl restart containerd
+	fi
 fi
 
 # 6. The daemon, under the node's systemd.  The kubelet made

@@ -475,6 +475,23 @@ def test_install_restarts_containerd_without_an_nri_socket(tmp_path: Path) -> No
     assert "journalctl --no-pager -n 30 -u nri-gpushare.service" in node
 
 
+def test_an_empty_containerd_config_leaves_containerd_to_the_operator(tmp_path: Path) -> None:
+    """k3s/RKE2: their containerd config is generated and their containerd is
+    no containerd.service; NRI's socket must be there, and nothing restarts."""
+    done, node, _ = run_on_fake_node(
+        tmp_path, "node-install.sh", FAKE_SOCKETS="1", FAKE_CHANGED="1", CONTAINERD_CONFIG=""
+    )
+    assert done.returncode == 0, done.stderr
+    assert not [c for c in node if "nri-gpushare enable" in c or "restart containerd" in c]
+    assert "test -S /var/run/nri/nri.sock" in node
+    assert "systemctl enable --now nri-gpushare.service" in node
+    done, node, _ = run_on_fake_node(tmp_path / "no-nri", "node-install.sh", CONTAINERD_CONFIG="")
+    assert done.returncode == 1
+    assert "no NRI socket at /var/run/nri/nri.sock" in done.stderr
+    assert "config.toml.tmpl" in done.stderr
+    assert not [c for c in node if "systemctl" in c]
+
+
 def test_install_refuses_a_bad_configmap_before_touching_the_node(tmp_path: Path) -> None:
     bad = find("ConfigMap")["data"]["gpushare.yaml"] + "max_inst: 99\n"
     done, node, host = run_on_fake_node(tmp_path, "node-install.sh", bad, FAKE_SOCKETS="1")
