@@ -142,3 +142,29 @@ async def test_fragmentation_is_refused_and_counted(containerd, start_plugin, cr
     refusals = scrape(port)["gpushare_refusals_total"]
     assert one(refusals, reason="fragmentation") == 1
     assert one(refusals, reason="capacity") == 0
+
+
+async def test_a_pod_annotation_cannot_add_compute_the_limits_did_not_ask_for(
+    containerd, start_plugin, cri
+):
+    # The scheduler counted no gpu-core for this pod: an annotation reserving
+    # compute would make the next pods the kubelet admits fail.
+    plugin = start_plugin(containerd, inventory=gpu_inventory(1, "16Gi"))
+    kubelet = Kubelet(plugin, 1, 16 * GiB)
+    annotations = await kubelet.allocate({MEMORY: 4})
+    pod_id = await cri.run_pod("adds-core", annotations={P + "gpu-core": "100"})
+    with pytest.raises(GRPCError) as info:
+        await cri.create_container(
+            pod_id, "main", command=["sleep", "3600"], annotations=annotations
+        )
+    message = info.value.message or ""
+    assert "pod annotation gpushare.io/gpu-core=100: the container asks with resources.limits" in (
+        message
+    ), message
+    assert status_json(plugin)["allocations"] == []
+    assert len(await kubelet.healthy(CORE)) == 100
+    # asked in the limits, the same compute is given
+    annotations = await kubelet.allocate({MEMORY: 4, CORE: 100})
+    await sleeper(cri, "limits-core", annotations)
+    [alloc] = status_json(plugin)["allocations"]
+    assert [(g["memory"], g["core"]) for g in alloc["gpus"]] == [(4 * GiB, 100)]
