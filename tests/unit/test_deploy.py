@@ -116,6 +116,21 @@ def test_a_broken_manifest_is_refused(what: str, doc: dict[str, Any]) -> None:
         validate(doc, VERSIONS[-1])
 
 
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_every_kind_is_checked_strictly(path: Path) -> None:
+    """Each document's kind has a schema that is really applied: a field its
+    kind does not have fails (no kind passes by having no schema)."""
+    for doc in documents(path):
+        bad = copy.deepcopy(doc)
+        bad["metadata"]["annotationz"] = {"a": "b"}
+        with pytest.raises(kubernetes_validate.ValidationError, match="annotationz"):
+            validate(bad, VERSIONS[-1])
+        bad = copy.deepcopy(doc)
+        bad["kind"] = bad["kind"] + "X"
+        with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+            validate(bad, VERSIONS[-1])
+
+
 def test_everything_is_in_one_namespace() -> None:
     for path in MANIFESTS:
         for doc in documents(path):
