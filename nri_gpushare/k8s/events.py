@@ -128,8 +128,9 @@ def _check_private_dir(directory: Path) -> None:
         raise EventError(
             f"{directory} must be owned by uid {os.geteuid()} and mode 0700 (it is uid "
             f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}): its token and API server "
-            "address are not used; remove the directory and let the DaemonSet's "
-            "'credentials' container make it again"
+            "address are not used.  The DaemonSet's 'credentials' container makes it so "
+            "when it starts: is its pod running on this node?  If it is, remove the "
+            "directory and delete that pod"
         )
 
 

@@ -283,7 +283,7 @@ def test_credentials_go_where_the_daemon_reads_them() -> None:
     token = mounts["api-token"]
     assert token["mountPath"] == events.SERVICE_ACCOUNT_DIR and token["readOnly"] is True
     sources = volumes["api-token"]["projected"]["sources"]
-    assert {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}} in sources
+    assert {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}} in sources
     assert {
         "configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
     } in sources
