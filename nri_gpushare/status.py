@@ -48,7 +48,7 @@ class UnixServer:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
-            sock = _bind(self.path, self.MODE)
+            sock = bind_socket(self.path, self.MODE)
         except ConfigError as e:
             raise ConfigError(f"{self.KEY} {self.path}: {e}") from None
         except OSError as e:
@@ -116,7 +116,7 @@ def _prepare_directory(directory: Path) -> None:
         )
 
 
-def _bind(path: str, mode: int = SOCKET_MODE) -> socket.socket:
+def bind_socket(path: str, mode: int = SOCKET_MODE) -> socket.socket:
     """A unix socket bound to `path` with `mode`, not yet listening."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 
 from ..share.model import Gpu
 from . import CORE, COUNT, MEMORY, RESOURCES
-from .ids import BadIds, device_id, parse_ids
+from .ids import MAX_ID, BadIds, device_id, parse_ids
 
 GIB = 1 << 30
 CORE_PER_GPU = 100
@@ -119,6 +119,14 @@ def rooms(
 def free_units(room: Sequence[GpuRoom], pending: Iterable[Grant] = ()) -> dict[str, int]:
     """Resource -> how much more the node can place, after `pending` grants
     (whose containers do not hold their share yet)."""
+    return _room(room, pending)[0]
+
+
+def _room(
+    room: Sequence[GpuRoom], pending: Iterable[Grant]
+) -> tuple[dict[str, int], dict[str, int]]:
+    """(free after the pending grants, how much of the pending grants the
+    node still has room for) per resource."""
     usable = [r for r in room if r.slots > 0 and r.free_gib >= 1]
     free = {
         MEMORY: sum(r.free_gib for r in usable),
@@ -130,21 +138,31 @@ def free_units(room: Sequence[GpuRoom], pending: Iterable[Grant] = ()) -> dict[s
     for grant in pending:
         waiting[grant.short] += len(grant.ids)
         containers += grant.short == MEMORY  # every container asks memory once
-    if containers >= sum(r.slots for r in usable):
-        return {short: 0 for short in RESOURCES}
     # gpu-count is held for as long as the pod lives, not used up per GPU.
-    return {
+    backed = {
+        short: (min(n, free[short]) if short != COUNT else n) if usable else 0
+        for short, n in waiting.items()
+    }
+    if containers >= sum(r.slots for r in usable):
+        return {short: 0 for short in RESOURCES}, backed
+    left = {
         short: max(0, n - (waiting[short] if short != COUNT else 0)) for short, n in free.items()
     }
+    return left, backed
 
 
 def totals(room: Sequence[GpuRoom]) -> dict[str, int]:
-    """Resource -> how many devices the node lists (its capacity)."""
-    return {
+    """Resource -> how many devices the node lists (its capacity); ValueError
+    past the IDs there are (a garbled document must not make a list of 10^20)."""
+    count = {
         MEMORY: sum(r.units for r in room),
         CORE: CORE_PER_GPU * len(room),
         COUNT: len(room),
     }
+    for short, n in count.items():
+        if n > MAX_ID + 1:
+            raise ValueError(f"{n} {short} devices are more than the {MAX_ID + 1} IDs there are")
+    return count
 
 
 def advertise(
@@ -169,26 +187,37 @@ def advertise(
                 for g in inventory
             ]
         )
-        return {short: _devices(n, frozenset(), 0) for short, n in count.items()}
+        return {short: _devices(n, frozenset(), frozenset(), 0, 0) for short, n in count.items()}
     held = live_ids(status)
     # A grant whose container is live already counts in the status's figures.
     pending = [g for g in pending if g.short in held and not g.ids & held[g.short]]
     room = rooms(status, max_inst, unhealthy)
     count = totals(room)
-    free = free_units(room, pending)
+    free, backed = _room(room, pending)
     out = {}
     for short, n in count.items():
-        in_use = held[short].union(*(g.ids for g in pending if g.short == short))
-        out[short] = _devices(n, in_use, free[short])
+        waiting = frozenset().union(*(g.ids for g in pending if g.short == short)) - held[short]
+        out[short] = _devices(n, held[short], waiting, backed[short], free[short])
     return out
 
 
-def _devices(total: int, in_use: frozenset[int], free: int) -> tuple[Device, ...]:
-    """IDs 0..total-1: those in use and the lowest `free` others healthy."""
+def _devices(
+    total: int, live: frozenset[int], waiting: frozenset[int], backed: int, free: int
+) -> tuple[Device, ...]:
+    """IDs 0..total-1: healthy are those live containers hold, the lowest
+    `backed` of those pending grants hold, and the lowest `free` others.
+
+    A pending grant whose pod the kubelet deleted leaves IDs the kubelet may
+    hand out again: they are healthy only as far as the node has room for
+    them (`backed`), or a share taken meanwhile another way would be
+    admitted twice."""
     devices = []
     for n in range(total):
-        if n in in_use:
+        if n in live:
             healthy = True
+        elif n in waiting:
+            healthy = backed > 0
+            backed -= healthy
         else:
             healthy = free > 0
             free -= healthy

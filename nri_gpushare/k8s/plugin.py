@@ -3,31 +3,37 @@ per resource on the kubelet's device-plugin directory, registered with the
 kubelet, advertising what `capacity` says the node can still place.
 
 - `PluginState`: the device lists, refreshed about once a second from the
-  daemon's status document and GPU health, plus the grants of recent
+  daemon's status document and GPU health, plus the grants of
   ``Allocate`` calls whose containers the daemon does not show yet.
 - `DevicePluginService`: the ``v1beta1.DevicePlugin`` service of one
   resource.  ``Allocate`` answers from memory (never waits for the daemon or
   the kubelet) with the annotation the NRI plugin reads; the IDs it handed
-  out count as in use until the daemon shows them on a live container or ten
-  minutes pass (the kubelet allocates at admission, the container is created
-  after the image pull).
+  out count as in use until the daemon shows them on a new live container,
+  the kubelet shows it no longer holds them (it offers them again in
+  ``GetPreferredAllocation`` or allocates them again), or an hour passes (the
+  kubelet allocates at admission; the container is created after the image
+  pull and the init containers, which can take long).
 - `DevicePlugin`: the sockets and the registration.  The kubelet deletes
   every socket in the directory when it starts and creates a new
   ``kubelet.sock``; once a second this checks both, serves again where our
   socket is gone and registers again (with backoff while it fails) where the
-  kubelet is new.
+  kubelet is new.  A second process on the same directory takes the sockets
+  over; the first steps back and serves again only once they are gone.
 - `serve`: all of it until SIGTERM/SIGINT, which removes our sockets.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import os
 import signal
+import socket
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from grpclib.client import Channel
 from grpclib.const import Status
@@ -36,7 +42,7 @@ from grpclib.server import Server
 
 from ..config import Config
 from ..share.model import Gpu
-from ..status import _bind, query_status
+from ..status import bind_socket
 from . import ANNOTATIONS, API_VERSION, HEALTHY, KUBELET_SOCKET, RESOURCES, UNHEALTHY, endpoint
 from .capacity import Device, Grant, advertise, live_ids
 from .generated import v1beta1 as pb
@@ -45,11 +51,21 @@ from .ids import BadIds, device_id, format_ids, id_number
 
 log = logging.getLogger(__name__)
 
-PENDING_TTL = 600.0
-"""Seconds an Allocate's IDs count as in use before the daemon shows them."""
+PENDING_TTL = 3600.0
+"""Seconds an Allocate's IDs count as in use at most, when neither the daemon
+nor the kubelet shows what became of them."""
+RESTART_TTL = 900.0
+"""Seconds the IDs of a container that stopped count as in use at most (the
+kubelet restarts a container with the same IDs, after a back-off of up to
+5 minutes), when neither the daemon nor the kubelet shows what became of them."""
 POLL = 1.0
 """Seconds between refreshes of the device lists and checks of the sockets."""
 STATUS_TIMEOUT = 2.0
+"""Seconds the daemon's whole status reply may take."""
+STATUS_MAX_BYTES = 64 << 20
+"""Largest status reply read."""
+HEALTH_TIMEOUT = 10.0
+"""Seconds an NVML health check may take before every GPU counts as unhealthy."""
 REGISTER_TIMEOUT = 5.0
 REGISTER_DELAYS = (1.0, 2.0, 5.0, 10.0, 30.0)
 """Seconds before each further Register attempt after a failure (then the last)."""
@@ -65,6 +81,26 @@ HealthSource = Callable[[], Collection[int]]
 OPTIONS = pb.DevicePluginOptions(get_preferred_allocation_available=True)
 
 
+class _Waiting(NamedTuple):
+    """A grant whose container is not live yet."""
+
+    stamp: float
+    grant: Grant
+    holders: frozenset[str]
+    """Containers that held some of its IDs when it was made (the kubelet let
+    go of them; the daemon had not yet): they do not make the grant live."""
+    ttl: float = PENDING_TTL
+
+
+def _holders(status: Mapping[str, Any] | None) -> list[tuple[str, Mapping[str, frozenset[int]]]]:
+    """(container ID, resource -> IDs) of every live allocation in `status`."""
+    out: list[tuple[str, Mapping[str, frozenset[int]]]] = []
+    for alloc in (status or {}).get("allocations", ()):
+        if isinstance(alloc, Mapping):
+            out.append((str(alloc.get("container_id")), live_ids({"allocations": [alloc]})))
+    return out
+
+
 class PluginState:
     """The device lists of every resource and what they are computed from."""
 
@@ -76,16 +112,21 @@ class PluginState:
         status: StatusSource,
         health: HealthSource = frozenset,
         clock: Callable[[], float] = time.monotonic,
+        health_timeout: float = HEALTH_TIMEOUT,
     ) -> None:
         self._inventory = tuple(inventory)
         self._reserve = memory_reserve_bytes
         self._max_inst = max_inst
         self._status_source = status
         self._health_source = health
+        self._health_timeout = health_timeout
+        self._health_job: asyncio.Future[Collection[int]] | None = None
+        self._health_since = 0.0
         self._clock = clock
         self._status: Mapping[str, Any] | None = None
         self._unhealthy: frozenset[int] = frozenset()
-        self._pending: list[tuple[float, Grant]] = []
+        self._pending: list[_Waiting] = []
+        self._live: dict[str, Mapping[str, frozenset[int]]] = {}
         self._reachable: bool | None = None
         self._changed = asyncio.Event()
         self.version = 0
@@ -94,7 +135,7 @@ class PluginState:
 
     @property
     def pending(self) -> tuple[Grant, ...]:
-        return tuple(grant for _, grant in self._pending)
+        return tuple(w.grant for w in self._pending)
 
     def listed(self, short: str) -> frozenset[int]:
         """The numbers of the devices `short` lists (healthy or not)."""
@@ -107,12 +148,35 @@ class PluginState:
             problem = ""
         except Exception as e:  # down, restarting, a garbled reply: nothing is free
             status, problem = None, str(getattr(e, "strerror", None) or e)
+        self.update(status, await self._health(), problem)
+
+    async def _health(self) -> frozenset[int]:
+        """The unhealthy GPUs.  One NVML check runs at a time, in a thread; one
+        that has not answered within the timeout (a GPU wedged in the driver)
+        makes every GPU unhealthy until it answers, without a thread more."""
+        if self._health_job is None:
+            self._health_job = asyncio.ensure_future(asyncio.to_thread(self._health_source))
+            self._health_since = time.monotonic()
+        job = self._health_job
+        left = self._health_since + self._health_timeout - time.monotonic()
+        await asyncio.wait({job}, timeout=max(0.0, left))
+        if not job.done():
+            if self._unhealthy != self._all():
+                log.warning(
+                    "NVML has not answered a health check for %.0f s: every GPU is reported "
+                    "unhealthy until it does",
+                    self._health_timeout,
+                )
+            return self._all()
+        self._health_job = None
         try:
-            unhealthy = frozenset(await asyncio.to_thread(self._health_source))
+            return frozenset(job.result())
         except Exception as e:
             log.warning("GPU health check failed (%s); keeping the last result", e)
-            unhealthy = self._unhealthy
-        self.update(status, unhealthy, problem)
+            return self._unhealthy
+
+    def _all(self) -> frozenset[int]:
+        return frozenset(g.index for g in self._inventory)
 
     def update(
         self, status: Mapping[str, Any] | None, unhealthy: frozenset[int], problem: str = ""
@@ -124,8 +188,10 @@ class PluginState:
             log.warning("unhealthy GPUs (NVML): %s", sorted(unhealthy) or "none")
         self._unhealthy = unhealthy
         try:
-            live = live_ids(status) if status is not None else {}
-            self._drop_grants(live)
+            holders = _holders(status)
+            if status is not None:
+                self._stopped(dict(holders))
+            self._drop_grants(holders)
             devices = self._advertise(status)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             if status is None:
@@ -146,29 +212,75 @@ class PluginState:
         self._status = status
         self._publish(devices)
 
-    def _drop_grants(self, live: Mapping[str, frozenset[int]]) -> None:
-        """Forget the grants whose IDs are live and those too old."""
+    def _stopped(self, live: dict[str, Mapping[str, frozenset[int]]]) -> None:
+        """A container that held kubelet IDs and is gone may be restarted by
+        the kubelet with the same IDs (no Allocate then): its IDs count as a
+        grant again until a new container holds them, the kubelet shows it
+        let go of them, or `RESTART_TTL` passes."""
+        now = self._clock()
+        for cid, held in self._live.items():
+            if cid in live:
+                continue
+            for short, ids in held.items():
+                if ids:
+                    log.debug("container %s stopped: its %s %s wait", cid, short, format_ids(ids))
+                    grant = Grant(short, ids)
+                    self._pending.append(_Waiting(now, grant, frozenset({cid}), RESTART_TTL))
+        self._live = live
+
+    def _drop_grants(self, holders: Sequence[tuple[str, Mapping[str, frozenset[int]]]]) -> None:
+        """Forget the grants a new live container holds and those too old."""
         now = self._clock()
         kept = []
-        for stamp, grant in self._pending:
-            if grant.ids & live.get(grant.short, frozenset()):
+        for waiting in self._pending:
+            grant = waiting.grant
+            if any(
+                grant.ids & ids.get(grant.short, frozenset())
+                for cid, ids in holders
+                if cid not in waiting.holders
+            ):
                 log.debug("grant %s %s is live", grant.short, format_ids(grant.ids))
-            elif now - stamp >= PENDING_TTL:
+            elif now - waiting.stamp >= waiting.ttl:
                 log.info(
                     "grant %s %s expired: no container took it within %.0f s",
                     grant.short,
                     format_ids(grant.ids),
-                    PENDING_TTL,
+                    waiting.ttl,
                 )
             else:
-                kept.append((stamp, grant))
+                kept.append(waiting)
         self._pending = kept
 
     def grant(self, grants: Iterable[Grant]) -> None:
-        """Count what an Allocate call handed out as in use from now on."""
+        """Count what an Allocate call handed out as in use from now on.  A
+        new grant replaces older ones sharing its IDs: the kubelet hands IDs
+        out again only once it let go of them (that container will not come)
+        or to a container reusing its pod's init container's IDs."""
         now = self._clock()
-        self._pending.extend((now, grant) for grant in grants)
+        holders = _holders(self._status)
+        for grant in grants:
+            self._forget(grant.short, grant.ids, "the kubelet allocated its IDs again")
+            old = frozenset(
+                cid for cid, ids in holders if grant.ids & ids.get(grant.short, frozenset())
+            )
+            self._pending.append(_Waiting(now, grant, old))
         self._publish(self._advertise(self._status))
+
+    def kubelet_frees(self, short: str, ids: frozenset[int]) -> None:
+        """The kubelet offers `ids` as available: it holds none of them, so
+        grants with any of them belong to containers it gave up."""
+        if self._forget(short, ids, "the kubelet lists its IDs as free"):
+            self._publish(self._advertise(self._status))
+
+    def _forget(self, short: str, ids: frozenset[int], why: str) -> bool:
+        kept = [w for w in self._pending if w.grant.short != short or not w.grant.ids & ids]
+        if len(kept) == len(self._pending):
+            return False
+        for w in self._pending:
+            if w not in kept:
+                log.info("grant %s %s dropped: %s", short, format_ids(w.grant.ids), why)
+        self._pending = kept
+        return True
 
     def _advertise(self, status: Mapping[str, Any] | None) -> dict[str, tuple[Device, ...]]:
         return advertise(
@@ -242,6 +354,8 @@ class DevicePluginService(pb.DevicePluginBase):  # type: ignore[misc]  # untyped
         for container in request.container_requests:
             available = self._numbers(container.available_device_i_ds)
             must = self._numbers(container.must_include_device_i_ds)
+            # must_include: an init container's IDs the pod's next container reuses.
+            self._state.kubelet_frees(self.short, available - must)
             size = container.allocation_size
             if not 0 <= size <= len(available | must):
                 raise _refuse(
@@ -288,6 +402,39 @@ class DevicePluginService(pb.DevicePluginBase):  # type: ignore[misc]  # untyped
             return frozenset(id_number(d) for d in devices)
         except BadIds as e:
             raise _refuse(f"{self.resource}: {e}") from None
+
+
+def read_status(
+    path: str, timeout: float = STATUS_TIMEOUT, limit: int = STATUS_MAX_BYTES
+) -> dict[str, Any]:
+    """The daemon's status document (blocking): the whole reply within
+    `timeout` seconds and `limit` bytes, so that a daemon that hangs or
+    trickles holds neither this thread nor memory for long."""
+    deadline = time.monotonic() + timeout
+    chunks: list[bytes] = []
+    size = 0
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(path)
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                if left <= 0:
+                    raise TimeoutError
+                sock.settimeout(left)
+                chunk = sock.recv(1 << 16)
+            except TimeoutError:
+                raise TimeoutError(f"the status reply took more than {timeout:g} s") from None
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > limit:
+                raise ValueError(f"the status reply is larger than {limit} bytes")
+            chunks.append(chunk)
+    document = json.loads(b"".join(chunks))
+    if not isinstance(document, dict):
+        raise ValueError("the status reply is not a JSON object")
+    return document
 
 
 def _identity(path: str) -> tuple[int, int, int] | None:
@@ -356,6 +503,7 @@ class DevicePlugin:
         self._failures: dict[str, int] = {}
         self._next_try: dict[str, float] = {}
         self._problems: dict[str, str] = {}
+        self._yielded: set[str] = set()
         self.registrations = 0
 
     def socket_path(self, short: str) -> str:
@@ -365,25 +513,59 @@ class DevicePlugin:
     def registered(self) -> frozenset[str]:
         return frozenset(self._registered)
 
+    @property
+    def serving(self) -> frozenset[str]:
+        return frozenset(self._endpoints)
+
     async def run(self, stop: asyncio.Event, poll: float = POLL) -> None:
-        while not stop.is_set():
-            try:
-                await self.tick()
-            except Exception:  # a bug: keep serving what is served
-                log.exception("checking the sockets and the registration failed")
-            try:
-                await asyncio.wait_for(stop.wait(), poll)
-            except TimeoutError:
-                pass
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set():
+                tick = asyncio.ensure_future(self.tick())
+                # A stop does not wait for a Register call the kubelet does not answer.
+                await asyncio.wait({tick, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                if not tick.done():
+                    tick.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await tick
+                    break
+                if not tick.cancelled() and tick.exception() is not None:
+                    # a bug: keep serving what is served
+                    log.error(
+                        "checking the sockets and the registration failed",
+                        exc_info=tick.exception(),
+                    )
+                await asyncio.wait({stopping}, timeout=poll)
+        finally:
+            stopping.cancel()
 
     async def tick(self) -> None:
         """Serve where our socket is gone, register where the kubelet is new
         or an attempt is due."""
         for short in RESOURCES:
             current = self._endpoints.get(short)
+            path = self.socket_path(short)
+            if current is not None and not current.serving():
+                if _identity(path) is not None:
+                    # Not the kubelet (it only removes): a newer device plugin.
+                    log.warning(
+                        "%s is another process's now (a second device plugin): it serves "
+                        "%s; this one steps back until that socket is gone",
+                        path,
+                        RESOURCES[short],
+                    )
+                    del self._endpoints[short]
+                    self._registered.discard(short)
+                    self._yielded.add(short)
+                    await current.close()
+                    continue
+                log.info("%s was removed (the kubelet restarted?): serving again", path)
+            if short in self._yielded:
+                if _identity(path) is not None:
+                    continue
+                self._yielded.discard(short)
+                log.info("%s is gone: serving %s again", path, RESOURCES[short])
             if current is None or not current.serving():
-                if current is not None:
-                    log.info("%s was removed (the kubelet restarted?): serving again", current.path)
                 if await self._serve(short):
                     self._registered.discard(short)
         kubelet = _identity(self.kubelet_socket)
@@ -411,7 +593,7 @@ class DevicePlugin:
         server = Server([service])
         try:
             _unlink(path)  # a stale socket of an earlier run
-            sock = _bind(path, SOCKET_MODE)
+            sock = bind_socket(path, SOCKET_MODE)
             await server.start(sock=sock)
         except OSError as e:
             self._say(short, f"cannot serve {RESOURCES[short]} on {path}: {e.strerror or e}")
@@ -484,7 +666,7 @@ async def serve(config: Config, gpus: Sequence[Gpu], nvml_module: Any = None) ->
         gpus,
         config.memory_reserve_bytes,
         config.max_inst,
-        status=lambda: query_status(config.status_socket, STATUS_TIMEOUT),
+        status=lambda: read_status(config.status_socket),
         health=lambda: health.unhealthy(indexes),
     )
     plugin = DevicePlugin(config.device_plugin_dir, state)
