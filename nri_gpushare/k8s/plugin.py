@@ -31,6 +31,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -54,7 +55,7 @@ log = logging.getLogger(__name__)
 PENDING_TTL = 3600.0
 """Seconds an Allocate's IDs count as in use at most, when neither the daemon
 nor the kubelet shows what became of them."""
-RESTART_TTL = 900.0
+RESTART_TTL = 360.0
 """Seconds the IDs of a container that stopped count as in use at most (the
 kubelet restarts a container with the same IDs, after a back-off of up to
 5 minutes), when neither the daemon nor the kubelet shows what became of them."""
@@ -66,6 +67,8 @@ STATUS_MAX_BYTES = 64 << 20
 """Largest status reply read."""
 HEALTH_TIMEOUT = 10.0
 """Seconds an NVML health check may take before every GPU counts as unhealthy."""
+HEALTH_WAIT = 1.0
+"""Seconds a refresh waits for a health check (the last result stands meanwhile)."""
 REGISTER_TIMEOUT = 5.0
 REGISTER_DELAYS = (1.0, 2.0, 5.0, 10.0, 30.0)
 """Seconds before each further Register attempt after a failure (then the last)."""
@@ -122,6 +125,7 @@ class PluginState:
         self._health_timeout = health_timeout
         self._health_job: asyncio.Future[Collection[int]] | None = None
         self._health_since = 0.0
+        self._health_known = False
         self._clock = clock
         self._status: Mapping[str, Any] | None = None
         self._unhealthy: frozenset[int] = frozenset()
@@ -151,17 +155,22 @@ class PluginState:
         self.update(status, await self._health(), problem)
 
     async def _health(self) -> frozenset[int]:
-        """The unhealthy GPUs.  One NVML check runs at a time, in a thread; one
-        that has not answered within the timeout (a GPU wedged in the driver)
-        makes every GPU unhealthy until it answers, without a thread more."""
+        """The unhealthy GPUs.  One NVML check runs at a time, in a thread; a
+        refresh waits for it a second at most and keeps the last result
+        meanwhile.  One that has not answered within the timeout (a GPU
+        wedged in the driver) makes every GPU unhealthy until it answers,
+        as does having no answer yet."""
         if self._health_job is None:
-            self._health_job = asyncio.ensure_future(asyncio.to_thread(self._health_source))
+            self._health_job = _in_daemon_thread(self._health_source)
             self._health_since = time.monotonic()
         job = self._health_job
-        left = self._health_since + self._health_timeout - time.monotonic()
-        await asyncio.wait({job}, timeout=max(0.0, left))
+        deadline = self._health_since + self._health_timeout
+        await asyncio.wait({job}, timeout=max(0.0, min(deadline - time.monotonic(), HEALTH_WAIT)))
         if not job.done():
-            if self._unhealthy != self._all():
+            late = time.monotonic() >= deadline
+            if not late and self._health_known:
+                return self._unhealthy
+            if late and self._unhealthy != self._all():
                 log.warning(
                     "NVML has not answered a health check for %.0f s: every GPU is reported "
                     "unhealthy until it does",
@@ -170,10 +179,17 @@ class PluginState:
             return self._all()
         self._health_job = None
         try:
-            return frozenset(job.result())
+            unhealthy = frozenset(job.result())
         except Exception as e:
             log.warning("GPU health check failed (%s); keeping the last result", e)
             return self._unhealthy
+        self._health_known = True
+        return unhealthy
+
+    @property
+    def health_busy(self) -> bool:
+        """Whether a health check is still running (NVML may hang in it)."""
+        return self._health_job is not None and not self._health_job.done()
 
     def _all(self) -> frozenset[int]:
         return frozenset(g.index for g in self._inventory)
@@ -302,6 +318,33 @@ class PluginState:
         """Return once `version` is not current, or on `wake`."""
         if self.version == version:
             await self._changed.wait()
+
+
+def _in_daemon_thread(call: Callable[[], Collection[int]]) -> asyncio.Future[Collection[int]]:
+    """`call()` in a thread of its own that the process does not wait for at
+    exit (the default executor's would be: a hung NVML call would hang SIGTERM)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Collection[int]] = loop.create_future()
+
+    def settle(result: Collection[int] | None, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            assert result is not None
+            future.set_result(result)
+
+    def run() -> None:
+        try:
+            result, error = call(), None
+        except Exception as e:
+            result, error = None, e
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name="gpushare-health", daemon=True).start()
+    return future
 
 
 def _response(devices: Sequence[Device]) -> pb.ListAndWatchResponse:
@@ -660,14 +703,22 @@ async def refresh_loop(state: PluginState, stop: asyncio.Event, poll: float = PO
 
 async def serve(config: Config, gpus: Sequence[Gpu], nvml_module: Any = None) -> int:
     """Run the device plugin until SIGTERM or SIGINT; 0 when stopped so."""
-    health = await asyncio.to_thread(GpuHealth, config.use_nvml, nvml_module)
     indexes = [gpu.index for gpu in gpus]
+    nvml: list[GpuHealth] = []
+
+    def health() -> frozenset[int]:
+        # NVML is set up in the first check: a hung nvmlInit is a hung check
+        # (every GPU unhealthy), not a device plugin that never serves.
+        if not nvml:
+            nvml.append(GpuHealth(config.use_nvml, nvml_module))
+        return nvml[0].unhealthy(indexes)
+
     state = PluginState(
         gpus,
         config.memory_reserve_bytes,
         config.max_inst,
         status=lambda: read_status(config.status_socket),
-        health=lambda: health.unhealthy(indexes),
+        health=health,
     )
     plugin = DevicePlugin(config.device_plugin_dir, state)
     stop = asyncio.Event()
@@ -679,14 +730,15 @@ async def serve(config: Config, gpus: Sequence[Gpu], nvml_module: Any = None) ->
         len(gpus),
         config.device_plugin_dir,
         config.status_socket,
-        "on" if health.active else "off",
+        "asked" if config.use_nvml else "off",
     )
     try:
         await state.refresh()
         await asyncio.gather(refresh_loop(state, stop), plugin.run(stop))
     finally:
         await plugin.close()
-        await asyncio.to_thread(health.close)
+        if nvml and not state.health_busy:  # a hung NVML call stays in its own thread
+            nvml[0].close()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
     log.info("nri-gpushare device-plugin: stopped")

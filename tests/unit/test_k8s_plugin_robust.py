@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import signal
 import socket
 import tempfile
 import threading
@@ -23,6 +25,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from nri_gpushare.config import Config
 from nri_gpushare.k8s import CORE, COUNT, MEMORY, RESOURCES, endpoint
 from nri_gpushare.k8s.capacity import GIB, Grant, advertise
 from nri_gpushare.k8s.generated import v1beta1 as pb
@@ -33,6 +36,7 @@ from nri_gpushare.k8s.plugin import (
     DevicePluginService,
     PluginState,
     read_status,
+    serve,
 )
 from nri_gpushare.share.model import ShareRefused
 from tests.k8s.kubelet import TestKubelet, healthy
@@ -451,3 +455,32 @@ async def test_list_and_watch_streams_do_not_pile_up(state: PluginState, daemon:
         got: list[Any] = [m async for m in s]
         assert len(got) <= 1  # the latest list, or none
     assert service.streams == 0
+
+
+class HungNvml:
+    """nvmlInit never returns (a wedged driver) until `release` is set."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def nvmlInit(self) -> None:
+        self.release.wait(120)
+        raise RuntimeError("NVML Shared Library Not Found")
+
+
+async def test_a_hung_nvml_init_does_not_stop_serving_or_exiting(short_dir: Path) -> None:
+    """The process serves (every GPU unhealthy) and SIGTERM ends it although
+    nvmlInit never returns; the stuck thread is not one exit waits for."""
+    config = Config(device_plugin_dir=str(short_dir), status_socket=str(short_dir / "none.sock"))
+    nvml = HungNvml()
+    try:
+        async with TestKubelet(short_dir) as kubelet:
+            running = asyncio.create_task(serve(config, GPUS, nvml))
+            devices = await kubelet.wait_for(RESOURCES[MEMORY], lambda d: len(d) == 32)  # no reserve
+            assert healthy(devices) == 0
+            stuck = [t for t in threading.enumerate() if t.name == "gpushare-health"]
+            assert stuck and all(t.daemon for t in stuck)
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert await asyncio.wait_for(running, 30) == 0  # a hang guard
+    finally:
+        nvml.release.set()
