@@ -57,6 +57,9 @@ class Grant:
 
     short: str  # MEMORY, CORE or COUNT
     ids: frozenset[int]
+    slot: bool = True
+    """Whether it needs a container slot (max_inst) too: not when it is the
+    IDs of a container that stopped (see `nri_gpushare.k8s.plugin`)."""
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,7 @@ def _room(
     containers = 0
     for grant in pending:
         waiting[grant.short] += len(grant.ids)
-        containers += grant.short == MEMORY  # every container asks memory once
+        containers += grant.short == MEMORY and grant.slot  # a container asks memory once
     # gpu-count is held for as long as the pod lives, not used up per GPU.
     backed = {
         short: (min(n, free[short]) if short != COUNT else n) if usable else 0

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -55,6 +56,11 @@ log = logging.getLogger(__name__)
 PENDING_TTL = 3600.0
 """Seconds an Allocate's IDs count as in use at most, when neither the daemon
 nor the kubelet shows what became of them."""
+SLOT_TTL = 600.0
+"""Seconds a grant also holds a container slot (max_inst).  A grant whose pod
+was deleted before its container was seen holds memory and compute without
+harm (its IDs stay admittable), but a slot held keeps the node's room out of
+sight."""
 RESTART_TTL = 360.0
 """Seconds the IDs of a container that stopped count as in use at most (the
 kubelet restarts a container with the same IDs, after a back-off of up to
@@ -131,6 +137,8 @@ class PluginState:
         self._unhealthy: frozenset[int] = frozenset()
         self._pending: list[_Waiting] = []
         self._live: dict[str, Mapping[str, frozenset[int]]] = {}
+        self._gone: set[str] = set()
+        """Live containers whose IDs the kubelet handed out again: it let go of them."""
         self._reachable: bool | None = None
         self._changed = asyncio.Event()
         self.version = 0
@@ -232,17 +240,20 @@ class PluginState:
         """A container that held kubelet IDs and is gone may be restarted by
         the kubelet with the same IDs (no Allocate then): its IDs count as a
         grant again until a new container holds them, the kubelet shows it
-        let go of them, or `RESTART_TTL` passes."""
+        let go of them, or `RESTART_TTL` passes.  Its memory and compute,
+        not its container slot: most such containers belong to deleted pods,
+        and holding their slots would keep the node's room out of sight."""
         now = self._clock()
         for cid, held in self._live.items():
-            if cid in live:
+            if cid in live or cid in self._gone:
                 continue
             for short, ids in held.items():
                 if ids:
                     log.debug("container %s stopped: its %s %s wait", cid, short, format_ids(ids))
-                    grant = Grant(short, ids)
+                    grant = Grant(short, ids, slot=False)
                     self._pending.append(_Waiting(now, grant, frozenset({cid}), RESTART_TTL))
         self._live = live
+        self._gone &= live.keys()
 
     def _drop_grants(self, holders: Sequence[tuple[str, Mapping[str, frozenset[int]]]]) -> None:
         """Forget the grants a new live container holds and those too old."""
@@ -279,6 +290,7 @@ class PluginState:
             old = frozenset(
                 cid for cid, ids in holders if grant.ids & ids.get(grant.short, frozenset())
             )
+            self._gone |= old
             self._pending.append(_Waiting(now, grant, old))
         self._publish(self._advertise(self._status))
 
@@ -299,8 +311,22 @@ class PluginState:
         return True
 
     def _advertise(self, status: Mapping[str, Any] | None) -> dict[str, tuple[Device, ...]]:
+        if status is not None and self._gone:
+            # Their share is still in the daemon's figures, but their IDs are
+            # the kubelet's to hand out: not healthy as a live container's.
+            status = dict(status)
+            status["allocations"] = [
+                a
+                for a in status.get("allocations", ())
+                if not (isinstance(a, Mapping) and str(a.get("container_id")) in self._gone)
+            ]
+        now = self._clock()
+        pending = [
+            w.grant if now - w.stamp < SLOT_TTL else dataclasses.replace(w.grant, slot=False)
+            for w in self._pending
+        ]
         return advertise(
-            status, self._inventory, self._reserve, self._max_inst, self.pending, self._unhealthy
+            status, self._inventory, self._reserve, self._max_inst, pending, self._unhealthy
         )
 
     def _publish(self, devices: dict[str, tuple[Device, ...]]) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from nri_gpushare.k8s import CORE, MEMORY, RESOURCES
-from nri_gpushare.k8s.ids import parse_ids
+from nri_gpushare.k8s.ids import format_ids, parse_ids
 from tests.integration.plugin import PluginProcess, gpu_inventory
 from tests.integration.test_device_plugin import DevicePluginProcess
 from tests.k8s.kubelet import TestKubelet
@@ -47,6 +47,7 @@ class RealNode:
     daemon: PluginProcess
     kubelet: TestKubelet
     cri: Any
+    plugin: DevicePluginProcess
     held: dict[str, dict[str, set[str]]] = field(default_factory=dict)  # pod -> resource -> IDs
     pods: dict[str, tuple[str, str]] = field(default_factory=dict)  # pod -> (sandbox, container)
 
@@ -80,6 +81,14 @@ class RealNode:
         return cid
 
     async def delete(self, pod: str) -> None:
+        """As the kubelet deletes a pod that ran: seen running by the device
+        plugin first (one deleted within the second before it looks leaves
+        its Allocate grant holding a container slot for up to SLOT_TTL;
+        docs/kubernetes.md)."""
+        seen = f"grant gpu-memory {format_ids(int(i) for i in self.held[pod][MEM])} is live"
+        async with asyncio.timeout(15):
+            while seen not in self.plugin.log():
+                await asyncio.sleep(0.1)
         sandbox, cid = self.pods.pop(pod)
         await self.cri.stop(cid)
         await self.cri.remove(cid)
@@ -127,7 +136,7 @@ async def node(containerd, start_plugin, cri) -> AsyncIterator[RealNode]:
                     await kubelet.wait_for(
                         resource, lambda d: any(x.health == "Healthy" for x in d)
                     )
-                yield RealNode(daemon, kubelet, cri)
+                yield RealNode(daemon, kubelet, cri, plugin)
             finally:
                 await plugin.stop()
                 print(f"--- device plugin log ---\n{plugin.log()[-6000:]}")

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from grpclib.client import Channel
+from grpclib.exceptions import GRPCError
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -32,6 +34,7 @@ from nri_gpushare.k8s.generated import v1beta1 as pb
 from nri_gpushare.k8s.ids import MAX_ID
 from nri_gpushare.k8s.plugin import (
     RESTART_TTL,
+    SLOT_TTL,
     DevicePlugin,
     DevicePluginService,
     PluginState,
@@ -104,10 +107,15 @@ class Kubelet:
         self.pods.append(Pod(grants))
 
     def create(self, pod: Pod) -> None:
-        """CreateContainer (first start or a restart): never refused for capacity."""
+        """CreateContainer (first start or a restart): never refused for
+        capacity, but for a restart the GPU's container slots may be taken
+        (max_inst; docs/kubernetes.md): the kubelet tries again later then."""
         try:
             alloc = self.node.create(pod.grants)
         except ShareRefused as e:
+            [gpu] = self.node.status()["gpus"]
+            if pod.stopped and len(gpu["containers"]) >= self.node.policy.max_inst:
+                return
             raise AssertionError(f"admitted, then refused: {e}") from None
         pod.cid, pod.stopped = alloc.container_id, False
 
@@ -142,12 +150,26 @@ class Kubelet:
 # A pod deleted before its container came leaves a grant; a share taken by hand
 # meanwhile must not make its IDs admittable.
 @example(1, 1, [("admit", 1, 0), ("delete", 1, 0), ("outside", 1, 0), ("admit", 1, 0)])
-# A container that exited holds no slot in the daemon, but the kubelet restarts it.
+# The kubelet hands a deleted pod's IDs out again before the plugin saw it go:
+# the rest of that pod's IDs are not healthy as a live container's.
 @example(
     2,
     1,
-    [("admit", 1, 0), ("create", 1, 0), ("stop", 1, 0), ("refresh", 1, 0), ("admit", 1, 0)]
-    + [("create", 1, 0), ("restart", 1, 0)],
+    [("admit", 2, 0), ("create", 1, 0), ("refresh", 1, 0), ("delete", 1, 0), ("admit", 1, 0)]
+    + [("admit", 1, 0)],
+)
+# A container that exited: its memory waits for its restart, not its slot.
+@example(
+    2,
+    1,
+    [("admit", 1, 0), ("create", 1, 0), ("refresh", 1, 0), ("stop", 1, 0), ("refresh", 1, 0)]
+    + [("admit", 1, 0), ("create", 1, 0), ("restart", 1, 0)],
+)
+@example(
+    4,
+    4,
+    [("admit", 3, 50), ("create", 1, 0), ("refresh", 1, 0), ("stop", 1, 0), ("refresh", 1, 0)]
+    + [("admit", 2, 50), ("create", 1, 0), ("restart", 1, 0)],
 )
 def test_one_gpu_lifecycle_never_admits_what_cannot_be_placed(
     memory_gib: int, max_inst: int, steps: list[tuple[str, int, int]]
@@ -196,7 +218,7 @@ async def test_a_restarting_container_keeps_its_room(daemon: Daemon, clock: Cloc
     await state.refresh()
     daemon.doc = status_doc()  # c1 exited
     await state.refresh()
-    assert state.pending == (Grant(MEMORY, frozenset(range(4))),)
+    assert state.pending == (Grant(MEMORY, frozenset(range(4)), slot=False),)
     memory = state.devices[MEMORY]
     assert sum(d.healthy for d in memory) == 30  # its 4 IDs and 26 others
     # The kubelet offers them to another pod: it deleted c1's pod.
@@ -253,9 +275,9 @@ async def test_a_grant_is_not_live_by_the_container_that_let_go_of_its_ids(
     await DevicePluginService(MEMORY, state).allocate(allocate_request(["0", "1", "2", "3"]))
     await state.refresh()
     assert state.pending == (Grant(MEMORY, frozenset(range(4))),)
-    daemon.doc = status_doc()
+    daemon.doc = status_doc()  # c1 stops: no restart to wait for, the kubelet let go
     await state.refresh()
-    assert Grant(MEMORY, frozenset(range(4))) in state.pending
+    assert state.pending == (Grant(MEMORY, frozenset(range(4))),)
     daemon.doc = status_doc(({"container_id": "c2", "kubelet": {MEMORY: "0-3"}},), (4, 0))
     await state.refresh()
     assert not state.pending
@@ -476,7 +498,9 @@ async def test_a_hung_nvml_init_does_not_stop_serving_or_exiting(short_dir: Path
     try:
         async with TestKubelet(short_dir) as kubelet:
             running = asyncio.create_task(serve(config, GPUS, nvml))
-            devices = await kubelet.wait_for(RESOURCES[MEMORY], lambda d: len(d) == 32)  # no reserve
+            devices = await kubelet.wait_for(
+                RESOURCES[MEMORY], lambda d: len(d) == 32
+            )  # no reserve
             assert healthy(devices) == 0
             stuck = [t for t in threading.enumerate() if t.name == "gpushare-health"]
             assert stuck and all(t.daemon for t in stuck)
@@ -484,3 +508,55 @@ async def test_a_hung_nvml_init_does_not_stop_serving_or_exiting(short_dir: Path
             assert await asyncio.wait_for(running, 30) == 0  # a hang guard
     finally:
         nvml.release.set()
+
+
+async def test_allocate_with_100k_ids_or_huge_strings_is_refused_briefly(
+    state: PluginState,
+) -> None:
+    service = DevicePluginService(MEMORY, state)
+    for devices in ([str(n) for n in range(100_000)], ["7" * 1_000_000], ["1", "x" * 10**6]):
+        with pytest.raises(GRPCError) as refused:
+            await service.allocate(allocate_request(devices))
+        assert len(refused.value.message or "") < 300
+    assert not state.pending
+
+
+async def test_a_stale_socket_of_a_killed_plugin_is_replaced(
+    state: PluginState, short_dir: Path
+) -> None:
+    path = short_dir / endpoint(CORE)
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(path))  # kill -9 left it; nobody listens
+    stale.close()
+    plugin = DevicePlugin(str(short_dir), state)
+    try:
+        await plugin.tick()
+        assert plugin.serving == set(RESOURCES)
+        channel = Channel(path=str(path))
+        try:
+            options = await pb.DevicePluginStub(channel).get_device_plugin_options(
+                pb.Empty(), timeout=10
+            )
+            assert options.get_preferred_allocation_available
+        finally:
+            channel.close()
+    finally:
+        await plugin.close()
+
+
+async def test_a_dead_grant_holds_a_container_slot_for_slot_ttl_only(
+    daemon: Daemon, clock: Clock
+) -> None:
+    """Two pods deleted before their containers were seen, max_inst 1 on
+    each GPU: their grants hold both slots (nothing else is admittable but
+    their own IDs) until SLOT_TTL; their memory stays reserved, admittable."""
+    daemon.doc["policy"]["max_inst"] = 1
+    state = PluginState(GPUS, RESERVE, 1, status=daemon, clock=clock)
+    await state.refresh()
+    service = DevicePluginService(MEMORY, state)
+    await service.allocate(allocate_request(["0"], ["1"]))
+    assert sum(d.healthy for d in state.devices[MEMORY]) == 2
+    clock.now += SLOT_TTL
+    await state.refresh()
+    assert len(state.pending) == 2
+    assert sum(d.healthy for d in state.devices[MEMORY]) == 30
