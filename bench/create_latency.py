@@ -1,16 +1,18 @@
 """CRI CreateContainer latency with the gpushare plugin connected vs without.
 
-Starts three private containerd 1.7.24 instances (the test bed), all with NRI
-enabled: one with no plugin (the baseline), one with a plugin that does
-nothing (bench/null_plugin.py: the cost of any plugin on this stub and
-transport, and of containerd's own NRI work), one with `nri-gpushare run`.
+Starts four private containerd 1.7.24 instances (the test bed), all with NRI
+enabled: one with no plugin (the baseline), one with the upstream Go
+reference plugin that does nothing (bench/go-null-plugin: containerd's own
+Go stub, built offline from Debian packages by its build.sh), one with this
+project's Python plugin that does nothing (bench/null_plugin.py: the cost of
+any plugin on this stub and transport), one with `nri-gpushare run`.
 It creates N containers with a GPU share request in each, rotating between
-the three so that load on the machine hits all alike.  Each container is removed
+them so that load on the machine hits all alike.  Each container is removed
 right after it is created (its share is released), so the node never fills.
 Prints p50/p99 of each, the difference to the baseline, and gpushare's own
 handling time from its status socket.
 
-    .venv/bin/python bench/create_latency.py [--containers 200]
+    .venv/bin/python bench/create_latency.py [--containers 200] [--no-go]
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from tests.integration.plugin import PluginProcess  # noqa: E402
 from tests.testbed.containerd import Containerd  # noqa: E402
 
 REQUEST = {"gpushare.io/gpu-memory": "1Gi", "gpushare.io/gpu-core": "10"}
-ARMS = ["no plugin", "null plugin", "gpushare"]
+ARMS = ["no plugin", "Go null plugin", "null plugin", "gpushare"]
+GO_BUILD = Path(__file__).resolve().parent / "go-null-plugin" / "build.sh"
 WARMUP = 10
 
 
@@ -58,9 +61,13 @@ async def wait_registered(bed: Containerd, name: str) -> None:
         await asyncio.sleep(0.05)
 
 
-async def main(containers: int) -> None:
+async def main(containers: int, go: bool) -> None:
+    arms = ARMS if go else [a for a in ARMS if a != "Go null plugin"]
+    go_plugin = (
+        subprocess.run([GO_BUILD], check=True, capture_output=True, text=True) if go else None
+    )
     workdir = Path(tempfile.mkdtemp(prefix="gs-bench-"))
-    beds = {arm: Containerd().start() for arm in ARMS}  # all with NRI enabled
+    beds = {arm: Containerd().start() for arm in arms}  # all with NRI enabled
     # The node's interposer library: the plugin checks it and mounts it (the
     # benchmark's busybox containers are static, so its content does not matter).
     library = workdir / "libgpushare.so"
@@ -79,10 +86,21 @@ async def main(containers: int) -> None:
             str(beds["null plugin"].nri_socket),
         ]
     )
-    timings: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    go_null = None
+    if go_plugin is not None:
+        binary = go_plugin.stdout.strip().splitlines()[-1]
+        socket = str(beds["Go null plugin"].nri_socket)
+        go_null = subprocess.Popen(
+            [binary, "-socket", socket, "-name", "gonull", "-idx", "10"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,  # its log is containerd's too (wait_registered)
+        )
+    timings: dict[str, list[float]] = {arm: [] for arm in arms}
     try:
         plugin.start()
         await wait_registered(beds["null plugin"], "null")
+        if go_null is not None:
+            await wait_registered(beds["Go null plugin"], "gonull")
         async with contextlib.AsyncExitStack() as stack:
             clients = {
                 arm: await stack.enter_async_context(bed.cri_client()) for arm, bed in beds.items()
@@ -93,7 +111,7 @@ async def main(containers: int) -> None:
             }
             for i in range(containers + WARMUP):
                 # Rotate which arm goes first so none gets a systematic edge.
-                order = ARMS[i % len(ARMS) :] + ARMS[: i % len(ARMS)]
+                order = arms[i % len(arms) :] + arms[: i % len(arms)]
                 for arm in order:
                     elapsed = await timed_create(clients[arm], pods[arm], f"c{i}")
                     if i >= WARMUP:
@@ -104,8 +122,10 @@ async def main(containers: int) -> None:
         assert plugin.status()["allocations"] == [], "removed containers kept shares"
     finally:
         plugin.stop()
-        null.terminate()
-        null.wait()
+        for proc in (null, go_null):
+            if proc is not None:
+                proc.terminate()
+                proc.wait()
         for bed in beds.values():
             bed.stop()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -116,13 +136,19 @@ async def main(containers: int) -> None:
     base50 = percentile(timings["no plugin"], 0.5)
     base99 = percentile(timings["no plugin"], 0.99)
     print(f"CRI CreateContainer, {containers} containers per arm, request {REQUEST}")
-    print(f"{'':12} {'p50':>10} {'p99':>10} {'mean':>10} {'+p50':>10} {'+p99':>10}")
+    print(f"{'':15} {'p50':>10} {'p99':>10} {'mean':>10} {'+p50':>10} {'+p99':>10}")
     for arm, values in timings.items():
         p50, p99 = percentile(values, 0.5), percentile(values, 0.99)
         print(
-            f"{arm:12} {ms(p50)} {ms(p99)} {ms(statistics.mean(values))} "
+            f"{arm:15} {ms(p50)} {ms(p99)} {ms(statistics.mean(values))} "
             f"{ms(p50 - base50)} {ms(p99 - base99)}"
         )
+    if go:
+        go_added = percentile(timings["Go null plugin"], 0.5) - base50
+        for arm in ("null plugin", "gpushare"):
+            added = percentile(timings[arm], 0.5) - base50
+            ratio = f"{added / go_added:.2f}x" if go_added > 0 else "n/a (Go added nothing)"
+            print(f"{arm}'s added p50 against the Go null plugin's: {ratio}")
     print(
         f"gpushare's own CreateContainer handling: p50 {handler['p50']:.3f} ms, "
         f"p99 {handler['p99']:.3f} ms"
@@ -132,5 +158,6 @@ async def main(containers: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--containers", type=int, default=200)
+    parser.add_argument("--no-go", action="store_true", help="leave the Go baseline out")
     args = parser.parse_args()
-    asyncio.run(main(args.containers))
+    asyncio.run(main(args.containers, not args.no_go))

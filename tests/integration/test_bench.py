@@ -20,7 +20,7 @@ def test_create_latency_benchmark_runs():
     )
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
-    for arm in ("no plugin", "null plugin", "gpushare"):
+    for arm in ("no plugin", "Go null plugin", "null plugin", "gpushare"):
         assert any(line.startswith(arm) for line in lines), result.stdout
     assert "gpushare's own CreateContainer handling" in result.stdout
 
