@@ -75,7 +75,7 @@ async def main(containers: int, go: bool) -> None:
     library.chmod(0o644)
     plugin = PluginProcess(
         beds["gpushare"].nri_socket,
-        workdir,
+        workdir / "plugin",  # its state_dir is the sibling workdir/state: private to this run
         log_level="warning",
         interposer={"library": str(library)},
     )
