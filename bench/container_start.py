@@ -18,28 +18,49 @@ Arms:
   start, delete twice); a regular install has no such finder, so this arm
   is closer to what a node pays.
 
-Prints count, p50 and p99 of each arm's wall time, the difference of each
-to the baseline's p50, and the ratio.
+and, through a private dockerd (Debian trixie's 26.1) on the same containerd
+(unless --no-docker), `docker run --rm --network none` of the same container:
+- docker, runc: the baseline of the docker arms;
+- docker, CDI hooks: `--device gpushare.io/gpu=0` from the spec
+  `nri-gpushare cdi generate` writes, with a 1Gi share (isolation none, as
+  the CDI path without the kernel module allows): its createRuntime hook
+  asks the daemon to place and register, its poststop hook releases.
 
-    .venv/bin/python bench/container_start.py [--runs 40]
+Prints count, p50 and p99 of each arm's wall time, the difference of each
+to its baseline's p50 (runc for the ctr arms, docker runc for the docker
+arms), and the ratio.
+
+    .venv/bin/python bench/container_start.py [--runs 40] [--no-docker] [--json PATH]
+
+--json PATH also writes the benchmark convention's object (bench/report_common.py):
+  figures: "<arm> p50_ms", "<arm> p99_ms", "<arm> added_p50_ms" for each arm;
+  samples_ms: {arm: [each start's wall time in ms]}; baselines: {arm: its baseline arm};
+  runs: containers per arm.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(ROOT / "bench"))
+
+from report_common import write_json  # noqa: E402
+
 from tests.integration.plugin import PluginProcess, gpu_inventory  # noqa: E402
 from tests.testbed.containerd import Containerd  # noqa: E402
+from tests.testbed.docker import Dockerd  # noqa: E402
 from tests.testbed.images import BUSYBOX_IMAGE, build_images  # noqa: E402
 
 WARMUP = 3
@@ -50,11 +71,25 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def cdi_spec(plugin: PluginProcess, directory: Path) -> None:
+    """The node's CDI spec for `plugin`, as `nri-gpushare cdi generate` writes it."""
+    directory.mkdir()
+    nri_gpushare = str(ROOT / ".venv" / "bin" / "nri-gpushare")
+    subprocess.run(
+        [nri_gpushare, "cdi", "generate", "--config", str(plugin.config_path),
+         "--output", str(directory / "gpushare.io-gpu.json"), "--hook-path", nri_gpushare],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=40, help="containers per arm")
+    parser.add_argument("--no-docker", action="store_true", help="leave the docker arms out")
+    parser.add_argument("--json", type=Path, help="also write the figures and samples here")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gs-start-"))
+    docker: Dockerd | None = None
     with Containerd() as bed:
         plugin = PluginProcess(
             bed.nri_socket, work / "plugin", inventory=gpu_inventory(1, "16Gi")
@@ -71,39 +106,80 @@ def main() -> int:
             ctr = [str(bed.ctr), "-a", str(bed.grpc_address), "-n", "default"]
             subprocess.run([*ctr, "images", "import", str(build_images())], check=True,
                            capture_output=True)  # fmt: skip
-            arms = {
-                "runc": [runc, []],
-                "wrapper, no share": [str(wrapper), []],
-                "wrapper, share": [str(wrapper), ["--label", "gpushare.io/gpu-memory=1Gi"]],
-                "lean wrapper, share": [str(lean), ["--label", "gpushare.io/gpu-memory=1Gi"]],
+
+            def ctr_run(binary: str, flags: list[str]) -> Callable[[str], list[str]]:
+                return lambda name: [
+                    *ctr, "run", "--rm", "--runc-binary", binary,
+                    "--runc-root", str(bed.runc_root), *flags, BUSYBOX_IMAGE, name, "true",
+                ]  # fmt: skip
+
+            share = ["--label", "gpushare.io/gpu-memory=1Gi"]
+            arms: dict[str, Callable[[str], list[str]]] = {
+                "runc": ctr_run(runc, []),
+                "wrapper, no share": ctr_run(str(wrapper), []),
+                "wrapper, share": ctr_run(str(wrapper), share),
+                "lean wrapper, share": ctr_run(str(lean), share),
             }
+            baselines = dict.fromkeys(arms, "runc")
+            if not args.no_docker:
+                cdi_spec(plugin, work / "cdi")
+                docker = Dockerd(bed, cdi_spec_dirs=[work / "cdi"]).start()
+                run = [
+                    str(docker.docker_bin), "-H", docker.host, "run", "--rm",
+                    "--network", "none",
+                ]  # fmt: skip
+                device = [
+                    "--device", "gpushare.io/gpu=0",
+                    "--annotation", "gpushare.io/gpu-memory=1Gi",
+                    "--annotation", "gpushare.io/isolation=none",
+                ]  # fmt: skip
+                arms["docker, runc"] = lambda name: [*run, BUSYBOX_IMAGE, "true"]
+                arms["docker, CDI hooks"] = lambda name: [*run, *device, BUSYBOX_IMAGE, "true"]
+                baselines["docker, runc"] = baselines["docker, CDI hooks"] = "docker, runc"
+            env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
+            if docker is not None:
+                env["DOCKER_CONFIG"] = str(docker.cli_config)
             times: dict[str, list[float]] = {arm: [] for arm in arms}
             for i in range(WARMUP + args.runs):
-                for arm, (binary, flags) in arms.items():
-                    argv = [
-                        *ctr, "run", "--rm", "--runc-binary", binary,
-                        "--runc-root", str(bed.runc_root), *flags,
-                        BUSYBOX_IMAGE, f"start-{i}-{list(arms).index(arm)}", "true",
-                    ]  # fmt: skip
+                for n, (arm, argv) in enumerate(arms.items()):
                     started = time.perf_counter()
-                    subprocess.run(argv, check=True, capture_output=True)
+                    done = subprocess.run(argv(f"start-{i}-{n}"), capture_output=True, env=env)
+                    if done.returncode != 0:
+                        raise SystemExit(f"{arm}: exit {done.returncode}: {done.stderr!r}")
                     if i >= WARMUP:
                         times[arm].append(time.perf_counter() - started)
             left = plugin.status()["allocations"]
             if left:
                 raise SystemExit(f"allocations left after the run: {left}")
         finally:
+            if docker is not None:
+                docker.stop()
             plugin.stop()
     shutil.rmtree(work, ignore_errors=True)
-    base = statistics.median(times["runc"])
-    print(f"ctr run --rm (true), {args.runs} containers per arm, rotating; milliseconds")
+    figures: dict[str, float] = {}
+    print(f"container start (true), {args.runs} containers per arm, rotating; milliseconds")
     print(f"{'arm':20} {'n':>4} {'p50':>8} {'p99':>8} {'+p50':>8} {'ratio':>6}")
     for arm, values in times.items():
         p50 = statistics.median(values)
+        base = statistics.median(times[baselines[arm]])
+        p99 = percentile(values, 0.99)
         print(
-            f"{arm:20} {len(values):4d} {p50 * 1e3:8.1f} {percentile(values, 0.99) * 1e3:8.1f} "
+            f"{arm:20} {len(values):4d} {p50 * 1e3:8.1f} {p99 * 1e3:8.1f} "
             f"{(p50 - base) * 1e3:+8.1f} {p50 / base:6.2f}"
         )
+        figures |= {
+            f"{arm} p50_ms": p50 * 1e3,
+            f"{arm} p99_ms": p99 * 1e3,
+            f"{arm} added_p50_ms": (p50 - base) * 1e3,
+        }
+    write_json(
+        args.json,
+        "container_start",
+        figures,
+        samples_ms={arm: [v * 1e3 for v in values] for arm, values in times.items()},
+        baselines=baselines,
+        runs=args.runs,
+    )
     return 0
 
 

@@ -12,7 +12,17 @@ right after it is created (its share is released), so the node never fills.
 Prints p50/p99 of each, the difference to the baseline, and gpushare's own
 handling time from its status socket.
 
-    .venv/bin/python bench/create_latency.py [--containers 200] [--no-go]
+    .venv/bin/python bench/create_latency.py [--containers 200] [--no-go] [--json PATH]
+
+--json PATH also writes the benchmark convention's object (bench/report_common.py):
+  figures: "<arm> p50_ms", "<arm> p99_ms", "<arm> added_p50_ms" (p50 minus the
+    no-plugin arm's) for each arm; "null plugin ratio_to_go" and "gpushare
+    ratio_to_go" (added p50 over the Go null plugin's, with the Go arm);
+    "gpushare handling p50_ms" / "gpushare handling p99_ms" (its own handler
+    time, from its status socket);
+  samples_ms: {arm: [each timed CreateContainer in ms, in order]};
+  handling_ms: {plugin: {"count", "p50", "p99"}} for each plugin that reports it;
+  containers: containers per arm; request: the share each asked for.
 """
 
 from __future__ import annotations
@@ -29,6 +39,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from report_common import write_json  # noqa: E402
 
 from tests.integration.plugin import PluginProcess  # noqa: E402
 from tests.testbed.containerd import Containerd  # noqa: E402
@@ -61,7 +74,7 @@ async def wait_registered(bed: Containerd, name: str) -> None:
         await asyncio.sleep(0.05)
 
 
-async def main(containers: int, go: bool) -> None:
+async def main(containers: int, go: bool, json_path: Path | None = None) -> None:
     arms = ARMS if go else [a for a in ARMS if a != "Go null plugin"]
     go_plugin = (
         subprocess.run([GO_BUILD], check=True, capture_output=True, text=True) if go else None
@@ -135,6 +148,11 @@ async def main(containers: int, go: bool) -> None:
 
     base50 = percentile(timings["no plugin"], 0.5)
     base99 = percentile(timings["no plugin"], 0.99)
+    figures: dict[str, float] = {}
+    for arm, values in timings.items():
+        figures[f"{arm} p50_ms"] = percentile(values, 0.5) * 1000
+        figures[f"{arm} p99_ms"] = percentile(values, 0.99) * 1000
+        figures[f"{arm} added_p50_ms"] = (percentile(values, 0.5) - base50) * 1000
     print(f"CRI CreateContainer, {containers} containers per arm, request {REQUEST}")
     print(f"{'':15} {'p50':>10} {'p99':>10} {'mean':>10} {'+p50':>10} {'+p99':>10}")
     for arm, values in timings.items():
@@ -149,9 +167,22 @@ async def main(containers: int, go: bool) -> None:
             added = percentile(timings[arm], 0.5) - base50
             ratio = f"{added / go_added:.2f}x" if go_added > 0 else "n/a (Go added nothing)"
             print(f"{arm}'s added p50 against the Go null plugin's: {ratio}")
+            if go_added > 0:
+                figures[f"{arm} ratio_to_go"] = added / go_added
     print(
         f"gpushare's own CreateContainer handling: p50 {handler['p50']:.3f} ms, "
         f"p99 {handler['p99']:.3f} ms"
+    )
+    figures["gpushare handling p50_ms"] = handler["p50"]
+    figures["gpushare handling p99_ms"] = handler["p99"]
+    write_json(
+        json_path,
+        "create_latency",
+        figures,
+        samples_ms={arm: [v * 1000 for v in values] for arm, values in timings.items()},
+        handling_ms={"gpushare": handler},
+        containers=containers,
+        request=REQUEST,
     )
 
 
@@ -159,5 +190,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--containers", type=int, default=200)
     parser.add_argument("--no-go", action="store_true", help="leave the Go baseline out")
+    parser.add_argument("--json", type=Path, help="also write the figures and samples here")
     args = parser.parse_args()
-    asyncio.run(main(args.containers, not args.no_go))
+    asyncio.run(main(args.containers, not args.no_go, args.json))

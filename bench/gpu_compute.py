@@ -52,6 +52,7 @@ from gpu_common import (  # noqa: E402  (a script: its folder on the path first)
     markdown_table,
     percentile,
 )
+from report_common import document  # noqa: E402
 
 RESULT = "GPU_COMPUTE_RESULT "
 LEVEL_POINTS = 3.0  # a level within this many percentage points of its target
@@ -510,6 +511,7 @@ def report(args: argparse.Namespace, gpu: GPU, lib: Path) -> int:
     )
     measure_probe(b)
     rows: list[list[Any]] = []
+    tables: list[dict[str, Any]] = []
     base = None
     if "levels" not in args.skip:
         base = measure_levels(b, "plain", rows)
@@ -519,8 +521,11 @@ def report(args: argparse.Namespace, gpu: GPU, lib: Path) -> int:
         measure_pair(b, base, rows)
     if rows:
         say("## Throughput (matmuls per second)\n")
-        say(markdown_table(["loop", "GPUSHARE_CORE_LIMIT", "matmuls/s", "% of no preload"], rows))
+        headers = ["loop", "GPUSHARE_CORE_LIMIT", "matmuls/s", "% of no preload"]
+        say(markdown_table(headers, rows))
         say()
+        title = "Throughput (matmuls per second)"
+        tables.append({"title": title, "headers": headers, "rows": rows})
     if "overhead" not in args.skip:
         orows: list[list[Any]] = []
         measure_overhead(b, orows)
@@ -528,8 +533,11 @@ def report(args: argparse.Namespace, gpu: GPU, lib: Path) -> int:
             f"## Launch-heavy loop (torch.add, 256 floats): launches per second per "
             f"{args.round_seconds:g} s round\n"
         )
-        say(markdown_table(["arm", "rounds", "median", "p99 (slowest 1 %)"], orows))
+        headers = ["arm", "rounds", "median", "p99 (slowest 1 %)"]
+        say(markdown_table(headers, orows))
         say()
+        title = "Launch-heavy loop (torch.add, 256 floats): launches per second"
+        tables.append({"title": title, "headers": headers, "rows": orows})
     say("## Goals\n")
     table = goal_table(b.goals)
     say(table)
@@ -538,7 +546,27 @@ def report(args: argparse.Namespace, gpu: GPU, lib: Path) -> int:
     if args.out:
         args.out.write_text("\n".join(out) + "\n")
     if args.json:
-        args.json.write_text(json.dumps({"goals": [g.row() for g in b.goals], "raw": b.raw}))
+        # The benchmark convention's object (bench/report_common.py), plus
+        # goals: rows of goal_headers; tables: [{"title", "headers", "rows"}]
+        # as printed; notes; gpu; raw: every child's result.  Figures: each
+        # goal's achieved number where it is one ("<measurement> achieved").
+        figures: dict[str, float] = {}
+        for g in b.goals:
+            try:
+                figures[f"{g.what} achieved"] = float(g.achieved.split()[0])
+            except (ValueError, IndexError):
+                pass
+        doc = document(
+            "gpu_compute",
+            figures,
+            goals=[g.row() for g in b.goals],
+            goal_headers=GOAL_HEADERS,
+            tables=tables,
+            notes=b.notes,
+            gpu=f"{gpu.name} ({gpu.uuid})",
+            raw=b.raw,
+        )
+        args.json.write_text(json.dumps(doc, default=str))
     return exit_code(b.goals)
 
 

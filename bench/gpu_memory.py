@@ -51,6 +51,7 @@ from gpu_common import (  # noqa: E402  (a script: its folder on the path first)
     markdown_table,
     percentile,
 )
+from report_common import document  # noqa: E402
 
 GiB = 1 << 30
 CHILD_TIMEOUT = 600
@@ -573,6 +574,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(args: argparse.Namespace, gpu: GPU, lib: Path, have: set[str]) -> int:
     rep = Report()
+    tables: list[dict[str, Any]] = []
+    figures: dict[str, float] = {"quota_mib": args.quota / MiB}
     print(f"# libgpushare on {gpu.name} ({gpu.uuid}, {mib(gpu.memory)} MiB), standalone mode\n")
     print(
         f"Quota {mib(args.quota)} MiB, fill step {mib(args.step)} MiB; "
@@ -584,20 +587,21 @@ def report(args: argparse.Namespace, gpu: GPU, lib: Path, have: set[str]) -> int
     if "fill" not in args.skip:
         rows = measure_fills(args, gpu, lib, rep, have)
         print("## Filling the GPU in steps until refused (MiB)\n")
-        print(
-            markdown_table(
-                [
-                    "allocator",
-                    "allocated at failure",
-                    "quota - allocated",
-                    "allocator reserved",
-                    "free reported then",
-                    "device use beyond the context",
-                    "device use - quota",
-                ],
-                rows,
-            )
-        )
+        headers = [
+            "allocator",
+            "allocated at failure",
+            "quota - allocated",
+            "allocator reserved",
+            "free reported then",
+            "device use beyond the context",
+            "device use - quota",
+        ]
+        print(markdown_table(headers, rows))
+        title = "Filling the GPU in steps until refused (MiB)"
+        tables.append({"title": title, "headers": headers, "rows": rows})
+        for row in rows:
+            if isinstance(row[1], int | float):
+                figures[f"fill {row[0]} allocated_mib"] = row[1]
         print(
             "\n'device use beyond the context' is nvidia-smi's figure for the process at "
             "failure minus the figure right after the CUDA context was created (MiB "
@@ -610,22 +614,20 @@ def report(args: argparse.Namespace, gpu: GPU, lib: Path, have: set[str]) -> int
             f"## Allocation overhead, {mib(args.overhead_size)} MiB, "
             f"{args.rounds} x {args.iterations} per arm (microseconds)\n"
         )
-        print(
-            markdown_table(
-                [
-                    "API",
-                    "op",
-                    "median without",
-                    "median with",
-                    "ratio",
-                    "p99 without",
-                    "p99 with",
-                    "ratio",
-                ],
-                rows,
-            )
-        )
+        headers = [
+            "API",
+            "op",
+            "median without",
+            "median with",
+            "ratio",
+            "p99 without",
+            "p99 with",
+            "ratio",
+        ]
+        print(markdown_table(headers, rows))
         print()
+        title = f"Allocation overhead, {mib(args.overhead_size)} MiB (microseconds)"
+        tables.append({"title": title, "headers": headers, "rows": rows})
     print("## Checks\n")
     print(
         markdown_table(
@@ -634,7 +636,18 @@ def report(args: argparse.Namespace, gpu: GPU, lib: Path, have: set[str]) -> int
         )
     )
     if args.json:
-        args.json.write_text(json.dumps({"checks": rep.checks, "raw": rep.raw}, indent=1))
+        # The benchmark convention's object (bench/report_common.py), plus
+        # checks: [[what, ok, detail]]; tables: [{"title", "headers", "rows"}]
+        # as printed; gpu: the GPU's name and UUID; raw: every child's result.
+        doc = document(
+            "gpu_memory",
+            figures,
+            checks=rep.checks,
+            tables=tables,
+            gpu=f"{gpu.name} ({gpu.uuid})",
+            raw=rep.raw,
+        )
+        args.json.write_text(json.dumps(doc, indent=1, default=str))
     return 0 if rep.ok else 1
 
 

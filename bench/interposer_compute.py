@@ -18,7 +18,16 @@ Prints medians over rounds.  The fake's launch costs next to nothing, so
 the ns per launch are the interposer's own cost plus the loop's.  For a
 real GPU see bench/gpu_compute.py.
 
-    .venv/bin/python bench/interposer_compute.py [--rounds 5] [--seconds 2]
+    .venv/bin/python bench/interposer_compute.py [--rounds 5] [--seconds 2] [--json PATH]
+
+--json PATH also writes the benchmark convention's object (bench/report_common.py):
+  figures: the medians over rounds: "<overhead config> ns" (ns per launch),
+    "<overhead config> pct" (% of the GPU at 100 us kernels), "lost_points"
+    (no library's % minus module alone's), and each accuracy row (its name
+    ends in its target: "..., 30 %" is a % of the GPU; "... (ratio)" the
+    measured ratio of GPU time, target 2);
+  accuracy: [{"name", "target", "unit" ("%" or "ratio"), "median", "samples"}];
+  rounds: [{figure: value} for each round]; seconds: seconds per load.
 """
 
 from __future__ import annotations
@@ -37,6 +46,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from report_common import write_json  # noqa: E402
+
 LIB = ROOT / "libgpushare"
 UUID0 = "GPU-face0000-0000-0000-0000-000000000000"
 
@@ -143,6 +156,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--json", type=Path, help="also write the figures and rounds here")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="gs-compute-bench-") as tmp:
         b = Bench(Path(tmp))
@@ -161,14 +175,36 @@ def main() -> int:
     print(f"\nmodule alone at 100 loses {lost:.2f} points of the GPU to the gate\n")
     print("| accuracy | target | measured (median) |")
     print("|---|---:|---:|")
+    accuracy: list[dict[str, Any]] = []
     for k, v in med.items():
         if k.endswith(" ns") or k.endswith(" pct"):
             continue
+        samples = [r[k] for r in rounds]
         if "ratio" in k:
             print(f"| {k} | 2.000 | {v:.3f} |")
+            accuracy.append(
+                {"name": k, "target": 2.0, "unit": "ratio", "median": v, "samples": samples}
+            )
         else:
             target = k.rsplit(", ", 1)[1]
             print(f"| {k.rsplit(', ', 1)[0]} | {target} | {v:.1f} % |")
+            accuracy.append(
+                {
+                    "name": k,
+                    "target": float(target.rstrip(" %")),
+                    "unit": "%",
+                    "median": v,
+                    "samples": samples,
+                }
+            )
+    write_json(
+        args.json,
+        "interposer_compute",
+        {**med, "lost_points": lost},
+        accuracy=accuracy,
+        rounds=rounds,
+        seconds=args.seconds,
+    )
     return 0
 
 

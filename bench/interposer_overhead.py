@@ -16,7 +16,14 @@ driver's, so the ratio overstates what a real GPU would show; the added
 nanoseconds are the interposer's own cost.  For a real GPU see
 bench/gpu_memory.py.
 
-    .venv/bin/python bench/interposer_overhead.py [--rounds 30] [--pairs 20000]
+    .venv/bin/python bench/interposer_overhead.py [--rounds 30] [--pairs 20000] [--json PATH]
+
+--json PATH also writes the benchmark convention's object (bench/report_common.py):
+  figures: "<kind> <configuration> median_ns", "... p99_ns", "... added_ns" (the
+    median minus the driver's alone), kind "sync" (cuMemAlloc_v2 + cuMemFree_v2)
+    or "async" (cuMemAllocAsync + cuMemFreeAsync);
+  samples_ns: {kind: {configuration: [ns per pair, one per round]}};
+  rounds, pairs: the run's size.
 """
 
 from __future__ import annotations
@@ -32,6 +39,10 @@ from datetime import date
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from report_common import write_json  # noqa: E402
+
 CONFIGS = {
     "driver only": {},
     "interposer, off": {"preload": True, "GPUSHARE_ISOLATION": "none"},
@@ -74,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--pairs", type=int, default=20000)
+    parser.add_argument("--json", type=Path, help="also write the figures and samples here")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.pairs < 1:
         parser.error("--rounds and --pairs must be at least 1")
@@ -93,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{platform.node()}, {os.cpu_count()} CPUs, {date.today()}; {args.rounds} rounds "
         f"of {args.pairs} allocate+free pairs of 1 MiB per configuration, rotating.\n"
     )
+    figures: dict[str, float] = {}
     for kind, title in (
         ("sync", "cuMemAlloc_v2 + cuMemFree_v2"),
         ("async", "cuMemAllocAsync + cuMemFreeAsync"),
@@ -104,11 +117,24 @@ def main(argv: list[str] | None = None) -> int:
         for name in CONFIGS:
             values = samples[name][kind]
             median = statistics.median(values)
+            figures[f"{kind} {name} median_ns"] = median
+            figures[f"{kind} {name} p99_ns"] = p99(values)
+            figures[f"{kind} {name} added_ns"] = median - base
             print(
                 f"| {name} | {median:.0f} | {p99(values):.0f} | "
                 f"{median - base:+.0f} | {median / base:.3f} |"
             )
         print()
+    write_json(
+        args.json,
+        "interposer_overhead",
+        figures,
+        samples_ns={
+            kind: {name: samples[name][kind] for name in CONFIGS} for kind in ("sync", "async")
+        },
+        rounds=args.rounds,
+        pairs=args.pairs,
+    )
     return 0
 
 
