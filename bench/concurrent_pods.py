@@ -23,7 +23,7 @@ starts it.  Then, from the plugin's status socket (what `nri-gpushare status
 Exit status 0 when every check holds, 1 when one fails.
 
     .venv/bin/python bench/concurrent_pods.py [--pods 50] [--gpus 3] [--gpu-memory 12Gi]
-        [--request 1Gi] [--core 8] [--json PATH]
+        [--request 1Gi] [--core 10] [--json PATH]
 
 --json PATH also writes the benchmark convention's object (bench/report_common.py):
   figures: pods, fit (expected), placed, refused, over_capacity (GPUs over),
@@ -253,7 +253,7 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=3, help="simulated GPUs (3)")
     ap.add_argument("--gpu-memory", default="12Gi", help="memory of each (12Gi)")
     ap.add_argument("--request", default="1Gi", help="gpu-memory each pod asks for (1Gi)")
-    ap.add_argument("--core", type=int, default=8, help="gpu-core each pod asks for (8; 0: none)")
+    ap.add_argument("--core", type=int, default=10, help="gpu-core each pod asks for (10; 0: none)")
     ap.add_argument("--json", type=Path, help="also write the figures and samples here")
     args = ap.parse_args()
     return asyncio.run(run(args))
