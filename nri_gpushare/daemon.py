@@ -58,6 +58,7 @@ from nri_gpushare.share.model import (
     NodePolicy,
     ShareRefused,
 )
+from nri_gpushare.share.request import may_ask_raw
 from nri_gpushare.share.service import ShareService, Unserved
 from nri_gpushare.share.usage import GpuTimeSource, MemoryUsage, ModuleGpuTime
 from nri_gpushare.statefile import StateDirError, StateFile
@@ -92,6 +93,22 @@ def container_info(pod: PodSandboxView | None, container: ContainerView) -> Cont
         annotations=container.annotations,
         labels=container.labels,
         env=env,
+        cgroups_path=container.cgroups_path,
+        pid=container.pid,
+        running=container.state != nri.ContainerState.CONTAINER_STOPPED,
+    )
+
+
+def bare_info(pod: PodSandboxView | None, container: ContainerView) -> ContainerInfo:
+    """`container_info` for a container that cannot ask for a share (`may_ask_raw`
+    said no): its labels, annotations and environment are neither read nor
+    kept, since nothing in the domain reads them for such a container."""
+    return ContainerInfo(
+        id=container.id,
+        name=container.name,
+        pod_name=pod.name if pod else "",
+        pod_namespace=pod.namespace if pod else "",
+        pod_uid=pod.uid if pod else "",
         cgroups_path=container.cgroups_path,
         pid=container.pid,
         running=container.state != nri.ContainerState.CONTAINER_STOPPED,
@@ -240,10 +257,16 @@ class GpuShareHandler(Plugin):
         self, pods: list[PodSandboxView], containers: list[ContainerView]
     ) -> list[nri.ContainerUpdate]:
         by_id = {p.id: p for p in pods}
+        # Pods whose own bytes may ask: their containers are read in full.
+        asking = {p.id for p in pods if may_ask_raw(p.raw)}
         live = []
         for c in containers:
+            pod = by_id.get(c.pod_sandbox_id)
             try:
-                live.append(container_info(by_id.get(c.pod_sandbox_id), c))
+                if c.pod_sandbox_id in asking or may_ask_raw(c.raw):
+                    live.append(container_info(pod, c))
+                else:  # the usual container: nothing of ours in it nor in its pod
+                    live.append(bare_info(pod, c))
             except Exception:  # one odd container must not stop the rest
                 log.exception("container %s: unreadable in Synchronize; ignored", c.id)
         await self.service.synchronize(live)
@@ -276,6 +299,8 @@ class GpuShareHandler(Plugin):
         # Answer before the runtime gives up: a late answer is lost (containerd
         # creates the container without it), so its share must not stay booked.
         deadline = loop.time() + ANSWER_WITHIN * self.request_timeout()
+        if not may_ask_raw(container.raw, pod.raw) and not self.service.holds(container.id):
+            return None  # nothing of ours in it: nothing decoded, nothing to do
         info = container_info(pod, container)
         try:
             async with asyncio.timeout_at(deadline):

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from collections import Counter
@@ -88,9 +89,15 @@ class DecisionLog:
     refusals: Counter[str] = field(default_factory=Counter)
 
     def placed(self, alloc: Allocation) -> None:
+        if not log.isEnabledFor(logging.INFO):  # counted, not logged
+            self.counts["placed"] += 1
+            return
         self._emit("placed", logging.INFO, _who(alloc) | _shares(alloc))
 
     def released(self, alloc: Allocation, why: str) -> None:
+        if not log.isEnabledFor(logging.INFO):
+            self.counts["released"] += 1
+            return
         self._emit("released", logging.INFO, _who(alloc) | _shares(alloc) | {"why": why})
 
     def refused(
@@ -122,12 +129,27 @@ class DecisionLog:
 
     def _emit(self, decision: str, level: int, fields: dict[str, Any]) -> None:
         self.counts[decision] += 1
+        # The line is written only when a handler formats the record: nothing
+        # is formatted on the event loop for a level that is off.
         log.log(
-            level,
-            "%s",
-            logfmt({"decision": decision, **fields}),
-            extra={"decision": decision, "fields": fields},
+            level, "%s", _Line(decision, fields), extra={"decision": decision, "fields": fields}
         )
+
+
+class _Line:
+    """A decision's logfmt text, made the first time a handler asks for it."""
+
+    __slots__ = ("decision", "fields", "_text")
+
+    def __init__(self, decision: str, fields: dict[str, Any]) -> None:
+        self.decision = decision
+        self.fields = fields
+        self._text: str | None = None
+
+    def __str__(self) -> str:
+        if self._text is None:
+            self._text = logfmt({"decision": self.decision, **self.fields})
+        return self._text
 
 
 def _who(alloc: Allocation) -> dict[str, Any]:
@@ -152,12 +174,16 @@ def _shares(alloc: Allocation) -> dict[str, Any]:
 
 # -- text: logfmt-style, escaped ---------------------------------------------------------
 
+_NEEDS_QUOTES = re.compile(r'[ "=\\]')
+"""Characters that make a printable value quoted."""
 _ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def escape(text: str) -> str:
     """`text` on one line: backslash, quote and characters that are not
     printable escaped."""
+    if text.isprintable() and "\\" not in text and '"' not in text:
+        return text  # the usual case: nothing to escape
     out = []
     for c in text:
         if c in _ESCAPES:
@@ -172,7 +198,7 @@ def escape(text: str) -> str:
 def value_text(value: Any) -> str:
     """A field's value as the text format writes it, quoted when it must be."""
     text = _plain(value)
-    if text and all(c.isprintable() and c not in ' "=\\' for c in text):
+    if text and text.isprintable() and _NEEDS_QUOTES.search(text) is None:
         return text
     return f'"{escape(text)}"'
 

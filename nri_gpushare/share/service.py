@@ -51,7 +51,7 @@ from .model import (
 from .placement import Ledger
 from .plan import DeviceLookup, injection_plan
 from .report import status_document
-from .request import ShareRequest, ignored, parse_request
+from .request import ShareRequest, ignored, may_ask, parse_request
 from .request.kubelet import recorded_ids
 from .request.sources import kubelet_allowed
 from .units import GiB, quote
@@ -145,6 +145,10 @@ class ShareService:
         self._generation = 0  # bumped when synchronize replaces the table
         self.local: dict[str, LocalState] = {}  # container ID -> state, local allocations
 
+    def holds(self, container_id: str) -> bool:
+        """Whether the ID holds a share or is being placed."""
+        return container_id in self.allocations or container_id in self._creating
+
     @property
     def registered(self) -> set[str]:
         """Container IDs registered with the kernel module."""
@@ -199,6 +203,8 @@ class ShareService:
             if (state := self.local.get(c.id)) is not None:
                 state.since = time.time()  # a new incarnation: the reconciler's grace again
             return self._plan(held, c)
+        if not may_ask(c):  # nothing of ours: nothing to parse, log or remember
+            return None
         if c.pod_uid:
             self._pod_containers.setdefault(c.pod_uid, set()).add(c.name)
         if not_allowed := ignored(c, self.policy.sources_for(c)):
@@ -376,7 +382,7 @@ class ShareService:
                     kept[c.id].where,
                 )
                 continue
-            if c.pod_uid:
+            if c.pod_uid and may_ask(c):  # only a pod of ours is warned about at its stop
                 self._pod_containers.setdefault(c.pod_uid, set()).add(c.name)
             try:
                 alloc = records.recover(c, saved.get(c.id), (module or {}).get(c.id), self.gpus)

@@ -107,12 +107,12 @@ from .egpu import from_egpu
 from .keys import KEYS, from_keys
 from .kubelet import LIMITS, canonical, check_forged, kubelet_ids, settings_for
 from .settings import Context, Settings, merge
-from .sources import ignored, kubelet_allowed, namespace_allowed, visible
+from .sources import REQUEST_ENV, ignored, kubelet_allowed, namespace_allowed, visible
 from .values import expand
 
 log = logging.getLogger(__name__)
 
-__all__ = ["KEYS", "ShareRequest", "ignored", "parse_request"]
+__all__ = ["KEYS", "MARKERS", "ShareRequest", "ignored", "may_ask", "may_ask_raw", "parse_request"]
 
 _DEMAND = {"core": "gpu-core", "count": "gpu-count", "devices": "gpu-devices"}
 
@@ -145,12 +145,48 @@ class ShareRequest:
         return text
 
 
+MARKERS = (PREFIX, "ALIYUN_COM_GPU_", "CGPU_DISABLE", "EGPU")
+"""Text found in every source that can ask for a share or be refused: a
+``gpushare.io/`` key (requests, ``kubelet.*``, ``assigned``) or the name of a
+request variable (`REQUEST_ENV`).  A container and pod holding none of them
+ask for nothing: `parse_request` returns None without raising."""
+_RAW_MARKERS = tuple(m.encode() for m in MARKERS)
+assert all(name.startswith(MARKERS) for name in REQUEST_ENV)
+
+
+def may_ask_raw(*raw: bytes) -> bool:
+    """Whether a container may ask for a share, from the serialized NRI
+    messages it comes with (its own and its pod's): False only when none of
+    them holds a `MARKERS` text, so nothing needs decoding.  Protobuf keeps
+    strings as their UTF-8 bytes, in which an ASCII text appears as itself."""
+    return any(m in data for data in raw for m in _RAW_MARKERS)
+
+
+def may_ask(c: ContainerInfo) -> bool:
+    """`may_ask_raw` on a container already decoded: False only when no key
+    of its pod's annotations, its annotations or labels starts with
+    ``gpushare.io/`` and no request variable is in its environment."""
+    for mapping in (c.pod_annotations, c.annotations, c.labels):
+        for key in mapping:
+            if key.startswith(PREFIX):
+                return True
+    env = c.env
+    return any(name in env for name in REQUEST_ENV)
+
+
 def parse_request(c: ContainerInfo, gpus: Sequence[Gpu], policy: NodePolicy) -> ShareRequest | None:
     """The container's validated request, or None when it is not managed.
 
     Raises ShareRefused (reason "invalid", "conflict" or "forbidden") naming
     the key, the value and what is allowed.  Nothing is reserved here.
     """
+    if not may_ask(c):  # the usual container: nothing of ours
+        return None
+    return _parse(c, gpus, policy)
+
+
+def _parse(c: ContainerInfo, gpus: Sequence[Gpu], policy: NodePolicy) -> ShareRequest | None:
+    """`parse_request` without the `may_ask` shortcut."""
     check_forged(c)
     sources = policy.sources_for(c)
     ctx = Context(visible(c, sources), gpus, policy)
