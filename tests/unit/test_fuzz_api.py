@@ -272,7 +272,8 @@ def read_all(view: Any, depth: int = 0) -> None:
     )
     for name in names:
         if not name.startswith("_"):
-            read_all(getattr(view, name), depth + 1)
+            # A lazy view decodes (and checks) a field at its first read.
+            read_all(refused_only(DecodeError, getattr, view, name), depth + 1)
     for name in dir(view):
         if name == "message" or (name.endswith("_message") and not name.startswith("_")):
             refused_only(DecodeError, getattr(view, name))
