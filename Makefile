@@ -4,7 +4,7 @@
 #   make test   the whole test suite (unit, real containerd, real kernel in qemu)
 PYTHON := .venv/bin/python
 
-.PHONY: demo test prereqs kmod lint bench install-node
+.PHONY: demo test prereqs kmod lint bench report install-node
 
 prereqs:
 	bash scripts/install-prereqs.sh
@@ -23,9 +23,17 @@ test: prereqs
 
 bench: prereqs
 	$(PYTHON) bench/create_latency.py
+	$(PYTHON) bench/concurrent_pods.py
+	$(PYTHON) bench/rss_cycles.py
 	$(PYTHON) bench/interposer_overhead.py
 	$(PYTHON) bench/interposer_compute.py
 	$(PYTHON) bench/container_start.py
+
+# Every benchmark at full size, then bench/REPORT.md and its plots (about
+# tens of minutes: run it on a quiet machine).  REPORT_ARGS: e.g. --gpu-json DIR
+# --notes bench/REPORT-notes.md, or --quick --out /tmp/report.
+report: prereqs
+	$(PYTHON) bench/report $(REPORT_ARGS)
 
 # On a GPU node (as root): the daemon, the unit, the interposer and gpushare.ko
 # through DKMS.  See docs/install.md.

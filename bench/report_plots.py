@@ -56,6 +56,7 @@ def _ecdf(ax: Any, samples: dict[str, list[float]], unit: str) -> None:
         top = max(top, ordered[min(n - 1, math.ceil(0.99 * n) - 1)])
     if top > 0:
         ax.set_xlim(left=0, right=top * 1.1)
+    ax.set_ylim(0, 1.02)
     ax.axhline(0.5, color="0.7", lw=0.8, ls=":")
     ax.set_xlabel(unit)
     ax.set_ylabel("fraction of calls")
