@@ -1,14 +1,12 @@
 """Decoders of the NRI requests a plugin receives, into the views of `views`.
 
-Decoding checks the wire structure of every message it walks (requests, pods,
-containers, map entries, the container's Linux part) and the lengths of the
-fields it skips; anything malformed raises `DecodeError`. Nested messages it
-skips (mounts, hooks, resources...) are checked in full by `.message()`.
-Repeated occurrences of a singular message field are merged, as protobuf says.
-
-The pod and container decoders are the hot path (tens of microseconds for a
-real CreateContainerRequest): they compare field numbers against module
-constants, which Python looks up faster than class attributes.
+A request decoder only splits the request's top level: it checks the wire
+structure of that level (keys, wire types, lengths) and finds the pod and
+container, which become lazy views over the request's own buffer (nothing is
+copied). What a pod or container holds is decoded, and checked, when a handler
+first reads it (see `views`): a handler that reads nothing costs nothing, and a
+malformed pod or container raises `DecodeError` at that read. Repeated
+occurrences of a singular message field are merged, as protobuf says.
 """
 
 from __future__ import annotations
@@ -33,156 +31,76 @@ from .views import (
 )
 
 LEN, VARINT = pb.LEN, pb.VARINT
-_fields, _text = pb.fields, pb.text
-
-# ---------------------------------------------------------------------------
-# Map entries, pods, containers
-# ---------------------------------------------------------------------------
-
-_ENTRY: pb.WireTypes = {F.MapEntry.KEY: LEN, F.MapEntry.VALUE: LEN}
-_KEY_TAG: Final = F.MapEntry.KEY << 3 | LEN
-_VALUE_TAG: Final = F.MapEntry.VALUE << 3 | LEN
-
-
-def _entry(data: bytes, what: str) -> tuple[str, str]:
-    """A map<string, string> entry as (key, value)."""
-    n = len(data)
-    # Fast path: the usual `key, value` encoding with one-byte lengths.
-    if n >= 2 and data[0] == _KEY_TAG and data[1] < 0x80:
-        p = 2 + data[1]
-        if p + 2 <= n and data[p] == _VALUE_TAG and data[p + 1] < 0x80 and p + 2 + data[p + 1] == n:
-            try:
-                return data[2:p].decode(), data[p + 2 :].decode()
-            except UnicodeDecodeError:
-                pass  # the general path names the field
-    key = value = b""
-    for number, chunk in _fields(data, what, _ENTRY):
-        if number == F.MapEntry.KEY:
-            key = chunk
-        elif number == F.MapEntry.VALUE:
-            value = chunk
-    return _text(key, what, F.MapEntry.KEY), _text(value, what, F.MapEntry.VALUE)
-
-
-_POD_NAMESPACE: Final = F.PodSandbox.NAMESPACE  # fields 1..4 are the id strings
-_POD_LABELS: Final = F.PodSandbox.LABELS
-_POD_ANNOTATIONS: Final = F.PodSandbox.ANNOTATIONS
-_POD: pb.WireTypes = {n: LEN for n in range(1, F.PodSandbox.IPS + 1)} | {F.PodSandbox.PID: VARINT}
 
 
 def decode_pod_sandbox(raw: bytes) -> PodSandboxView:
-    """Decode a serialized PodSandbox."""
-    what = "PodSandbox"
-    ids: dict[int, bytes] = {}
-    labels: dict[str, str] = {}
-    annotations: dict[str, str] = {}
-    for number, value in _fields(raw, what, _POD):
-        if number <= _POD_NAMESPACE:
-            ids[number] = value
-        elif number == _POD_LABELS:
-            k, v = _entry(value, "PodSandbox.labels")
-            labels[k] = v
-        elif number == _POD_ANNOTATIONS:
-            k, v = _entry(value, "PodSandbox.annotations")
-            annotations[k] = v
-    s = [_text(ids.get(n, b""), what, n) for n in (1, 2, 3, 4)]
-    return PodSandboxView(s[0], s[1], s[2], s[3], labels, annotations, raw)
-
-
-_CTR_NAME: Final = F.Container.NAME  # fields 1..3 are the id strings
-_CTR_STATE: Final = F.Container.STATE
-_CTR_LABELS: Final = F.Container.LABELS
-_CTR_ANNOTATIONS: Final = F.Container.ANNOTATIONS
-_CTR_ENV: Final = F.Container.ENV
-_CTR_LINUX: Final = F.Container.LINUX
-_CTR_PID: Final = F.Container.PID
-_CGROUPS_PATH: Final = F.LinuxContainer.CGROUPS_PATH
-_CONTAINER_VARINTS = (
-    F.Container.STATE,
-    F.Container.PID,
-    F.Container.CREATED_AT,
-    F.Container.STARTED_AT,
-    F.Container.FINISHED_AT,
-    F.Container.EXIT_CODE,
-)
-_CONTAINER: pb.WireTypes = {n: LEN for n in range(1, F.Container.USER + 1)} | dict.fromkeys(
-    _CONTAINER_VARINTS, VARINT
-)
-_LINUX_CONTAINER: pb.WireTypes = {n: LEN for n in range(1, F.LinuxContainer.LAST + 1)}
+    """A serialized PodSandbox, as a lazy view."""
+    return PodSandboxView(raw)
 
 
 def decode_container(raw: bytes) -> ContainerView:
-    """Decode a serialized Container."""
-    what = "Container"
-    ids: dict[int, bytes] = {}
-    labels: dict[str, str] = {}
-    annotations: dict[str, str] = {}
-    env: list[str] = []
-    cgroups_path = b""
-    state = pid = 0
-    for number, value in _fields(raw, what, _CONTAINER):
-        if number <= _CTR_NAME:
-            ids[number] = value
-        elif number == _CTR_ENV:
-            env.append(_text(value, what, _CTR_ENV))
-        elif number == _CTR_ANNOTATIONS:
-            k, v = _entry(value, "Container.annotations")
-            annotations[k] = v
-        elif number == _CTR_LABELS:
-            k, v = _entry(value, "Container.labels")
-            labels[k] = v
-        elif number == _CTR_LINUX:
-            for sub, chunk in _fields(value, "LinuxContainer", _LINUX_CONTAINER):
-                if sub == _CGROUPS_PATH:
-                    cgroups_path = chunk
-        elif number == _CTR_STATE:
-            state = pb.signed(value, 32)
-        elif number == _CTR_PID:
-            pid = value & 0xFFFFFFFF
-    s = [_text(ids.get(n, b""), what, n) for n in (1, 2, 3)]
-    return ContainerView(
-        s[0],
-        s[1],
-        s[2],
-        state,
-        labels,
-        annotations,
-        env,
-        _text(cgroups_path, "LinuxContainer", _CGROUPS_PATH),
-        pid,
-        raw,
-    )
+    """A serialized Container, as a lazy view."""
+    return ContainerView(raw)
 
 
 # ---------------------------------------------------------------------------
 # Requests
 # ---------------------------------------------------------------------------
 
+Span = tuple[bytes, int, int]
+"""A field's payload: (buffer, start, end)."""
 
-def _singular(data: bytes, what: str, wire_types: pb.WireTypes) -> dict[int, Any]:
-    """Fields by number; repeated message fields are merged (concatenated).
 
-    The pieces are joined once at the end: concatenating as they come would
-    copy the merged value once per repetition (quadratic in a hostile request).
-    """
-    found: dict[int, Any] = {}
+def _top(data: bytes, what: str, wire_types: pb.WireTypes) -> dict[int, int | Span]:
+    """The request's fields listed in `wire_types`: a varint's value (the last
+    occurrence wins), a message's span in `data`; repeated occurrences of a
+    message are merged (their payloads joined once, at the end: joining as they
+    come would copy the merged value once per repetition, quadratic in a
+    hostile request). Every field's structure is checked, unknown ones too."""
+    found: dict[int, int | Span] = {}
     pieces: dict[int, list[bytes]] = {}
-    for number, value in _fields(data, what, wire_types):
-        if number in wire_types:
-            if wire_types[number] == LEN:
-                pieces.setdefault(number, []).append(value)
-            else:
-                found[number] = value
+    for number, wire_type, a, b in pb.spans(data, what, wire_types):
+        if number not in wire_types:
+            continue
+        if wire_type != LEN:
+            found[number] = a
+        elif number in found:  # again: merge
+            first = found[number]
+            assert isinstance(first, tuple)
+            if number not in pieces:
+                pieces[number] = [first[0][first[1] : first[2]]]
+            pieces[number].append(data[a:b])
+        else:
+            found[number] = (data, a, b)
     for number, chunks in pieces.items():
-        found[number] = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        merged = b"".join(chunks)
+        found[number] = (merged, 0, len(merged))
     return found
 
 
-def _need(found: dict[int, Any], number: int, what: str, name: str) -> bytes:
-    if number not in found:
+def _span(found: dict[int, int | Span], number: int, what: str, name: str) -> Span:
+    span = found.get(number)
+    if span is None:
         raise DecodeError(f"malformed {what}: no {name} (field {number})")
-    value: bytes = found[number]
-    return value
+    assert isinstance(span, tuple)
+    return span
+
+
+def _bytes(found: dict[int, int | Span], number: int) -> bytes | None:
+    span = found.get(number)
+    if span is None:
+        return None
+    assert isinstance(span, tuple)
+    buf, a, b = span
+    return buf[a:b]
+
+
+def _pod(span: Span) -> PodSandboxView:
+    return PodSandboxView(*span)
+
+
+def _container(span: Span) -> ContainerView:
+    return ContainerView(*span)
 
 
 _CONFIGURE_STRINGS = (
@@ -198,36 +116,37 @@ _CONFIGURE: pb.WireTypes = dict.fromkeys(_CONFIGURE_STRINGS, LEN) | {
 
 
 def decode_configure_request(data: bytes) -> ConfigureRequestView:
+    """A ConfigureRequest, decoded at once (one per connection)."""
     what = "ConfigureRequest"
     found: dict[int, Any] = {}
-    for number, value in _fields(data, what, _CONFIGURE):
+    for number, value in pb.fields(data, what, _CONFIGURE):
         found[number] = value  # scalars: the last occurrence wins
     config, name, version, nri_version = (
-        _text(found.get(n, b""), what, n) for n in _CONFIGURE_STRINGS
+        pb.text(found.get(n, b""), what, n) for n in _CONFIGURE_STRINGS
     )
     registration = pb.signed(found.get(F.ConfigureRequest.REGISTRATION_TIMEOUT, 0), 64)
     request = pb.signed(found.get(F.ConfigureRequest.REQUEST_TIMEOUT, 0), 64)
     return ConfigureRequestView(config, name, version, registration, request, nri_version, data)
 
 
-_SYNCHRONIZE: pb.WireTypes = {
-    F.SynchronizeRequest.PODS: LEN,
-    F.SynchronizeRequest.CONTAINERS: LEN,
-    F.SynchronizeRequest.MORE: VARINT,
-}
+_SYNC_PODS: Final = F.SynchronizeRequest.PODS
+_SYNC_CONTAINERS: Final = F.SynchronizeRequest.CONTAINERS
+_SYNC_MORE: Final = F.SynchronizeRequest.MORE
+_SYNCHRONIZE: pb.WireTypes = {_SYNC_PODS: LEN, _SYNC_CONTAINERS: LEN, _SYNC_MORE: VARINT}
 
 
 def decode_synchronize_request(data: bytes) -> SynchronizeRequestView:
+    """A SynchronizeRequest: a lazy view per pod and container, over `data`."""
     pods: list[PodSandboxView] = []
     containers: list[ContainerView] = []
     more = False
-    for number, value in _fields(data, "SynchronizeRequest", _SYNCHRONIZE):
-        if number == F.SynchronizeRequest.PODS:
-            pods.append(decode_pod_sandbox(value))
-        elif number == F.SynchronizeRequest.CONTAINERS:
-            containers.append(decode_container(value))
-        elif number == F.SynchronizeRequest.MORE:
-            more = value != 0
+    for number, _, a, b in pb.spans(data, "SynchronizeRequest", _SYNCHRONIZE):
+        if number == _SYNC_CONTAINERS:
+            containers.append(ContainerView(data, a, b))
+        elif number == _SYNC_PODS:
+            pods.append(PodSandboxView(data, a, b))
+        elif number == _SYNC_MORE:
+            more = a != 0
     return SynchronizeRequestView(pods, containers, more)
 
 
@@ -236,11 +155,33 @@ _CONTAINER_FIELD: Final = F.PodContainerRequest.CONTAINER
 _POD_CONTAINER: pb.WireTypes = {_POD_FIELD: LEN, _CONTAINER_FIELD: LEN}
 
 
+def _split_pod_container(data: bytes) -> tuple[Span, Span] | None:
+    """The usual request, pod 1 then container 2 and nothing else, split without
+    the general walk; None for any other layout."""
+    n = len(data)
+    if n < 4 or data[0] != 0x0A:
+        return None
+    size, pos = pb.read_varint(data, 1, "request")
+    stop = pos + size
+    if stop >= n or data[stop] != 0x12:
+        return None
+    size, cpos = pb.read_varint(data, stop + 1, "request")
+    if cpos + size != n:
+        return None
+    return (data, pos, stop), (data, cpos, n)
+
+
 def _container_request(data: bytes, what: str) -> ContainerRequestView:
-    found = _singular(data, what, _POD_CONTAINER)
+    try:
+        fast = _split_pod_container(data)
+    except DecodeError:
+        fast = None
+    if fast is not None:
+        return ContainerRequestView(_pod(fast[0]), _container(fast[1]))
+    found = _top(data, what, _POD_CONTAINER)
     return ContainerRequestView(
-        decode_pod_sandbox(_need(found, _POD_FIELD, what, "pod")),
-        decode_container(_need(found, _CONTAINER_FIELD, what, "container")),
+        _pod(_span(found, _POD_FIELD, what, "pod")),
+        _container(_span(found, _CONTAINER_FIELD, what, "container")),
     )
 
 
@@ -258,18 +199,18 @@ def decode_pod_container_request(data: bytes, what: str = "request") -> PodConta
     Not for UpdatePodSandboxRequest, whose field 2 is not a Container: use
     `decode_pod_request` or `decode_update_pod_sandbox_request` there.
     """
-    found = _singular(data, what, _POD_CONTAINER)
+    found = _top(data, what, _POD_CONTAINER)
     container = found.get(_CONTAINER_FIELD)
     return PodContainerRequestView(
-        decode_pod_sandbox(_need(found, _POD_FIELD, what, "pod")),
-        None if container is None else decode_container(container),
+        _pod(_span(found, _POD_FIELD, what, "pod")),
+        None if container is None else _container(_span(found, _CONTAINER_FIELD, what, "")),
     )
 
 
 def decode_pod_request(data: bytes, what: str = "request") -> PodSandboxView:
     """The pod (field 1, required) of any pod-event request; other fields skipped."""
-    found = _singular(data, what, {_POD_FIELD: LEN})
-    return decode_pod_sandbox(_need(found, _POD_FIELD, what, "pod"))
+    found = _top(data, what, {_POD_FIELD: LEN})
+    return _pod(_span(found, _POD_FIELD, what, "pod"))
 
 
 _UPDATE_POD: pb.WireTypes = dict.fromkeys(
@@ -284,11 +225,11 @@ _UPDATE_POD: pb.WireTypes = dict.fromkeys(
 
 def decode_update_pod_sandbox_request(data: bytes) -> UpdatePodSandboxRequestView:
     what = "UpdatePodSandboxRequest"
-    found = _singular(data, what, _UPDATE_POD)
+    found = _top(data, what, _UPDATE_POD)
     return UpdatePodSandboxRequestView(
-        decode_pod_sandbox(_need(found, F.UpdatePodSandboxRequest.POD, what, "pod")),
-        found.get(F.UpdatePodSandboxRequest.OVERHEAD_LINUX_RESOURCES),
-        found.get(F.UpdatePodSandboxRequest.LINUX_RESOURCES),
+        _pod(_span(found, F.UpdatePodSandboxRequest.POD, what, "pod")),
+        _bytes(found, F.UpdatePodSandboxRequest.OVERHEAD_LINUX_RESOURCES),
+        _bytes(found, F.UpdatePodSandboxRequest.LINUX_RESOURCES),
     )
 
 
@@ -304,22 +245,22 @@ _UPDATE: pb.WireTypes = dict.fromkeys(
 
 def decode_update_container_request(data: bytes) -> UpdateContainerRequestView:
     what = "UpdateContainerRequest"
-    found = _singular(data, what, _UPDATE)
+    found = _top(data, what, _UPDATE)
     return UpdateContainerRequestView(
-        decode_pod_sandbox(_need(found, F.UpdateContainerRequest.POD, what, "pod")),
-        decode_container(_need(found, F.UpdateContainerRequest.CONTAINER, what, "container")),
-        found.get(F.UpdateContainerRequest.LINUX_RESOURCES),
+        _pod(_span(found, F.UpdateContainerRequest.POD, what, "pod")),
+        _container(_span(found, F.UpdateContainerRequest.CONTAINER, what, "container")),
+        _bytes(found, F.UpdateContainerRequest.LINUX_RESOURCES),
     )
 
 
 def decode_validate_adjustment_request(data: bytes) -> ValidateAdjustmentRequestView:
-    """A ValidateContainerAdjustmentRequest: pod and container decoded, the
-    rest (adjustment, updates, owners, plugins) checked and parsed by `.message()`."""
+    """A ValidateContainerAdjustmentRequest: lazy pod and container, the rest
+    (adjustment, updates, owners, plugins) checked and parsed by `.message()`."""
     what = "ValidateContainerAdjustmentRequest"
-    found = _singular(data, what, _POD_CONTAINER)
+    found = _top(data, what, _POD_CONTAINER)
     return ValidateAdjustmentRequestView(
-        decode_pod_sandbox(_need(found, _POD_FIELD, what, "pod")),
-        decode_container(_need(found, _CONTAINER_FIELD, what, "container")),
+        _pod(_span(found, _POD_FIELD, what, "pod")),
+        _container(_span(found, _CONTAINER_FIELD, what, "container")),
         data,
     )
 
@@ -334,10 +275,14 @@ _STATE_CHANGE: pb.WireTypes = {
 def decode_state_change(data: bytes) -> StateChangeView:
     """A StateChangeEvent: event 1, pod 2 (required), container 3 (pod events: none)."""
     what = "StateChangeEvent"
-    found = _singular(data, what, _STATE_CHANGE)
+    found = _top(data, what, _STATE_CHANGE)
+    event = found.get(F.StateChangeEvent.EVENT, 0)
+    assert isinstance(event, int)
     container = found.get(F.StateChangeEvent.CONTAINER)
     return StateChangeView(
-        pb.signed(found.get(F.StateChangeEvent.EVENT, 0), 32),
-        decode_pod_sandbox(_need(found, F.StateChangeEvent.POD, what, "pod")),
-        None if container is None else decode_container(container),
+        pb.signed(event, 32),
+        _pod(_span(found, F.StateChangeEvent.POD, what, "pod")),
+        None
+        if container is None
+        else _container(_span(found, F.StateChangeEvent.CONTAINER, what, "")),
     )

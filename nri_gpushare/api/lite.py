@@ -1,11 +1,14 @@
 """A fast, strict protobuf codec for the NRI messages on the plugin's hot path.
 
 betterproto spends milliseconds on one CreateContainerRequest, while the
-runtime calls plugins under a node-wide lock. This codec decodes requests
-into slotted *views* holding only the fields a plugin usually reads, plus the
-raw bytes; ``view.message()`` checks and parses the full betterproto object on
-first use. It also encodes the few responses a plugin sends, byte for byte as
-betterproto serializes the equivalent message.
+runtime calls plugins under a node-wide lock. This codec never decodes a
+whole request: a request decoder only splits its top level, and the pod and
+container are lazy *views* over the request's own bytes, each field decoded
+(and checked: malformed bytes raise `DecodeError`) when a handler first reads
+it; ``view.contains(b"...")`` searches a view's bytes without decoding them,
+and ``view.message()`` checks and parses the full betterproto object. It also
+encodes the few responses a plugin sends, byte for byte as betterproto
+serializes the equivalent message.
 
 The parts: `views` (the view types and the checked betterproto parse),
 `decode` (requests into views), `encode` (responses), `fields` (the field

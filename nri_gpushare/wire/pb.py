@@ -36,10 +36,11 @@ _NO_TYPES: WireTypes = {}
 # ---------------------------------------------------------------------------
 
 
-def read_varint(data: bytes, pos: int, what: str) -> tuple[int, int]:
-    """Decode the varint at `pos`; return (value, next position)."""
+def read_varint(data: bytes, pos: int, what: str, limit: int = -1) -> tuple[int, int]:
+    """Decode the varint at `pos`, not reading at or past `limit` (default: the
+    end of `data`); return (value, next position)."""
     value = shift = 0
-    end = min(len(data), pos + 10)
+    end = min(len(data) if limit < 0 else limit, pos + 10)
     start = pos
     while pos < end:
         byte = data[pos]
@@ -109,6 +110,49 @@ def fields(data: bytes, what: str, wire_types: WireTypes = _NO_TYPES) -> Iterato
                 f"malformed {what}: field {number} needs {size} bytes, {end - pos} left"
             )
         yield number, data[pos:stop]
+        pos = stop
+
+
+def spans(
+    data: bytes, what: str, wire_types: WireTypes = _NO_TYPES, start: int = 0, end: int = -1
+) -> Iterator[tuple[int, int, int, int]]:
+    """Like `fields`, over `data[start:end]`, without copying a value: yield
+    (field number, wire type, a, b), where (a, b) are the bounds of a
+    length-delimited or fixed field's payload in `data`, and for a varint
+    field a is its value and b the position after it."""
+    pos, end = start, len(data) if end < 0 else end
+    while pos < end:
+        key = data[pos]
+        if key < 0x80:
+            pos += 1
+        else:
+            key, pos = read_varint(data, pos, what, end)
+        number, wire_type = key >> 3, key & 7
+        if number == 0 or number > MAX_FIELD:
+            raise DecodeError(f"malformed {what}: invalid field number {number}")
+        want = wire_types.get(number, wire_type)
+        if want != wire_type:
+            raise DecodeError(
+                f"malformed {what}: field {number} has wire type {wire_type}, expected {want}"
+            )
+        if wire_type == VARINT:
+            value, pos = read_varint(data, pos, what, end)
+            yield number, wire_type, value, pos
+            continue
+        if wire_type == LEN:
+            size, pos = read_varint(data, pos, what, end)
+        elif wire_type == FIXED64:
+            size = 8
+        elif wire_type == FIXED32:
+            size = 4
+        else:
+            raise DecodeError(f"malformed {what}: field {number} has wire type {wire_type}")
+        stop = pos + size
+        if stop > end:
+            raise DecodeError(
+                f"malformed {what}: field {number} needs {size} bytes, {end - pos} left"
+            )
+        yield number, wire_type, pos, stop
         pos = stop
 
 

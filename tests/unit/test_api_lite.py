@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from nri_gpushare.api import lite, nri
 from nri_gpushare.api.lite import Adjustment, DecodeError, Device, MountSpec
 from nri_gpushare.wire import pb as lite_pb
+from tests.unit.test_fuzz_common import allocates_at_most
 
 PAYLOAD = (Path(__file__).parent / "data" / "create_container_request.bin").read_bytes()
 FEW = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -44,6 +45,22 @@ def assert_container(view: lite.ContainerView, ctr: nri.Container) -> None:
     assert view.cgroups_path == ctr.linux.cgroups_path
     assert view.pid == ctr.pid
     assert view.message() == ctr
+
+
+def read(view: object) -> object:
+    """Read every field of a request view and of its pod and container (the
+    views decode lazily: a malformed part raises at its first read)."""
+    for name in ("pod", "container"):
+        part = getattr(view, name, None)
+        if part is not None:
+            read(part)
+    for name in getattr(view, "_fields", ()):
+        getattr(view, name)
+    return view
+
+
+def decode_read(decode: Callable[[bytes], object], data: bytes) -> object:
+    return read(decode(data))
 
 
 def bp_device(d: Device) -> nri.LinuxDevice:
@@ -234,7 +251,7 @@ def test_message_is_parsed_once() -> None:
 def test_every_truncation_is_refused() -> None:
     for cut in range(len(PAYLOAD)):
         with pytest.raises(DecodeError):
-            lite.decode_create_container_request(PAYLOAD[:cut])
+            decode_read(lite.decode_create_container_request, PAYLOAD[:cut])
 
 
 # -- round trips against betterproto ----------------------------------------------
@@ -616,7 +633,7 @@ GOOD_POD, GOOD_CTR = ld(1, b"\x0a\x01p"), ld(2, b"\x0a\x01c")
 )
 def test_malformed_is_refused(data: bytes) -> None:
     with pytest.raises(DecodeError):
-        lite.decode_create_container_request(data)
+        decode_read(lite.decode_create_container_request, data)
 
 
 @pytest.mark.parametrize(
@@ -639,7 +656,9 @@ def test_malformed_is_refused(data: bytes) -> None:
 )
 def test_other_malformed_requests(decode, data: bytes) -> None:
     with pytest.raises(DecodeError):
-        decode(data)
+        view = decode(data)
+        for part in (view.pods + view.containers) if hasattr(view, "pods") else [view]:
+            read(part)
 
 
 def test_message_reports_deep_damage() -> None:
@@ -676,10 +695,11 @@ def _only_decode_errors(data: bytes) -> None:
             continue
         for part in (getattr(view, "pod", None), getattr(view, "container", None)):
             if part is not None:
-                try:
-                    part.message()
-                except DecodeError:
-                    pass
+                for read_part in (read, lambda part: part.message()):
+                    try:
+                        read_part(part)
+                    except DecodeError:
+                        pass
 
 
 @settings(max_examples=150, deadline=None)
@@ -695,32 +715,16 @@ def test_damaged_payload_raises_only_decode_error(at: int, byte: int, cut: int) 
     _only_decode_errors(damaged)
 
 
-def test_repeated_singular_fields_merge_in_linear_time(monkeypatch) -> None:
+def test_repeated_singular_fields_merge_in_linear_time() -> None:
     # A runtime that repeats the pod field a million times (4 MiB) must not make
-    # the decoder copy the merged pod once per repetition (terabytes).
-    from nri_gpushare.api import decode
-
-    copied = 0
-
-    class Counted(bytes):
-        def __add__(self, other: bytes) -> Counted:
-            nonlocal copied
-            copied += len(self) + len(other)
-            return Counted(bytes(self) + other)
-
-    walk = decode._fields
-
-    def counting(data, what, wire_types=decode.pb._NO_TYPES):
-        for number, value in walk(data, what, wire_types):
-            yield number, Counted(value) if isinstance(value, bytes) else value
-
-    monkeypatch.setattr(decode, "_fields", counting)
+    # the decoder copy the merged pod once per repetition (terabytes): merging
+    # 2000 pieces allocates about their size, not 2000 times it.
     n = 2000
-    ctr = decode.pb.len_field(2, decode.pb.string_field(1, "c"))
+    ctr = lite_pb.len_field(2, lite_pb.string_field(1, "c"))
     data = b"\x0a\x02\x0a\x00" * n + ctr
-    request = decode.decode_create_container_request(data)
-    assert request.container.id == "c"
-    assert copied <= 2 * len(data)
+    with allocates_at_most(8 * len(data) + (256 << 10)):
+        request = lite.decode_create_container_request(data)
+    assert request.container.id == "c" and len(request.pod) == 2 * n
 
 
 # -- decoding time grows linearly with repetition ---------------------------------
@@ -755,6 +759,10 @@ def _create_request_with_env(n: int) -> bytes:
     return GOOD_POD + lite_pb.len_field(2, _container_with_env(n))
 
 
+def _create_request_env(data: bytes) -> object:
+    return lite.decode_create_container_request(data).container.env
+
+
 def _seconds(decode: Callable[[bytes], object], data: bytes) -> float:
     best = float("inf")
     for _ in range(2):
@@ -769,7 +777,7 @@ def _seconds(decode: Callable[[bytes], object], data: bytes) -> float:
     [
         (_resources_with_unknown_fields, _update_resources),
         (_container_with_unknown_fields, _container_message),
-        (_create_request_with_env, lite.decode_create_container_request),
+        (_create_request_with_env, _create_request_env),
     ],
     ids=["update-resources-unknown", "container-message-unknown", "create-env"],
 )
@@ -785,3 +793,115 @@ def test_decoding_a_repeated_field_takes_linear_time(build, decode) -> None:
     finally:
         gc.enable()
     assert ratio < 8, f"{REPEATS} repetitions took {ratio:.1f}x as long as {REPEATS // 4}"
+
+
+# -- laziness ------------------------------------------------------------------
+
+POD_FIELDS = lite.PodSandboxView._fields
+CONTAINER_FIELDS = lite.ContainerView._fields
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    pods,
+    containers,
+    st.permutations(POD_FIELDS),
+    st.permutations(CONTAINER_FIELDS),
+    st.sampled_from(["create", "stop", "synchronize", "state", "update", "validate"]),
+)
+def test_fields_read_in_any_order_match_betterproto(
+    pod: nri.PodSandbox,
+    ctr: nri.Container,
+    pod_order: list[str],
+    ctr_order: list[str],
+    kind: str,
+) -> None:
+    # Each request kind that carries a pod and a container, each field read
+    # first or last: what a lazy view gives is betterproto's parse.
+    if kind == "create":
+        got = lite.decode_create_container_request(
+            bytes(nri.CreateContainerRequest(pod=pod, container=ctr))
+        )
+    elif kind == "stop":
+        got = lite.decode_stop_container_request(
+            bytes(nri.StopContainerRequest(pod=pod, container=ctr))
+        )
+    elif kind == "synchronize":
+        sync = lite.decode_synchronize_request(
+            bytes(nri.SynchronizeRequest(pods=[pod], containers=[ctr]))
+        )
+        got = lite.ContainerRequestView(sync.pods[0], sync.containers[0])
+    elif kind == "state":
+        state = lite.decode_state_change(bytes(nri.StateChangeEvent(pod=pod, container=ctr)))
+        assert state.container is not None
+        got = lite.ContainerRequestView(state.pod, state.container)
+    elif kind == "update":
+        got = lite.decode_update_container_request(
+            bytes(nri.UpdateContainerRequest(pod=pod, container=ctr))
+        )
+    else:
+        got = lite.decode_validate_adjustment_request(
+            bytes(nri.ValidateContainerAdjustmentRequest(pod=pod, container=ctr))
+        )
+    want_pod = nri.PodSandbox().parse(bytes(pod))
+    want_ctr = nri.Container().parse(bytes(ctr))
+    expect = {
+        "id": want_ctr.id,
+        "pod_sandbox_id": want_ctr.pod_sandbox_id,
+        "name": want_ctr.name,
+        "state": int(want_ctr.state),
+        "labels": want_ctr.labels,
+        "annotations": want_ctr.annotations,
+        "env": want_ctr.env,
+        "cgroups_path": want_ctr.linux.cgroups_path,
+        "pid": want_ctr.pid,
+    }
+    for name in ctr_order:
+        assert getattr(got.container, name) == expect[name], name
+    for name in pod_order:
+        assert getattr(got.pod, name) == getattr(want_pod, name), name
+
+
+@settings(max_examples=40, deadline=None)
+@given(pods, containers)
+def test_contains_finds_every_string(pod: nri.PodSandbox, ctr: nri.Container) -> None:
+    # The raw-bytes prefilter is sound: every label, annotation and env entry
+    # is found in its view's bytes, and a text found nowhere is in none.
+    data = bytes(nri.SynchronizeRequest(pods=[pod], containers=[ctr]))
+    sync = lite.decode_synchronize_request(data)
+    got_pod, got_ctr = sync.pods[0], sync.containers[0]
+    for view in (got_pod, got_ctr):
+        for mapping in (view.labels, view.annotations):
+            for key, value in mapping.items():
+                assert view.contains(key.encode()) and view.contains(value.encode())
+        absent = b"\x00never-in-a-generated-message\x00"
+        assert not view.contains(absent)
+        assert view.contains_any([absent, b""])
+    for entry in got_ctr.env:
+        assert got_ctr.contains_any([b"\x00absent", entry.encode()])
+    assert got_pod.buf is data and got_ctr.buf is data  # views, not copies
+
+
+def test_a_view_decodes_nothing_until_read() -> None:
+    damaged_pod = ld(1, b"\x08\x01")  # PodSandbox.id as a varint
+    damaged_ctr = ld(2, ld(5, b"\x0a\x01\xff\x12\x00"))  # a label key not UTF-8
+    got = lite.decode_create_container_request(damaged_pod + damaged_ctr)
+    assert len(got.pod) == 2 and len(got.container) == 7
+    with pytest.raises(DecodeError, match="PodSandbox"):
+        _ = got.pod.name
+    assert got.container.id == ""  # its top level is sound
+    with pytest.raises(DecodeError, match="Container.labels"):
+        _ = got.container.labels
+    with pytest.raises(DecodeError):  # again: nothing half-decoded was kept
+        _ = got.container.labels
+    assert "malformed" in repr(got.pod)
+
+
+def test_views_compare_by_bytes() -> None:
+    a = lite.decode_container(bytes(nri.Container(id="x")))
+    b = lite.decode_synchronize_request(
+        bytes(nri.SynchronizeRequest(containers=[nri.Container(id="x")]))
+    ).containers[0]
+    assert a == b and a != lite.decode_container(bytes(nri.Container(id="y")))
+    assert a != lite.decode_pod_sandbox(a.raw)  # another message type
+    assert repr(a) == "ContainerView(id='x', pod_sandbox_id='', name='', 3 bytes)"
