@@ -58,7 +58,7 @@ from nri_gpushare.share.model import (
     NodePolicy,
     ShareRefused,
 )
-from nri_gpushare.share.request import may_ask_raw
+from nri_gpushare.share.request import COARSE_MARKERS, RAW_MARKERS, may_ask_raw
 from nri_gpushare.share.service import ShareService, Unserved
 from nri_gpushare.share.usage import GpuTimeSource, MemoryUsage, ModuleGpuTime
 from nri_gpushare.statefile import StateDirError, StateFile
@@ -97,6 +97,19 @@ def container_info(pod: PodSandboxView | None, container: ContainerView) -> Cont
         pid=container.pid,
         running=container.state != nri.ContainerState.CONTAINER_STOPPED,
     )
+
+
+def may_ask(*views: PodSandboxView | ContainerView) -> bool:
+    """`may_ask_raw` on the views' serialized bytes, searched in place (no
+    copy, nothing decoded) where the view can."""
+    for view in views:
+        contains_any = getattr(view, "contains_any", None)
+        if contains_any is not None:
+            if contains_any(COARSE_MARKERS) and contains_any(RAW_MARKERS):
+                return True
+        elif may_ask_raw(view.raw):
+            return True
+    return False
 
 
 def bare_info(pod: PodSandboxView | None, container: ContainerView) -> ContainerInfo:
@@ -258,12 +271,12 @@ class GpuShareHandler(Plugin):
     ) -> list[nri.ContainerUpdate]:
         by_id = {p.id: p for p in pods}
         # Pods whose own bytes may ask: their containers are read in full.
-        asking = {p.id for p in pods if may_ask_raw(p.raw)}
+        asking = {p.id for p in pods if may_ask(p)}
         live = []
         for c in containers:
             pod = by_id.get(c.pod_sandbox_id)
             try:
-                if c.pod_sandbox_id in asking or may_ask_raw(c.raw):
+                if c.pod_sandbox_id in asking or may_ask(c):
                     live.append(container_info(pod, c))
                 else:  # the usual container: nothing of ours in it nor in its pod
                     live.append(bare_info(pod, c))
@@ -299,7 +312,7 @@ class GpuShareHandler(Plugin):
         # Answer before the runtime gives up: a late answer is lost (containerd
         # creates the container without it), so its share must not stay booked.
         deadline = loop.time() + ANSWER_WITHIN * self.request_timeout()
-        if not may_ask_raw(container.raw, pod.raw) and not self.service.holds(container.id):
+        if not may_ask(container, pod) and not self.service.holds(container.id):
             return None  # nothing of ours in it: nothing decoded, nothing to do
         info = container_info(pod, container)
         try:

@@ -112,7 +112,17 @@ from .values import expand
 
 log = logging.getLogger(__name__)
 
-__all__ = ["KEYS", "MARKERS", "ShareRequest", "ignored", "may_ask", "may_ask_raw", "parse_request"]
+__all__ = [
+    "KEYS",
+    "MARKERS",
+    "COARSE_MARKERS",
+    "RAW_MARKERS",
+    "ShareRequest",
+    "ignored",
+    "may_ask",
+    "may_ask_raw",
+    "parse_request",
+]
 
 _DEMAND = {"core": "gpu-core", "count": "gpu-count", "devices": "gpu-devices"}
 
@@ -150,8 +160,12 @@ MARKERS = (PREFIX, "ALIYUN_COM_GPU_", "CGPU_DISABLE", "EGPU")
 ``gpushare.io/`` key (requests, ``kubelet.*``, ``assigned``) or the name of a
 request variable (`REQUEST_ENV`).  A container and pod holding none of them
 ask for nothing: `parse_request` returns None without raising."""
-_RAW_MARKERS = tuple(m.encode() for m in MARKERS)
+RAW_MARKERS = tuple(m.encode() for m in MARKERS)
 assert all(name.startswith(MARKERS) for name in REQUEST_ENV)
+COARSE_MARKERS = (PREFIX.encode(), b"GPU")
+"""Two texts one of which every `MARKERS` text holds: two searches rule out
+the usual container, the precise ones run only where one is found."""
+assert all(COARSE_MARKERS[0] in m or COARSE_MARKERS[1] in m for m in RAW_MARKERS)
 
 
 def may_ask_raw(*raw: bytes) -> bool:
@@ -159,7 +173,12 @@ def may_ask_raw(*raw: bytes) -> bool:
     messages it comes with (its own and its pod's): False only when none of
     them holds a `MARKERS` text, so nothing needs decoding.  Protobuf keeps
     strings as their UTF-8 bytes, in which an ASCII text appears as itself."""
-    return any(m in data for data in raw for m in _RAW_MARKERS)
+    for data in raw:
+        if COARSE_MARKERS[0] in data or COARSE_MARKERS[1] in data:
+            for marker in RAW_MARKERS:
+                if marker in data:
+                    return True
+    return False
 
 
 def may_ask(c: ContainerInfo) -> bool:
