@@ -27,6 +27,7 @@ POLICIES = (
 )
 
 P = "gpushare.io/"
+UTF8 = st.characters(blacklist_categories=("Cs",))  # protobuf strings are UTF-8
 # Keys near the real ones: a one-character change must not slip past the prefilter.
 near_keys = st.sampled_from(
     [
@@ -44,11 +45,11 @@ near_keys = st.sampled_from(
         "app",
     ]
 )
-keys = st.one_of(near_keys, st.text(max_size=20))
+keys = st.one_of(near_keys, st.text(UTF8, max_size=20))
 values = st.one_of(
     st.sampled_from(["1Gi", "0", "30", "high", "memory", "all", "0,1", "true", "3", "bad"]),
     st.sampled_from([m + "x" for m in MARKERS]),  # markers in values: a harmless "maybe"
-    st.text(max_size=12),
+    st.text(UTF8, max_size=12),
 )
 env_names = st.one_of(
     st.sampled_from(
@@ -63,11 +64,11 @@ env_names = st.one_of(
             "PATH",
         ]
     ),
-    st.text(alphabet=st.characters(blacklist_characters="="), max_size=12),
+    st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="="), max_size=12),
 )
 env_values = st.one_of(
     st.sampled_from(["3", "0", "1", "true", "false", "PGPU=0,MEM=1024", "0,1", "x"]),
-    st.text(max_size=12),
+    st.text(UTF8, max_size=12),
 )
 maps = st.dictionaries(keys, values, max_size=4)
 
