@@ -92,8 +92,18 @@ NVML_MEMORY_LIMITS = ("auto", "off")
 def parse_quantity(value: object) -> int:
     """Bytes from `2Gi`, `3276Mi`, `512M` or a bare integer (GiB), as in share requests."""
     if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ValueError(f"{value!r} is not a size such as 16Gi, 3276Mi or 512M")
+        raise ValueError(f"{_show(value)} is not a size such as 16Gi, 3276Mi or 512M")
     return parse_size(str(value))
+
+
+def _show(value: object) -> str:
+    """A value for a message, shortened: a config may hold anything YAML
+    can say (repr() of an int past 4,300 digits raises, of a deep list recurses)."""
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):
+        text = f"a {type(value).__name__} too large to show"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 class _Reader:
@@ -121,9 +131,9 @@ class _Reader:
         value = self.data[name]
         kinds = kind if isinstance(kind, tuple) else (kind,)
         if isinstance(value, bool) and bool not in kinds:
-            self.fail(self.key(name), f"expected {kinds[0].__name__}, got {value!r}")
+            self.fail(self.key(name), f"expected {kinds[0].__name__}, got {_show(value)}")
         if not isinstance(value, kinds):
-            self.fail(self.key(name), f"expected {kinds[0].__name__}, got {value!r}")
+            self.fail(self.key(name), f"expected {kinds[0].__name__}, got {_show(value)}")
         return value
 
     def choice(self, name: str, default: str, allowed: tuple[str, ...]) -> str:
@@ -131,7 +141,7 @@ class _Reader:
         if value is False and "off" in allowed:
             value = "off"  # YAML 1.1 reads a bare `off` as false
         if value not in allowed:
-            self.fail(self.key(name), f"{value!r} is not one of {', '.join(allowed)}")
+            self.fail(self.key(name), f"{_show(value)} is not one of {', '.join(allowed)}")
         return str(value)
 
     def int_range(self, name: str, default: int, low: int, high: int) -> int:
@@ -150,7 +160,8 @@ class _Reader:
             self.fail(self.key(name), str(exc))
 
     def finish(self) -> None:
-        unknown = sorted(set(self.data) - self.used)
+        # YAML keys may be numbers, booleans or null too: sorted as text.
+        unknown = sorted(set(self.data) - self.used, key=str)
         if unknown:
             allowed = ", ".join(sorted(self.used))
             self.fail(self.key(unknown[0]), f"unknown key (allowed here: {allowed})")
@@ -167,7 +178,7 @@ def _parse_inventory(source: str, items: object) -> tuple[Gpu, ...]:
         index = reader.int_range("index", position, 0, MAX_GPUS - 1)
         uuid = reader.get("uuid", "", str)
         if not _UUID.match(uuid):
-            reader.fail(reader.key("uuid"), f"{uuid!r} is not a GPU UUID such as GPU-8f6c...")
+            reader.fail(reader.key("uuid"), f"{_show(uuid)} is not a GPU UUID such as GPU-8f6c...")
         name = reader.get("name", "NVIDIA GPU", str)
         if "memory" not in reader.data:
             reader.fail(reader.key("memory"), "missing (the GPU's total memory, e.g. 80Gi)")
@@ -194,7 +205,9 @@ def _parse_sources(source: str, data: object) -> tuple[SourcePolicy, SourcePolic
     namespaces = pods.get("namespaces", [], list)
     for name in namespaces:
         if not isinstance(name, str) or not _NAMESPACE.fullmatch(name):
-            pods.fail("sources.pods.namespaces", f"{name!r} is not a Kubernetes namespace name")
+            pods.fail(
+                "sources.pods.namespaces", f"{_show(name)} is not a Kubernetes namespace name"
+            )
     pod_sources = SourcePolicy(
         annotations=pods.get("annotations", POD_SOURCES.annotations, bool),
         labels=pods.get("labels", POD_SOURCES.labels, bool),
@@ -224,12 +237,12 @@ def _path(reader: _Reader, name: str, default: str, what: str) -> str:
     value: str = reader.get(name, default, str)
     key = reader.key(name)
     if not value.startswith("/"):
-        reader.fail(key, f"{value!r} must be an absolute path ({what})")
+        reader.fail(key, f"{_show(value)} must be an absolute path ({what})")
     if _PATH_UNSAFE.search(value):
-        reader.fail(key, f"{value!r} must not contain whitespace or ':' ({what})")
+        reader.fail(key, f"{_show(value)} must not contain whitespace or ':' ({what})")
     parts = value.split("/")[1:]
     if value.endswith("/") or any(p in ("", ".", "..") for p in parts):
-        reader.fail(key, f"{value!r} must be a plain path to a file, without //, . or ..")
+        reader.fail(key, f"{_show(value)} must be a plain path to a file, without //, . or ..")
     return value
 
 
@@ -243,7 +256,9 @@ def _parse_interposer(source: str, data: object) -> InterposerPolicy:
     if container_path == ETC_LD_SO_PRELOAD or container_path.startswith(
         ("/proc/", "/sys/", "/dev/")
     ):
-        reader.fail(reader.key("container_path"), f"{container_path!r} cannot hold the library")
+        reader.fail(
+            reader.key("container_path"), f"{_show(container_path)} cannot hold the library"
+        )
     policy = InterposerPolicy(
         library=library,
         container_path=container_path,
@@ -267,7 +282,8 @@ def _listen_address(reader: _Reader, name: str, default: str) -> str:
     ok = ok and 1 <= int(port) <= 65535
     if not ok or any(c.isspace() or c in "[]/" for c in host):
         reader.fail(
-            reader.key(name), f"{value!r} is not host:port such as 127.0.0.1:9400 or [::1]:9400"
+            reader.key(name),
+            f"{_show(value)} is not host:port such as 127.0.0.1:9400 or [::1]:9400",
         )
     return value
 
@@ -281,7 +297,7 @@ def parse_config(data: object, source: str = "<config>") -> Config:
     raw_index = nri.get("plugin_index", defaults.plugin_index, (str, int))
     plugin_index = f"{raw_index:02d}" if isinstance(raw_index, int) else raw_index
     if not re.fullmatch(r"\d\d", plugin_index):
-        nri.fail(nri.key("plugin_index"), f"{raw_index!r} must be exactly two digits (00..99)")
+        nri.fail(nri.key("plugin_index"), f"{_show(raw_index)} must be exactly two digits (00..99)")
     timeouts = {}
     for name, default in (
         ("request_timeout", defaults.request_timeout),
@@ -295,14 +311,14 @@ def parse_config(data: object, source: str = "<config>") -> Config:
     pod_sources, standalone_sources = _parse_sources(source, top.get("sources", {}, dict))
     state_dir = top.get("state_dir", defaults.state_dir, str)
     if not state_dir.startswith("/"):
-        top.fail("state_dir", f"{state_dir!r} must be an absolute path")
+        top.fail("state_dir", f"{_show(state_dir)} must be an absolute path")
     api_socket = top.get("api_socket", defaults.api_socket, str)
     if not api_socket.startswith("/"):
-        top.fail("api_socket", f"{api_socket!r} must be an absolute path")
+        top.fail("api_socket", f"{_show(api_socket)} must be an absolute path")
     cd = _Reader(source, "containerd", top.get("containerd", {}, dict))
     containerd_socket = cd.get("socket", defaults.containerd_socket, str)
     if containerd_socket and not containerd_socket.startswith("/"):
-        cd.fail(cd.key("socket"), f"{containerd_socket!r} must be an absolute path or empty")
+        cd.fail(cd.key("socket"), f"{_show(containerd_socket)} must be an absolute path or empty")
     cd.finish()
     metrics = _Reader(source, "metrics", top.get("metrics", {}, dict))
     metrics_listen = _listen_address(metrics, "listen", defaults.metrics_listen)
@@ -310,7 +326,9 @@ def parse_config(data: object, source: str = "<config>") -> Config:
     k8s = _Reader(source, "kubernetes", top.get("kubernetes", {}, dict))
     device_plugin_dir = k8s.get("device_plugin_dir", defaults.device_plugin_dir, str)
     if not device_plugin_dir.startswith("/"):
-        k8s.fail(k8s.key("device_plugin_dir"), f"{device_plugin_dir!r} must be an absolute path")
+        k8s.fail(
+            k8s.key("device_plugin_dir"), f"{_show(device_plugin_dir)} must be an absolute path"
+        )
     kubernetes_events = k8s.get("events", defaults.kubernetes_events, bool)
     k8s.finish()
 
@@ -357,13 +375,17 @@ def parse_config(data: object, source: str = "<config>") -> Config:
 def load_config(path: str | Path) -> Config:
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     except ValueError:  # e.g. an integer past Python's 4300-digit conversion limit
         raise ConfigError(f"{path}: not valid YAML: a number is far too long") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid YAML: nested too deeply") from None
     return parse_config(data, str(path))
