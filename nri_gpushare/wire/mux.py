@@ -47,6 +47,8 @@ def encode_frames(conn_id: int, data: bytes, max_frame: int = MAX_FRAME) -> list
     step = max_frame - HEADER.size
     if step <= 0:
         raise ValueError(f"max_frame {max_frame} leaves no room for payload")
+    if 0 < len(data) <= step:  # the usual case: one frame
+        return [HEADER.pack(conn_id, len(data)) + data]
     view = memoryview(data)
     return [
         HEADER.pack(conn_id, len(chunk)) + chunk
@@ -77,6 +79,13 @@ class MuxDecoder:
 
     def feed(self, data: bytes) -> list[tuple[int, bytes]]:
         """Consume socket bytes; return payload pieces in order, merged per run of one conn."""
+        if not self._left and not self._header and len(data) >= HEADER.size:
+            # The usual case: the data is exactly one frame of a known conn.
+            conn_id, length = HEADER.unpack_from(data)
+            if HEADER.size + length == len(data) and length and conn_id in self.conn_ids:
+                self._start_frame(conn_id, length)
+                self._left = 0
+                return [(conn_id, bytes(data[HEADER.size :]))]
         out: list[tuple[int, bytearray]] = []
         view = memoryview(data)
         pos, end = 0, len(view)
