@@ -457,3 +457,23 @@ async def test_a_synchronize_answered_late_breaks_the_connection() -> None:
     await handle(service, "Synchronize", nri.SynchronizeRequest())
     assert service.broken.is_set() and not service.synchronized.is_set()
     assert re.match(r"Synchronize answered after 0\.1\d* s, past .* 0\.050 s", service.failure)
+
+
+async def test_a_malformed_field_read_by_the_handler_answers_invalid_argument() -> None:
+    # The views decode lazily: the request splits fine, and the handler's read
+    # of a damaged field raises DecodeError, which the stub answers cleanly.
+    read: list[str] = []
+
+    class ReadsLabels(Plugin):
+        async def create_container(self, pod: Any, container: Any) -> Any:
+            read.append(container.id)
+            return container.labels  # a label key that is not UTF-8
+
+    service = PluginService(ReadsLabels())
+    damaged = b"\x0a\x01c" + b"\x2a\x05\x0a\x01\xff\x12\x00"
+    payload = b"\x0a\x00" + bytes((0x12, len(damaged))) + damaged
+    with pytest.raises(TtrpcError) as info:
+        await service.handle(PLUGIN, "CreateContainer", payload)
+    assert info.value.code == Code.INVALID_ARGUMENT and read == ["c"]
+    assert "CreateContainer: malformed request: malformed Container.labels" in info.value.message
+    assert not service.broken.is_set()
