@@ -26,8 +26,9 @@ import importlib.metadata
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, TypeVar, cast
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar, cast
 
 from nri_gpushare.api import nri
 from nri_gpushare.api.lite import Adjustment, ContainerView, Device, MountSpec, PodSandboxView
@@ -63,7 +64,7 @@ from nri_gpushare.share.service import ShareService, Unserved
 from nri_gpushare.share.usage import GpuTimeSource, MemoryUsage, ModuleGpuTime
 from nri_gpushare.statefile import StateDirError, StateFile
 from nri_gpushare.status import StatusServer
-from nri_gpushare.stub import Plugin, PluginError, Stub
+from nri_gpushare.stub import EventMask, Plugin, PluginError, Stub
 from nri_gpushare.stub.runtime import RuntimeConnectionLost
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,32 @@ MARK_REMOVAL = "-"
 """NRI: an adjustment's annotation key with this prefix removes the annotation."""
 
 
-def container_info(pod: PodSandboxView | None, container: ContainerView) -> ContainerInfo:
+class PodFields(Protocol):
+    """What the domain reads of a pod: a `PodSandboxView` or a `PodHead`."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def uid(self) -> str: ...
+    @property
+    def annotations(self) -> Mapping[str, str]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PodHead:
+    """A pod as Synchronize keeps it between requests: no view, so no request
+    buffer, stays referenced; annotations only for a pod that may ask."""
+
+    name: str
+    namespace: str
+    uid: str
+    annotations: Mapping[str, str]
+    asking: bool
+
+
+def container_info(pod: PodFields | None, container: ContainerView) -> ContainerInfo:
     """The domain's view of an NRI container (labels, annotations, env, cgroup)."""
     env: dict[str, str] = {}
     for entry in container.env:
@@ -112,7 +138,7 @@ def may_ask(*views: PodSandboxView | ContainerView) -> bool:
     return False
 
 
-def bare_info(pod: PodSandboxView | None, container: ContainerView) -> ContainerInfo:
+def bare_info(pod: PodFields | None, container: ContainerView) -> ContainerInfo:
     """`container_info` for a container that cannot ask for a share (`may_ask_raw`
     said no): its labels, annotations and environment are neither read nor
     kept, since nothing in the domain reads them for such a container."""
@@ -248,6 +274,51 @@ def timed(event: str) -> Callable[[Handler], Handler]:
     return decorate
 
 
+@dataclass
+class _SyncState:
+    """One Synchronize's pods and containers, gathered request by request."""
+
+    pods: dict[str, PodHead] = field(default_factory=dict)
+    live: list[ContainerInfo] = field(default_factory=list)
+    #: containers whose pod was not sent yet (kept as views: rare)
+    waiting: list[ContainerView] = field(default_factory=list)
+    pods_seen: int = 0
+    containers_seen: int = 0
+
+    def gather(self, pods: list[PodSandboxView], containers: list[ContainerView]) -> None:
+        self.pods_seen += len(pods)
+        self.containers_seen += len(containers)
+        for p in pods:
+            try:
+                asking = may_ask(p)  # its containers are read in full
+                self.pods[p.id] = PodHead(
+                    p.name, p.namespace, p.uid, dict(p.annotations) if asking else {}, asking
+                )
+            except Exception:  # one odd pod must not stop the rest
+                log.exception("a pod unreadable in Synchronize; its containers have no pod")
+        for c in containers:
+            self._container(c, last=False)
+
+    def finish(self) -> list[ContainerInfo]:
+        """The live containers, every request gathered."""
+        for c in self.waiting:
+            self._container(c, last=True)
+        self.waiting = []
+        return self.live
+
+    def _container(self, c: ContainerView, last: bool) -> None:
+        try:
+            pod = self.pods.get(c.pod_sandbox_id)
+            if pod is None and not last:
+                self.waiting.append(c)
+            elif (pod is not None and pod.asking) or may_ask(c):
+                self.live.append(container_info(pod, c))
+            else:  # the usual container: nothing of ours in it nor in its pod
+                self.live.append(bare_info(pod, c))
+        except Exception:  # one odd container must not stop the rest
+            log.exception("a container unreadable in Synchronize; ignored")
+
+
 class GpuShareHandler(Plugin):
     """NRI events -> share domain."""
 
@@ -264,31 +335,34 @@ class GpuShareHandler(Plugin):
         self.request_timeout = request_timeout
         #: Time spent in each handler, per event (the metrics' histogram).
         self.latency = HandlerLatency()
+        self._sync = _SyncState()
+
+    async def configure(
+        self, config: str, runtime_name: str, runtime_version: str
+    ) -> EventMask | None:
+        self._sync = _SyncState()  # a new connection: what a broken one gathered goes
+        return None
+
+    def synchronize_part(self, pods: list[PodSandboxView], containers: list[ContainerView]) -> bool:
+        """A Synchronize request more follow: reduced to what the domain needs
+        right away, so that no view (and no request buffer) outlives it."""
+        self._sync.gather(pods, containers)
+        return True
 
     @timed("synchronize")
     async def synchronize(
         self, pods: list[PodSandboxView], containers: list[ContainerView]
     ) -> list[nri.ContainerUpdate]:
-        by_id = {p.id: p for p in pods}
-        # Pods whose own bytes may ask: their containers are read in full.
-        asking = {p.id for p in pods if may_ask(p)}
-        live = []
-        for c in containers:
-            pod = by_id.get(c.pod_sandbox_id)
-            try:
-                if c.pod_sandbox_id in asking or may_ask(c):
-                    live.append(container_info(pod, c))
-                else:  # the usual container: nothing of ours in it nor in its pod
-                    live.append(bare_info(pod, c))
-            except Exception:  # one odd container must not stop the rest
-                log.exception("container %s: unreadable in Synchronize; ignored", c.id)
+        sync, self._sync = self._sync, _SyncState()
+        sync.gather(pods, containers)
+        live = sync.finish()
         await self.service.synchronize(live)
         for entry in list(self.service.unserved.values()):
             self._deny(entry)
         log.info(
             "synchronized: %d pod(s), %d container(s), %d GPU allocation(s), %d unserved",
-            len(pods),
-            len(containers),
+            sync.pods_seen,
+            sync.containers_seen,
             len(self.service.allocations),
             len(self.service.unserved),
         )

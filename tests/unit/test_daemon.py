@@ -277,6 +277,29 @@ async def test_synchronize_survives_odd_containers_and_denies_unserved(tmp_path,
     assert entry["container_id"] == "c1" and entry["action"] == "denied: killed (process 42)"
 
 
+async def test_a_split_synchronize_gathered_part_by_part_is_one_synchronize(tmp_path, caplog):
+    """The stub hands the requests that more follow to synchronize_part, which
+    keeps no view; a container whose pod comes in a later request still gets
+    its pod's request; a new connection's Configure drops a broken one's parts."""
+    handler = GpuShareHandler(await build_service(off_config(tmp_path), None))
+    pod = pod_asking_1gi()
+    plain = lite.decode_pod_sandbox(bytes(nri.PodSandbox(id="q", name="web", namespace="ns")))
+    asked = container_in_pod("c1", 42, nri.ContainerState.CONTAINER_RUNNING)
+    web = lite.decode_container(
+        bytes(nri.Container(id="c2", pod_sandbox_id="q", name="web", pid=7))
+    )
+    await handler.configure("", "containerd", "1.7.24")
+    assert handler.synchronize_part([plain], [asked, web]) is True  # c1's pod comes later
+    assert handler._sync.waiting == [asked]  # web's pod came first in the same request
+    await handler.configure("", "containerd", "1.7.24")  # the connection broke: start again
+    assert handler.synchronize_part([plain], [web, asked]) is True
+    caplog.set_level("INFO", logger="nri_gpushare.daemon")
+    assert await handler.synchronize([pod], []) == []
+    assert list(handler.service.unserved) == ["c1"]
+    assert "synchronized: 2 pod(s), 2 container(s)" in caplog.text
+    assert handler._sync.live == [] and handler._sync.pods == {}
+
+
 async def test_a_create_the_runtime_gave_up_on_leaves_nothing_booked(tmp_path, monkeypatch):
     config = parse_config(
         {"kmod": "off", "use_nvml": False, "inventory": INVENTORY, **state(tmp_path)}
