@@ -134,8 +134,9 @@ class StateFile:
         except OSError as e:
             log.error("state file %s cannot be read (%s): ignored", self.path, e)
             return None
-        with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
+        try:
+            # Checked before os.fdopen, which raises for a directory.
+            st = os.fstat(fd)
             why = _unsafe(st)
             if not stat.S_ISREG(st.st_mode):
                 why = "not a regular file"
@@ -144,7 +145,16 @@ class StateFile:
             if why:
                 log.error("state file %s is %s: not trusted, ignored", self.path, why)
                 return None
-            data = f.read(MAX_BYTES + 1)
+            f = os.fdopen(fd, "rb")
+            fd = -1  # f closes it
+            with f:
+                data = f.read(MAX_BYTES + 1)
+        except OSError as e:
+            log.error("state file %s cannot be read (%s): ignored", self.path, e)
+            return None
+        finally:
+            if fd >= 0:
+                os.close(fd)
         try:
             return data.decode()
         except UnicodeDecodeError:
