@@ -123,13 +123,14 @@ def cgroup2_mounts(mountinfo: str | os.PathLike[str] = "/proc/self/mountinfo") -
     """Mount points of cgroup2 file systems, longest first."""
     points = []
     try:
-        lines = Path(mountinfo).read_text().splitlines()
+        lines = Path(mountinfo).read_text(errors="surrogateescape").splitlines()
     except OSError:
         return []
     for line in lines:
         fields, _, rest = line.partition(" - ")
-        if rest.split(" ", 1)[0] == "cgroup2":
-            point = fields.split(" ")[4]
+        words = fields.split(" ")
+        if rest.split(" ", 1)[0] == "cgroup2" and len(words) > 4:
+            point = words[4]
             points.append(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), point))
     return sorted(points, key=len, reverse=True)
 
@@ -146,6 +147,9 @@ def cgroup_v2_path(cgroups_path: str, mounts: Sequence[str] = ()) -> str:
     path = cgroups_path.strip()
     if not path:
         raise ValueError("empty cgroup path")
+    if any(c.isspace() or not c.isprintable() for c in path):
+        # It becomes one word of an inst_ctl command.
+        raise ValueError(f"{cgroups_path[:80]!r}: a cgroup path with a blank or control character")
     if ":" in path and not path.startswith("/"):
         parts = path.split(":")
         if len(parts) != 3:
@@ -163,6 +167,16 @@ def cgroup_v2_path(cgroups_path: str, mounts: Sequence[str] = ()) -> str:
         if point != "/" and path.startswith(point + "/"):
             return path[len(point) :]
     return "/" + path.lstrip("/")
+
+
+_NUMBER = re.compile(r"0|[1-9][0-9]{0,19}")
+"""A number as the module writes it: decimal, at most 20 digits (u64)."""
+
+
+def _read(path: Path) -> str:
+    """A file of the module's tree (ASCII); a byte that is not UTF-8 is
+    read as U+FFFD, which no value check takes."""
+    return path.read_text(errors="replace")
 
 
 class ProcfsKernelModule:
@@ -237,28 +251,28 @@ class ProcfsKernelModule:
         for words in self._dump():
             if words[0] != "add":
                 continue
-            try:
-                quotas = []
-                for item in words[2].split(","):
-                    gpu, mem, weight, prio = (int(x) for x in item.split(":"))
-                    quotas.append(GpuQuota(gpu, mem, weight, bool(prio)))
-            except (IndexError, ValueError):
-                raise KmodError(
-                    f"unexpected line in {self.root / 'inst_ctl'}: {' '.join(words)!r} "
-                    f"(module and plugin versions differ?)",
-                    errno.EPROTO,
-                ) from None
+            quotas = []
+            for item in words[2].split(",") if len(words) == 3 else [""]:
+                fields = item.split(":")
+                if len(fields) != 4 or not all(_NUMBER.fullmatch(x) for x in fields):
+                    raise self._unexpected(words)
+                gpu, mem, weight, prio = (int(x) for x in fields)
+                quotas.append(GpuQuota(gpu, mem, weight, bool(prio)))
             regs.append(Registration(words[1], tuple(quotas)))
         return regs
 
     # -- more of the module's state -----------------------------------------------------
 
     def gpus(self) -> list[GpuDeclaration]:
-        return [GpuDeclaration(int(w[1]), int(w[2])) for w in self._dump() if w[0] == "gpu"]
+        return [
+            GpuDeclaration(self._word(w, 1), self._word(w, 2))
+            for w in self._dump()
+            if w[0] == "gpu"
+        ]
 
     def bindings(self) -> dict[str, int]:
         """Container ID -> the cgroup v2 id it is bound to (bound ones only)."""
-        return {w[1]: int(w[2]) for w in self._dump() if w[0] == "bind"}
+        return {w[1]: self._word(w, 2) for w in self._dump() if w[0] == "bind"}
 
     def gpu_state(self, index: int) -> GpuState:
         d = self.root / str(index)
@@ -271,8 +285,9 @@ class ProcfsKernelModule:
             "policy",
             "prio_ratio",
         )
+        what = f"reading GPU {index}'s state"
         try:
-            values = [int((d / n).read_text()) for n in names]
+            values = [self._number(_read(d / n), d / n, what) for n in names]
         except FileNotFoundError:
             if not self.loaded():
                 raise self._not_loaded() from None
@@ -280,7 +295,16 @@ class ProcfsKernelModule:
         return GpuState(index, *values)
 
     def default_memsize(self) -> int:
-        return int((self.root / "default_memsize").read_text())
+        path = self.root / "default_memsize"
+        try:
+            text = _read(path)
+        except FileNotFoundError:
+            if not self.loaded():
+                raise self._not_loaded() from None
+            raise KmodError(
+                f"{path} is missing (module and plugin versions differ?)", errno.EPROTO
+            ) from None
+        return self._number(text, path, "reading the default memsize")
 
     def meminfo(self, gpu: int, container_id: str) -> MemInfo:
         """A registered container's memory on one of its GPUs: free bytes,
@@ -295,9 +319,9 @@ class ProcfsKernelModule:
             raise KmodError(f"{what}: not a valid container ID", errno.EINVAL)
         try:
             for _ in range(100):
-                memsize = int((d / "memsize").read_text())
-                text = (d / "meminfo").read_text()
-                if int((d / "memsize").read_text()) == memsize:
+                memsize = self._number(_read(d / "memsize"), d / "memsize", what)
+                text = _read(d / "meminfo")
+                if self._number(_read(d / "memsize"), d / "memsize", what) == memsize:
                     break
             else:
                 raise KmodError(f"{what}: its memsize keeps changing", errno.EAGAIN)
@@ -353,7 +377,7 @@ class ProcfsKernelModule:
         """A file only newer modules have: None when `d` is there without it,
         `absent` when `d` is not (ModuleNotLoaded when the module is not)."""
         try:
-            return (d / name).read_text()
+            return _read(d / name)
         except FileNotFoundError:
             if not self.loaded():
                 raise self._not_loaded() from None
@@ -363,8 +387,9 @@ class ProcfsKernelModule:
 
     def orphaned_memory(self, gpu: int) -> int:
         """Bytes still reserved on a GPU by processes of deleted containers."""
+        path = self.root / str(gpu) / abi.ORPHANED
         try:
-            return int((self.root / str(gpu) / abi.ORPHANED).read_text())
+            return self._number(_read(path), path, f"reading GPU {gpu}'s orphaned memory")
         except FileNotFoundError:
             if not self.loaded():
                 raise self._not_loaded() from None
@@ -404,17 +429,30 @@ class ProcfsKernelModule:
     def _dump(self) -> list[list[str]]:
         path = self.root / "inst_ctl"
         try:
-            text = path.read_text()
+            text = _read(path)
         except FileNotFoundError:
             raise self._not_loaded() from None
         except OSError as e:
             raise self._error(e, f"reading {path}", {}) from None
         return [line.split() for line in text.splitlines() if line.strip()]
 
+    def _unexpected(self, words: list[str]) -> KmodError:
+        return KmodError(
+            f"unexpected line in {self.root / 'inst_ctl'}: {' '.join(words)[:200]!r} "
+            f"(module and plugin versions differ?)",
+            errno.EPROTO,
+        )
+
+    def _word(self, words: list[str], i: int) -> int:
+        """Word i of an inst_ctl dump line, a number."""
+        if i >= len(words) or not _NUMBER.fullmatch(words[i]):
+            raise self._unexpected(words)
+        return int(words[i])
+
     @staticmethod
     def _number(text: str, path: Path, what: str) -> int:
         """A file holding one decimal number >= 0 (and a newline)."""
-        if not re.fullmatch(r"(0|[1-9][0-9]*)\n?", text):
+        if not _NUMBER.fullmatch(text.removesuffix("\n")):
             raise KmodError(
                 f"{what}: unexpected {path}: {text[:40]!r} (module and plugin versions differ?)",
                 errno.EPROTO,
@@ -425,7 +463,7 @@ class ProcfsKernelModule:
         """Whether an upgrade has frozen the module (its upgrade file's header
         says `exported` or `importing`); False when it cannot tell."""
         try:
-            with open(self.root / "upgrade") as f:
+            with open(self.root / "upgrade", errors="replace") as f:
                 words = f.readline().split()
         except OSError:
             return False
