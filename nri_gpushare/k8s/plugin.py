@@ -500,7 +500,10 @@ def read_status(
             if size > limit:
                 raise ValueError(f"the status reply is larger than {limit} bytes")
             chunks.append(chunk)
-    document = json.loads(b"".join(chunks))
+    try:
+        document = json.loads(b"".join(chunks))
+    except RecursionError:
+        raise ValueError("the status reply is nested too deeply") from None
     if not isinstance(document, dict):
         raise ValueError("the status reply is not a JSON object")
     return document
