@@ -77,7 +77,7 @@ class ModuleState:
         first, _, rest = text.partition("\n")
         words = first.split()
         if len(words) != 4 or words[0] != MAGIC:
-            raise UpgradeError(f"not a gpushare state (its first line is {first!r})")
+            raise UpgradeError(f"not a gpushare state (its first line is {first[:80]!r})")
         if words[1] != str(FORMAT):
             raise UpgradeError(
                 f"state format {words[1]} is not one this tool knows ({FORMAT}): use the"
@@ -92,7 +92,7 @@ class ModuleState:
         return [line for line in self.lines if line.split(" ", 1)[0] == verb]
 
     def containers(self) -> list[str]:
-        return [line.split()[1] for line in self.of("add")]
+        return [words[1] for words in (line.split() for line in self.of("add")) if len(words) > 1]
 
 
 class Host(Protocol):
@@ -230,7 +230,10 @@ def save_state(path: Path, state: ModuleState, boot_id: str) -> None:
 
 def load_saved(path: Path) -> tuple[str, ModuleState]:
     """(boot id, state) of a saved file."""
-    text = path.read_text()
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise UpgradeError(f"{path} is not a state this tool saved (not UTF-8)") from None
     first, _, rest = text.partition("\n")
     if not first.startswith(COMMENT + " boot_id="):
         raise UpgradeError(f"{path} is not a state this tool saved")
