@@ -1,12 +1,25 @@
 """The plugin's own CreateContainer handling, in process: no containerd, no
-socket.  Feeds a real CreateContainerRequest (tests/unit/data, with a share
-request added and a fresh container ID each time) through the stub's request
-handler into the gpushare daemon's handler (kmod: off, 2 simulated GPUs),
-removes the container after each, and prints p50/p99 of the handling.  A
-quick, repeatable view of what `bench/create_latency.py` reports as
-"gpushare's own CreateContainer handling"; `--profile` prints where it goes.
+socket.  Feeds a real CreateContainerRequest (tests/unit/data, a fresh
+container ID each time) through the stub's request handler (decode, the
+plugin's handler, encode: what the daemon's status reports as handler time
+and `bench/create_latency.py` as "own CreateContainer handling") into three
+plugins, measured the same way, rotating request by request:
 
-    .venv/bin/python bench/handler_latency.py [--requests 3000] [--profile]
+- null: bench/null_plugin.py's plugin (subscribes, changes nothing);
+- gpushare: the daemon's handler (kmod: off, 2 simulated GPUs) on a request
+  asking for a share (gpushare.io/gpu-memory=1Gi, gpu-core=10), the
+  container removed after each (not timed);
+- gpushare-plain: the same handler on the request without a share (most
+  containers of a node).
+
+Prints p50/p99 of each; `--profile` prints where gpushare's time goes.
+
+    .venv/bin/python bench/handler_latency.py [--requests 3000] [--profile [tottime]] [--json PATH]
+
+--json PATH writes the benchmark convention's object (bench/report_common.py):
+  figures: "<arm> p50_us", "<arm> p99_us" for arm null, gpushare, gpushare-plain,
+    and "own p50_us" (gpushare's p50 minus null's: the share logic's own cost);
+  samples_us: {arm: [microseconds, ...]} in the order taken.
 """
 
 from __future__ import annotations
@@ -24,6 +37,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from null_plugin import NullPlugin  # noqa: E402
+from report_common import percentile, write_json  # noqa: E402
 
 from nri_gpushare import daemon  # noqa: E402
 from nri_gpushare.api import lite, nri  # noqa: E402
@@ -41,19 +58,27 @@ SERVICE = "nri.pkg.api.v1alpha1.Plugin"
 WARMUP = 200
 
 
-def requests(n: int) -> list[bytes]:
+def requests(n: int, share: bool) -> list[bytes]:
     sample = SAMPLE.read_bytes()
     out = []
     for i in range(n):
         request = nri.CreateContainerRequest().parse(sample)
-        request.pod.annotations["gpushare.io/gpu-memory"] = "1Gi"
-        request.pod.annotations["gpushare.io/gpu-core"] = "10"
+        for mapping in (request.pod.annotations, request.container.annotations):
+            for key in [k for k in mapping if k.startswith("gpushare.io/")]:
+                del mapping[key]  # the sample's own request
+        if share:
+            request.pod.annotations["gpushare.io/gpu-memory"] = "1Gi"
+            request.pod.annotations["gpushare.io/gpu-core"] = "10"
         request.container.id = f"{i:064x}"
         out.append(bytes(request))
     return out
 
 
-async def run(n: int, profile: bool) -> list[float]:
+ARMS = ("null", "gpushare", "gpushare-plain")
+
+
+async def run(n: int, profile: str | None) -> dict[str, list[float]]:
+    """Seconds per request of each arm, after WARMUP requests of each."""
     state_dir = tempfile.mkdtemp(prefix="gs-bench-state-")  # records: like a node's, not on it
     # The node's interposer library: the plugin only checks and mounts it.
     library = Path(state_dir) / "libgpushare.so"
@@ -64,36 +89,67 @@ async def run(n: int, profile: bool) -> list[float]:
         f.flush()
         config = load_config(f.name)
     handler = daemon.GpuShareHandler(await daemon.build_service(config, None))
-    stub = Stub(handler, name="bench", index="50", socket_path="/nonexistent")
+    stubs = {
+        "null": Stub(NullPlugin(), name="null", index="10", socket_path="/nonexistent"),
+        "gpushare": Stub(handler, name="bench", index="50", socket_path="/nonexistent"),
+        "gpushare-plain": Stub(handler, name="bench", index="50", socket_path="/nonexistent"),
+    }
+    asking, plain = requests(n + WARMUP, True), requests(n + WARMUP, False)
+    payloads = {"null": plain, "gpushare": asking, "gpushare-plain": plain}
     profiler = cProfile.Profile()
-    times = []
-    for i, raw in enumerate(requests(n + WARMUP)):
-        if i == WARMUP and profile:
-            profiler.enable()
-        started = time.perf_counter()
-        await stub.service.handle(SERVICE, "CreateContainer", raw)
-        if i >= WARMUP:
-            times.append(time.perf_counter() - started)
-        request = lite.decode_create_container_request(raw)
-        await handler.remove_container(request.pod, request.container)
+    times: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    for i in range(n + WARMUP):
+        for arm in ARMS:  # rotating: the machine's load falls on every arm alike
+            raw = payloads[arm][i]
+            mine = profile is not None and i >= WARMUP and arm == "gpushare"
+            if mine:
+                profiler.enable()
+            started = time.perf_counter()
+            await stubs[arm].service.handle(SERVICE, "CreateContainer", raw)
+            elapsed = time.perf_counter() - started
+            if mine:
+                profiler.disable()
+            if i >= WARMUP:
+                times[arm].append(elapsed)
+            if arm == "gpushare":
+                request = lite.decode_create_container_request(raw)
+                await handler.remove_container(request.pod, request.container)
     shutil.rmtree(state_dir, ignore_errors=True)
-    if profile:
-        profiler.disable()
-        pstats.Stats(profiler).sort_stats("cumulative").print_stats(30)
+    if profile is not None:
+        pstats.Stats(profiler).sort_stats(profile).print_stats(40)
     return times
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=3000)
-    parser.add_argument("--profile", action="store_true")
+    parser.add_argument(
+        "--profile",
+        nargs="?",
+        const="cumulative",
+        help="profile gpushare (sorted: cumulative, tottime)",
+    )
+    parser.add_argument("--json", type=Path, help="also write the benchmark JSON object here")
     args = parser.parse_args()
-    times = sorted(asyncio.run(run(args.requests, args.profile)))
-    p50 = statistics.median(times) * 1e6
-    p99 = times[int(len(times) * 0.99)] * 1e6
+    times = asyncio.run(run(args.requests, args.profile))
+    figures: dict[str, float] = {}
     print(
-        f"CreateContainer handling in process, {len(times)} requests: "
-        f"p50 {p50:.0f} us, p99 {p99:.0f} us"
+        "CreateContainer handling in process (stub: decode, handler, encode), "
+        f"{args.requests} requests each:"
+    )
+    for arm in ARMS:
+        ordered = sorted(times[arm])
+        p50 = statistics.median(ordered) * 1e6
+        p99 = percentile(ordered, 0.99) * 1e6
+        figures[f"{arm} p50_us"], figures[f"{arm} p99_us"] = p50, p99
+        print(f"  {arm:15} p50 {p50:6.0f} us, p99 {p99:6.0f} us")
+    figures["own p50_us"] = figures["gpushare p50_us"] - figures["null p50_us"]
+    print(f"  gpushare's share logic over the null plugin: p50 {figures['own p50_us']:.0f} us")
+    write_json(
+        args.json,
+        "handler_latency",
+        figures,
+        samples_us={arm: [t * 1e6 for t in times[arm]] for arm in ARMS},
     )
 
 
