@@ -203,6 +203,10 @@ def test_config_json_reading(data: bytes) -> None:
     if config is None:
         return
     assert isinstance(runc_wrapper.share_env(config), dict)
+    process = config.get("process")
+    if isinstance(process, dict) and isinstance(process.get("env"), list):
+        env = refused_only(oci.OciError, oci.parse_env, process["env"])
+        assert env is None or all("=" not in k for k in env)
     info = refused_only(oci.OciError, oci.bundle_info, config)
     if info is not None:
         assert set(info.gpu_minors) <= minors_expected(config)
@@ -309,3 +313,23 @@ def test_hook_arguments(argv: list[str]) -> None:
         assert str(e) and len(str(e)) < 200
         return
     assert action in hook.ACTIONS and socket and 0 < timeout <= 3600
+
+
+@fuzz(60)
+@given(st.sampled_from(["file", "fifo", "dir", "symlink", "none"]), st.binary(max_size=200))
+def test_read_config(kind: str, data: bytes) -> None:
+    """<bundle>/config.json as found: a JSON object or OciError (a FIFO
+    must not block, a directory must not raise IsADirectoryError)."""
+    with tempfile.TemporaryDirectory() as bundle:
+        path = oci.config_path(bundle)
+        if kind == "fifo":
+            os.mkfifo(path)
+        elif kind == "dir":
+            os.mkdir(path)
+        elif kind == "symlink":
+            os.symlink("/nonexistent/config.json", path)
+        elif kind == "file":
+            with open(path, "wb") as f:
+                f.write(data)
+        config = refused_only(oci.OciError, oci.read_config, bundle)
+        assert config is None or isinstance(config, dict)

@@ -21,6 +21,7 @@ from nri_gpushare.k8s import ANNOTATIONS
 from nri_gpushare.share import ContainerInfo, NodePolicy, ShareRefused
 from nri_gpushare.share.model import SourcePolicy
 from nri_gpushare.share.request import KEYS, ShareRequest, ignored, parse_request
+from nri_gpushare.share.units import SizeError, format_bytes, parse_size
 from tests.fakes import GiB, make_gpus
 from tests.unit.test_fuzz_common import fuzz, text_with_odd_unicode
 
@@ -214,3 +215,21 @@ def test_share_is_never_larger_than_asked(
     assert all(p == (core or 0) for p in r.core_percent) or core is None, r
     if core is None:
         assert all(p <= 100 for p in r.core_percent), r
+
+
+@fuzz(300)
+@given(
+    st.one_of(size, number, text_with_odd_unicode(30)),
+    st.integers(0, 1 << 52).map(lambda k: k << 10),
+)
+def test_sizes(text: str, n: int) -> None:
+    """parse_size, under every memory value: SizeError only; what
+    format_bytes writes of whole KiB reads back as the same bytes (below a
+    KiB it writes "<n>B", for people, which no request takes)."""
+    try:
+        got = parse_size(text)
+    except SizeError as e:
+        assert str(e) and len(str(e)) < 400
+    else:
+        assert got >= 0
+    assert parse_size(format_bytes(n)) == n
