@@ -107,6 +107,9 @@ def plot_sync(doc: Doc, out: Path) -> list[str]:
     sec.legend(fontsize=8)
     if any("rss_mb" in r for r in rows):
         rss.plot(x, [r.get("rss_mb") for r in rows], "o-", color="tab:green", label="after")
+        if any("rss_peak_mb" in r for r in rows):
+            peak = [r.get("rss_peak_mb") for r in rows]
+            rss.plot(x, peak, "^-", color="tab:orange", label="peak (VmHWM)")
         if any("rss_idle_mb" in r for r in rows):
             idle = [r.get("rss_idle_mb") for r in rows]
             rss.plot(x, idle, "o--", color="0.5", label="before")

@@ -39,6 +39,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,6 +118,10 @@ async def run(args: argparse.Namespace) -> int:
         if left:
             print(f"rss_cycles: {len(left)} allocations left after the cycles", file=sys.stderr)
             return 1
+    except Exception:
+        traceback.print_exc()
+        print(f"rss_cycles: the plugin's log ends:\n{plugin.log()[-1500:]}", file=sys.stderr)
+        return 1
     finally:
         if plugin.proc is not None:
             plugin.stop()
