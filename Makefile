@@ -23,6 +23,8 @@ test: prereqs
 
 bench: prereqs
 	$(PYTHON) bench/create_latency.py
+	$(PYTHON) bench/handler_latency.py
+	$(PYTHON) bench/synchronize.py
 	$(PYTHON) bench/concurrent_pods.py
 	$(PYTHON) bench/rss_cycles.py
 	$(PYTHON) bench/interposer_overhead.py

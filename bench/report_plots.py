@@ -93,6 +93,17 @@ def plot_create(doc: Doc, out: Path) -> list[str]:
     return names
 
 
+def plot_handler(doc: Doc, out: Path) -> list[str]:
+    title = "CreateContainer handling in process (decode, handler, encode)"
+    fig, (cdf, box) = _figure(doc, title, 2)
+    _ecdf(cdf, doc["samples_us"], "µs")
+    cdf.axvline(150, color="tab:red", ls="--", lw=0.8)
+    _box(box, doc["samples_us"], "µs")
+    box.axhline(150, color="tab:red", ls="--", label="goal for gpushare: 150 µs")
+    box.legend(fontsize=8)
+    return [_save(fig, out, "handler_latency.png")]
+
+
 def plot_sync(doc: Doc, out: Path) -> list[str]:
     rows = [r for r in doc["rows"] if isinstance(r.get("containers"), int | float)]
     rows.sort(key=lambda r: r["containers"])
@@ -238,6 +249,7 @@ def plot_gpu_compute(doc: Doc, out: Path) -> list[str]:
 
 PLOTS: dict[str, Callable[[Doc, Path], list[str]]] = {
     "create_latency": plot_create,
+    "handler_latency": plot_handler,
     "synchronize": plot_sync,
     "concurrent_pods": plot_pods,
     "rss_cycles": plot_rss,

@@ -60,8 +60,12 @@ def canned(good: bool) -> dict[str, dict[str, Any]]:
         {"name": "weights 1:2 (ratio)", "target": 2.0, "unit": "ratio", "median": 1.9,
          "samples": [1.9]},
     ]  # fmt: skip
+    handler = {"null p50_us": 60.0, "gpushare p50_us": 120.0 if good else 300.0, "own p50_us": 60.0}
     return {
         "create_latency": create_doc(1.1 if good else 1.9, 0.12 if good else 0.4),
+        "handler_latency": doc(
+            "handler_latency", handler, samples_us={"null": [60.0, 61.0], "gpushare": [120.0]}
+        ),
         "concurrent_pods": doc(
             "concurrent_pods",
             pods,
@@ -110,7 +114,7 @@ def test_goals_met_and_not_met() -> None:
     met = goal_rows(canned(True), {})
     missed = goal_rows(canned(False), {})
     judged = [g.what for g in report.GOALS if g.benchmark != "synchronize"]
-    assert len(judged) == 5
+    assert len(judged) == 6
     for what in judged:
         assert met[what][3] == "MET", met[what]
         assert missed[what][3] == "NOT MET", missed[what]
@@ -177,7 +181,7 @@ def test_render_only_writes_the_report_and_exits_non_zero_on_a_failure(tmp_path:
     assert "No GPU was lent for this run" in text
     assert STAMP["machine"] in text and STAMP["date"] in text
     pngs = {p.name for p in tmp_path.glob("*.png")}
-    assert {"create_latency.png", "rss_cycles.png", "interposer_compute.png"} <= pngs
+    assert {"create_latency.png", "handler_latency.png", "rss_cycles.png"} <= pngs
     for png in pngs:
         assert (tmp_path / png).read_bytes().startswith(PNG_MAGIC)
         assert f"]({png})" in text
