@@ -2,8 +2,10 @@
 
 Every fuzz test runs derandomized (the same examples on every run, so CI is
 reproducible; a failure prints the example and the blob to replay it), with no
-example database, a fixed example budget, and a generous per-example
-deadline that only a super-linear blow-up reaches.
+example database and a fixed example budget.  No per-example deadline
+(deadline=None): on a loaded CI machine a timing bound would flake, and a
+test must not assert on time; a hang still fails the run (CI's limit), and
+the inputs' sizes are bounded by the properties themselves.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import tracemalloc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
 from typing import Any, TypeVar
 
 from hypothesis import HealthCheck, settings
@@ -19,14 +20,12 @@ from hypothesis import strategies as st
 
 T = TypeVar("T")
 
-DEADLINE = timedelta(seconds=1)
-
 
 def fuzz(examples: int) -> settings:
     """Settings of one fuzz test: `examples` examples, derandomized."""
     return settings(
         max_examples=examples,
-        deadline=DEADLINE,
+        deadline=None,
         derandomize=True,
         database=None,
         print_blob=True,
