@@ -59,7 +59,7 @@ from nri_gpushare.share.model import (
     NodePolicy,
     ShareRefused,
 )
-from nri_gpushare.share.request import COARSE_MARKERS, RAW_MARKERS, may_ask_raw
+from nri_gpushare.share.request import COARSE_MARKERS, RAW_MARKERS
 from nri_gpushare.share.service import ShareService, Unserved
 from nri_gpushare.share.usage import GpuTimeSource, MemoryUsage, ModuleGpuTime
 from nri_gpushare.statefile import StateDirError, StateFile
@@ -127,13 +127,9 @@ def container_info(pod: PodFields | None, container: ContainerView) -> Container
 
 def may_ask(*views: PodSandboxView | ContainerView) -> bool:
     """`may_ask_raw` on the views' serialized bytes, searched in place (no
-    copy, nothing decoded) where the view can."""
+    copy, nothing decoded)."""
     for view in views:
-        contains_any = getattr(view, "contains_any", None)
-        if contains_any is not None:
-            if contains_any(COARSE_MARKERS) and contains_any(RAW_MARKERS):
-                return True
-        elif may_ask_raw(view.raw):
+        if view.contains_any(COARSE_MARKERS) and view.contains_any(RAW_MARKERS):
             return True
     return False
 

@@ -181,6 +181,9 @@ def may_ask_raw(*raw: bytes) -> bool:
     return False
 
 
+_REQUEST_ENV = frozenset(REQUEST_ENV)
+
+
 def may_ask(c: ContainerInfo) -> bool:
     """`may_ask_raw` on a container already decoded: False only when no key
     of its pod's annotations, its annotations or labels starts with
@@ -190,7 +193,7 @@ def may_ask(c: ContainerInfo) -> bool:
             if key.startswith(PREFIX):
                 return True
     env = c.env
-    return any(name in env for name in REQUEST_ENV)
+    return bool(env) and not _REQUEST_ENV.isdisjoint(env)
 
 
 def parse_request(c: ContainerInfo, gpus: Sequence[Gpu], policy: NodePolicy) -> ShareRequest | None:
