@@ -61,6 +61,10 @@ log = logging.getLogger(__name__)
 
 __all__ = ["ShareService", "Unserved", "assigned_annotation"]
 
+MAX_PODS_REMEMBERED = 4096
+"""Pods whose container names are kept for the warning at their stop (a pod
+whose StopPodSandbox never came is forgotten oldest first)."""
+
 _STRIP_ASSIGNED = InjectionPlan(devices=(), env={}, annotations={}, remove_annotations=(ASSIGNED,))
 
 
@@ -207,6 +211,8 @@ class ShareService:
             return None
         if c.pod_uid:
             self._pod_containers.setdefault(c.pod_uid, set()).add(c.name)
+            while len(self._pod_containers) > MAX_PODS_REMEMBERED:  # a stop never came
+                del self._pod_containers[next(iter(self._pod_containers))]
         if not_allowed := ignored(c, self.policy.sources_for(c)):
             log.warning(
                 "%s: ignoring %s: this node does not take share requests from there "

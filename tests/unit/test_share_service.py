@@ -710,3 +710,56 @@ async def test_the_journal_replays_and_compacts():
     fresh = await restart(svc, kmod, live_ones)
     assert set(fresh.allocations) == {c.id for c in live_ones}
     assert fresh.status()["unserved"] == []
+
+
+# -- nothing kept per container ------------------------------------------------------------
+
+
+def per_container_state(svc: ShareService) -> dict[str, int]:
+    """The sizes of everything the service keeps by container or pod."""
+    link, limits = svc.link, svc.limits
+    return {
+        "allocations": len(svc.allocations),
+        "unserved": len(svc.unserved),
+        "local": len(svc.local),
+        "pods": len(svc._pod_containers),
+        "creating": len(svc._creating),
+        "registered": len(link.registered),
+        "bind_later": len(link._bind_later),
+        "unregister_later": len(link._unregister_later),
+        "unregister_pending": len(link._unregister_pending),
+        "limits": len(limits.applied) + len(limits.notes),
+        "compute": len(svc.compute),
+        "ledger": sum(len(u.containers) + len(u.high_priority) for u in svc.ledger.usage.values()),
+    }
+
+
+async def test_create_start_stop_remove_cycles_leave_nothing_behind():
+    """Many lifecycles (some refused, some not asking, a pod's stop) leave no
+    entry for a gone container in any of the service's tables."""
+    svc, kmod = make()
+    for i in range(300):
+        c = ctr(f"c{i}", REQ if i % 3 else {}, cgroups_path=f"/kubepods/c{i}")
+        if i % 7 == 0:  # refused: more than a GPU has
+            c = ctr(f"c{i}", {P + "gpu-memory": "999Gi"})
+            with pytest.raises(ShareRefused):
+                await svc.create_container(c)
+        else:
+            await svc.create_container(c)
+            await svc.start_container(c)
+            await svc.sample_compute(now=float(i))
+        await svc.release(c.id, "stopped")
+        await svc.release(c.id, "removed")
+        svc.pod_stopped(c.pod_uid, c.pod, c.pod_annotations)
+    assert set(per_container_state(svc).values()) == {0}, per_container_state(svc)
+    assert kmod.regs == {} and len([c for c in kmod.calls if c[0] == "register"]) > 100
+
+
+async def test_pods_whose_stop_never_came_are_forgotten_oldest_first(monkeypatch):
+    monkeypatch.setattr("nri_gpushare.share.service.MAX_PODS_REMEMBERED", 5)
+    svc, _ = make()
+    for i in range(8):
+        c = ctr(f"c{i}", REQ)
+        await svc.create_container(c)
+        await svc.release(c.id)
+    assert list(svc._pod_containers) == [f"uid-c{i}" for i in range(3, 8)]
