@@ -47,15 +47,72 @@ class _Logical:
         self.pending: dict[int, asyncio.Future[Response]] = {}
 
 
+class _PushProtocol(asyncio.StreamReaderProtocol):
+    """Hands each chunk the socket delivers straight to its connection, in the
+    transport's own callback: no read task wakes up in between. Until the
+    connection is attached, what arrives is kept for it."""
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        super().__init__(reader)
+        self.reader = reader  # the base class keeps it only weakly once connected
+        self._sink: MuxConnection | None = None
+        self._early: list[bytes] = []
+        self._early_end: tuple[BaseException | None] | None = None
+
+    def attach(self, sink: MuxConnection) -> None:
+        """Feed `sink` from now on; what came before goes to it on the loop's next
+        turn (as a read task would have), once its maker has set up its services."""
+        asyncio.get_running_loop().call_soon(self._attach, sink)
+
+    def _attach(self, sink: MuxConnection) -> None:
+        self._sink = sink
+        for data in self._early:
+            sink._receive(data)
+        self._early = []
+        if self._early_end is not None:
+            self._end(self._early_end[0])
+
+    def data_received(self, data: bytes) -> None:
+        if self._sink is None:
+            self._early.append(data)
+        else:
+            self._sink._receive(data)
+
+    def eof_received(self) -> bool:
+        self._end(None)
+        return True  # half-closed: answers may still go out; _shutdown closes it
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end(exc)
+        super().connection_lost(exc)
+
+    def _end(self, exc: BaseException | None) -> None:
+        if self._sink is None:
+            if self._early_end is None:
+                self._early_end = (exc,)
+        else:  # on the next turn, as a read task would: the requests' tasks start first
+            asyncio.get_running_loop().call_soon(self._sink._receive_end, exc)
+
+
 class MuxConnection:
     """An NRI socket: ttrpc servers and clients on its logical connections.
 
     Keep a reference to it while it is in use: asyncio holds a stream's reader
     only weakly, so an unreferenced connection and its read task can be
     garbage-collected while the peer is still talking.
+
+    Made by `connect` or `from_socket`, it is fed by the socket's own
+    callbacks (the plugin's hot path: one event-loop turn less per request);
+    made from a (reader, writer) pair, by a task reading the stream.
     """
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        _push: _PushProtocol | None = None,
+    ) -> None:
         self._reader = reader
         self._writer = writer
         self._mux = MuxDecoder((PLUGIN_CONN, RUNTIME_CONN))
@@ -65,19 +122,37 @@ class MuxConnection:
         self.closed = False
         self.error: BaseException | None = None
         """Why the connection ended: None for a clean close or EOF."""
-        self._read_task = asyncio.get_running_loop().create_task(self._read_loop())
+        self._read_task: asyncio.Task[None] | None = None
+        if _push is None:
+            self._read_task = asyncio.get_running_loop().create_task(self._read_loop())
+        else:
+            _push.attach(self)
 
     @classmethod
     async def connect(cls, path: str) -> Self:
         """Connect to a unix socket (e.g. /var/run/nri/nri.sock)."""
-        reader, writer = await asyncio.open_unix_connection(path)
-        return cls(reader, writer)
+        loop = asyncio.get_running_loop()
+        protocol = _PushProtocol(asyncio.StreamReader())
+        transport, _ = await loop.create_unix_connection(lambda: protocol, path)
+        return cls._pushed(transport, protocol)
 
     @classmethod
     async def from_socket(cls, sock: socket.socket) -> Self:
         """Use a connected stream socket (e.g. fd 3 handed over by the runtime)."""
-        reader, writer = await asyncio.open_connection(sock=sock)
-        return cls(reader, writer)
+        loop = asyncio.get_running_loop()
+        protocol = _PushProtocol(asyncio.StreamReader())
+        if sock.family == socket.AF_UNIX:
+            transport, _ = await loop.create_unix_connection(lambda: protocol, sock=sock)
+        else:
+            transport, _ = await loop.create_connection(lambda: protocol, sock=sock)
+        return cls._pushed(transport, protocol)
+
+    @classmethod
+    def _pushed(cls, transport: asyncio.BaseTransport, protocol: _PushProtocol) -> Self:
+        loop = asyncio.get_running_loop()
+        reader = protocol.reader
+        writer = asyncio.StreamWriter(transport, protocol, reader, loop)  # type: ignore[arg-type]
+        return cls(reader, writer, _push=protocol)
 
     @property
     def dropped_frames(self) -> dict[int, int]:
@@ -96,8 +171,10 @@ class MuxConnection:
     async def close(self) -> None:
         """Close the socket; pending calls fail with ConnectionClosed."""
         self._shutdown(None)
-        self._read_task.cancel()
-        tasks = [self._read_task, *self._tasks]
+        tasks = list(self._tasks)
+        if self._read_task is not None:
+            self._read_task.cancel()
+            tasks.append(self._read_task)
         await asyncio.gather(*tasks, return_exceptions=True)
         try:
             await asyncio.wait_for(self._writer.wait_closed(), CLOSE_FLUSH_TIMEOUT)
@@ -123,14 +200,8 @@ class MuxConnection:
         error: BaseException | None = None
         try:
             while data := await self._reader.read(_READ_SIZE):
-                for conn_id, chunk in self._mux.feed(data):
-                    self._dispatch(conn_id, chunk)
-            self._mux.close()
-            for conn in self._conns.values():
-                try:
-                    conn.ttrpc.receive_eof()
-                except ProtocolError as exc:
-                    raise ProtocolError(f"conn {conn.conn_id}: {exc}") from exc
+                self._feed(data)
+            self._feed_eof()
         except (ProtocolError, OSError) as exc:
             log.warning("NRI connection failed: %s", exc)
             error = exc
@@ -139,6 +210,44 @@ class MuxConnection:
             error = exc
         finally:
             self._shutdown(error)
+
+    def _feed(self, data: bytes) -> None:
+        for conn_id, chunk in self._mux.feed(data):
+            self._dispatch(conn_id, chunk)
+
+    def _feed_eof(self) -> None:
+        self._mux.close()
+        for conn in self._conns.values():
+            try:
+                conn.ttrpc.receive_eof()
+            except ProtocolError as exc:
+                raise ProtocolError(f"conn {conn.conn_id}: {exc}") from exc
+
+    def _receive(self, data: bytes) -> None:
+        """Socket data, pushed (see `_PushProtocol`)."""
+        if self.closed:
+            return
+        try:
+            self._feed(data)
+        except ProtocolError as exc:
+            log.warning("NRI connection failed: %s", exc)
+            self._shutdown(exc)
+        except Exception as exc:  # a bug here must still end the connection visibly
+            log.exception("NRI connection reader failed")
+            self._shutdown(exc)
+
+    def _receive_end(self, exc: BaseException | None) -> None:
+        """The socket's end, pushed: EOF (None) or the error that ended it."""
+        if self.closed:
+            return
+        if exc is None:
+            try:
+                self._feed_eof()
+            except ProtocolError as error:
+                exc = error
+        if exc is not None:
+            log.warning("NRI connection failed: %s", exc)
+        self._shutdown(exc)
 
     def _dispatch(self, conn_id: int, data: bytes) -> None:
         conn = self._logical(conn_id)

@@ -34,22 +34,31 @@ async def echo(service: str, method: str, payload: bytes) -> bytes:
     return f"{service}/{method}:".encode() + payload
 
 
-@pytest.fixture
-async def pair():
+async def connection(sock: socket.socket, mode: str) -> MuxConnection:
+    """A MuxConnection fed by the socket's callbacks ("pushed", as `from_socket`
+    and `connect` make it) or by a task reading a stream ("stream")."""
+    if mode == "pushed":
+        return await MuxConnection.from_socket(sock)
+    reader, writer = await asyncio.open_connection(sock=sock)
+    return MuxConnection(reader, writer)
+
+
+@pytest.fixture(params=["pushed", "stream"])
+async def pair(request):
     """(plugin, runtime) MuxConnections joined by a socketpair."""
     a, b = socket.socketpair()
-    plugin = await MuxConnection.from_socket(a)
-    runtime = await MuxConnection.from_socket(b)
+    plugin = await connection(a, request.param)
+    runtime = await connection(b, request.param)
     yield plugin, runtime
     await plugin.close()
     await runtime.close()
 
 
-@pytest.fixture
-async def raw():
+@pytest.fixture(params=["pushed", "stream"])
+async def raw(request):
     """(plugin MuxConnection, reader, writer) with the test speaking raw bytes as the peer."""
     a, b = socket.socketpair()
-    plugin = await MuxConnection.from_socket(a)
+    plugin = await connection(a, request.param)
     reader, writer = await asyncio.open_connection(sock=b)
     yield plugin, reader, writer
     await plugin.close()
@@ -381,3 +390,22 @@ def test_decoders_alone_agree_with_transport_framing():
     data = encode_message(1, 2, Response(payload=b"x" * 9000).encode())
     frames = encode_frames(1, data)
     assert [c for c, _ in MuxDecoder().feed(b"".join(frames))] == [1]
+
+
+@pytest.mark.parametrize("mode", ["pushed", "stream"])
+async def test_bytes_sent_before_the_connection_is_made_are_served(mode):
+    # The runtime may write as soon as the socket is up: what arrives before
+    # the connection is set up waits for its services, it is not refused.
+    a, b = socket.socketpair()
+    b.sendall(encode_frames(1, encode_message(1, 1, Request("P", "Configure", b"x").encode()))[0])
+    b.shutdown(socket.SHUT_WR)
+    await asyncio.sleep(0.01)  # the bytes are in a's receive buffer
+    plugin = await connection(a, mode)
+    plugin.serve(1, echo)
+    reader, writer = await asyncio.open_connection(sock=b)
+    conn_id, data = await read_frame(reader)
+    assert conn_id == 1 and Response.decode(data[10:]) == Response(payload=b"P/Configure:x")
+    await within(plugin.wait_closed())
+    assert plugin.error is None  # a clean EOF after the request
+    await plugin.close()
+    writer.close()
