@@ -40,8 +40,9 @@ def test_report_quick_runs_every_benchmark(tmp_path: Path) -> None:
     assert "**Quick run**" in text
     for bench in report.BENCHMARKS:
         assert f"(bench/{bench.script})" in text
-    assert "FAILED" not in text and "MISSING" not in text and "NOT MEASURED" not in text
-    goals = [line for line in text.splitlines() if re.search(r"\| (MET|NOT MET)", line)]
+    assert "FAILED" not in text and "MISSING" not in text and "(benchmark " not in text
+    # Quick sizes leave some goals unmeasured (no 10,000-container Synchronize).
+    goals = re.findall(r"\| (?:MET|NOT MET|NOT MEASURED)\b", text)
     assert len(goals) == len(report.GOALS), text
     pngs = re.findall(r"\]\(([\w.]+\.png)\)", text)
     assert len(pngs) >= len(report.BENCHMARKS), text

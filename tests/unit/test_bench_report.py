@@ -157,6 +157,9 @@ def test_missing_and_failed_benchmarks_are_not_measured() -> None:
         "NOT MEASURED (benchmark failed)"
     )
     assert got["Synchronize, 10,000 containers"][3] == "NOT MEASURED (benchmark missing)"
+    del docs["rss_cycles"]["figures"]["kib_per_cycle"]
+    row = goal_rows(docs, {})["Plugin RSS growth over 10,000 create/remove cycles (after warm-up)"]
+    assert row[3] == "NOT MEASURED (not in this run's figures)"
 
 
 def test_render_only_writes_the_report_and_exits_non_zero_on_a_failure(tmp_path: Path) -> None:
