@@ -179,7 +179,7 @@ class NodePolicy:
             )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ContainerInfo:
     """What the domain needs to know about a container (pod fields empty outside
     Kubernetes)."""

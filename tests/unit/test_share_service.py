@@ -1,5 +1,6 @@
 """ShareService: injection plans, kernel-module modes, release, recovery."""
 
+import dataclasses
 import errno
 import json
 import logging
@@ -457,7 +458,7 @@ async def test_stopped_containers_and_duplicates_hold_nothing_twice():
     assert fresh.status()["gpus"][0]["memory_allocated"] == 16 * GiB
     await fresh.release("c1")
     assert fresh.status()["gpus"][0]["memory_allocated"] == 0
-    stopped = ContainerInfo(**{**lc.__dict__, "running": False})
+    stopped = dataclasses.replace(lc, running=False)
     again = await restart(svc, kmod, [stopped])
     assert again.allocations == {}
 
