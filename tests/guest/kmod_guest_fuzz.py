@@ -631,7 +631,12 @@ def fuzz_struct(rng: random.Random, cmd: int, quotas: int, guard_addr: int) -> b
             struct.pack_into("=IIIQI", valid, 4, abi.ABI_VERSION, 0, abi.QUOTA.size, quotas, 16)
         elif cmd == abi.IOC_MEM:
             struct.pack_into("=Q", valid, 16, rng.choice([1, 4096, 1 << 20]))
-        valid[rng.randrange(size)] = rng.randrange(256)
+        at = rng.randrange(size)
+        if cmd == abi.IOC_QUERY and 16 <= at < 24:
+            # Not the quota array's address: the kernel would write a quota
+            # wherever a changed byte points, into this process's own heap.
+            at = rng.randrange(16)
+        valid[at] = rng.randrange(256)
         return bytes(valid)
     head = rng.choice([size, size, ver0, ver0 - 1, 0, 1, 4, size + 8, PAGE, PAGE + 1, 0xFFFF_FFFF])
     data = struct.pack("=I", head) + body
@@ -745,4 +750,60 @@ def test_fuzz_ioctls(cgroups: MakeCgroup) -> None:
     check_consistent()
     check_still_works(cgroups, "fz-ok")
     ok("del fz-c")
+    assert refcount() == 0
+
+
+U64 = (1 << 64) - 1
+
+
+def ledger_at_the_top(fd_path: str) -> list[int]:
+    """Reservations near 2^64 from a process of the container (in a child):
+    the errnos of each step, in order."""
+    fd = os.open(fd_path, os.O_RDWR)
+    out = []
+    try:
+        for op, nbytes in (
+            (abi.MEM_RESERVE, U64 - 2),
+            (abi.MEM_RESERVE, 2),  # used + 2 would pass memsize (and wrap past 2^64 - 1)
+            (abi.MEM_RESERVE, U64),
+            (abi.MEM_RELEASE, U64),  # more than this descriptor holds
+            (abi.MEM_RESERVE, 1),
+            (abi.MEM_RELEASE, U64 - 1),
+        ):
+            try:
+                abi.mem(fd, op, 0, nbytes)
+                out.append(0)
+            except abi.MemError as e:
+                out.append(e.errno or -1)
+    finally:
+        os.close(fd)
+    return out
+
+
+@pytest.mark.usefixtures("kmsg")
+def test_fuzz_u64_boundaries(cgroups: MakeCgroup) -> None:
+    """Sums at the top of 64 bits: memory that would wrap past 2^64 - 1 is
+    over-commitment (ENOSPC, EDQUOT), never a small number that fits."""
+    ok(f"gpu 0 {U64}")
+    ok(f"add fz-a 0:{U64 - 1}")
+    assert ctl("add fz-b 0:2") == errno.ENOSPC
+    ok("add fz-b 0:1")
+    assert ctl("add fz-c 0:1") == errno.ENOSPC
+    assert write(ROOT / "0/fz-b/memsize", str(U64)) == errno.ENOSPC
+    assert write(ROOT / "0/fz-a/memsize", b"%d" % U64) == errno.ENOSPC
+    assert ctl("gpu 0 1") == errno.ENOSPC
+    assert write(ROOT / "default_memsize", str(U64)) == 0
+    assert ctl("add fz-d 0:0") == errno.ENOSPC
+    assert value(ROOT / "0/free_memsize") == 0
+    check_consistent()
+    ok("del fz-b")
+    cg = cgroups("fz-a")
+    ok("bind fz-a /fz-a")
+    steps = in_child(lambda: ledger_at_the_top(str(DEV)), cgroup=cg)
+    assert steps == [0, errno.EDQUOT, errno.EDQUOT, errno.EINVAL, 0, 0], steps
+    assert value(ROOT / "0/fz-a/memused") == 0
+    ok("del fz-a")
+    assert value(ROOT / "0/free_memsize") == U64
+    assert value(ROOT / "0/orphaned_memsize") == 0
+    check_consistent()
     assert refcount() == 0
