@@ -15,7 +15,8 @@ annotation): the plugin finds those containers unserved (created while it
 was away), as after a restart.
 
 Printed per size: seconds from the first request sent to the last reply,
-requests (chunks), the plugin's RSS after the Synchronize and its peak
+the plugin's CPU time meanwhile (user + system: what a loaded machine does
+not inflate as much), requests (chunks), the plugin's RSS after the Synchronize and its peak
 (VmHWM), and whether it answered within the deadline.  The plugin's log must
 say it synchronized every pod and container, and its status must list every
 asking container as unserved: otherwise the run fails.
@@ -24,10 +25,11 @@ asking container as unserved: otherwise the run fails.
         [--asking 20] [--json PATH]
 
 --json PATH writes the benchmark convention's object (bench/report_common.py):
-  figures: seconds_<containers>, rss_mb_<containers> (after), rss_peak_mb_<containers>,
-    rss_idle_mb_<containers>, chunks_<containers> per size;
-  rows: [{"pods", "containers", "seconds", "rss_mb", "rss_peak_mb", "rss_idle_mb",
-          "chunks", "bytes", "ok" (answered within the deadline), "deadline"}];
+  figures: per size N (containers): seconds_N, cpu_seconds_N, rss_mb_N (after),
+    rss_peak_mb_N (VmHWM), rss_idle_mb_N, chunks_N;
+  rows: [{"pods", "containers", "asking", "seconds", "cpu_seconds", "rss_mb",
+          "rss_peak_mb", "rss_idle_mb", "chunks", "bytes", "ok" (answered within
+          the deadline), "deadline"}];
   asking_every: the --asking setting.
 """
 
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
 import shutil
 import sys
@@ -298,6 +301,12 @@ def rss_mb(pid: int) -> tuple[float, float]:
     return values["VmRSS"], values["VmHWM"]
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 SYNCED = re.compile(r"synchronized: (\d+) pod\(s\), (\d+) container\(s\)")
 
 
@@ -317,7 +326,9 @@ async def measure(pods: int, containers: int, asking_every: int) -> dict[str, An
         await conn.configure()
         await asyncio.sleep(0.5)  # settle: what is idle
         idle, _ = rss_mb(plugin.proc.pid)
+        cpu = cpu_seconds(plugin.proc.pid)
         result = await conn.synchronize(the_node.pods, the_node.containers)
+        cpu = cpu_seconds(plugin.proc.pid) - cpu
         rss, peak = rss_mb(plugin.proc.pid)
         status = plugin.status()
         log = plugin.log_path.read_text(errors="replace")
@@ -343,6 +354,7 @@ async def measure(pods: int, containers: int, asking_every: int) -> dict[str, An
         "containers": len(the_node.containers),
         "asking": the_node.asking,
         "seconds": result.seconds,
+        "cpu_seconds": cpu,
         "rss_mb": rss,
         "rss_peak_mb": peak,
         "rss_idle_mb": idle,
@@ -369,7 +381,8 @@ async def run(args: argparse.Namespace) -> int:
         rows.append(row)
         print(
             f"{row['pods']:6} pods / {row['containers']:6} containers: "
-            f"{row['seconds']:.3f} s in {row['chunks']} request(s) "
+            f"{row['seconds']:.3f} s (plugin CPU {row['cpu_seconds']:.2f} s) "
+            f"in {row['chunks']} request(s) "
             f"({row['bytes'] / 2**20:.1f} MiB), "
             f"{'within' if row['ok'] else 'PAST'} the {row['deadline']:g} s deadline; "
             f"plugin RSS {row['rss_idle_mb']:.0f} -> {row['rss_mb']:.0f} MiB "
@@ -381,6 +394,7 @@ async def run(args: argparse.Namespace) -> int:
     for row in rows:
         n = row["containers"]
         figures[f"seconds_{n}"] = row["seconds"]
+        figures[f"cpu_seconds_{n}"] = row["cpu_seconds"]
         figures[f"rss_mb_{n}"] = row["rss_mb"]
         figures[f"rss_peak_mb_{n}"] = row["rss_peak_mb"]
         figures[f"rss_idle_mb_{n}"] = row["rss_idle_mb"]

@@ -46,7 +46,7 @@ def test_synchronize_benchmark_quick(tmp_path: Path) -> None:
         assert row["seconds"] > 0 and row["rss_mb"] > 0 and row["rss_peak_mb"] >= row["rss_mb"]
         assert row["chunks"] >= 1 and row["bytes"] > 0
     assert rows[0]["chunks"] == 1 and rows[1]["chunks"] > 1  # split as containerd 1.7 splits
-    for key in ("seconds", "rss_mb", "rss_peak_mb", "rss_idle_mb", "chunks"):
+    for key in ("seconds", "cpu_seconds", "rss_mb", "rss_peak_mb", "rss_idle_mb", "chunks"):
         for row in rows:
             value = doc["figures"][f"{key}_{row['containers']}"]
             assert isinstance(value, int | float) and not isinstance(value, bool)
