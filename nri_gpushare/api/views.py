@@ -165,6 +165,18 @@ def _index(buf: bytes, pos: int, end: int, what: str, wire_types: tuple[int, ...
             else:
                 size, pos = _read_varint(buf, pos, what, end)
             stop = pos + size
+            # A repeated field's entries come in a run: walk it in a tighter
+            # loop (same one-byte key, lengths of one or two bytes).
+            while stop + 2 < end and buf[stop] == key:
+                size = buf[stop + 1]
+                if size < 0x80:
+                    pos = stop + 2
+                elif buf[stop + 2] < 0x80:
+                    size = size & 0x7F | buf[stop + 2] << 7
+                    pos = stop + 3
+                else:
+                    break
+                stop = pos + size
             if stop > end:
                 raise DecodeError(
                     f"malformed {what}: field {number} needs {size} bytes, {end - pos} left"

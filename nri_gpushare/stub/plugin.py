@@ -79,6 +79,15 @@ class Plugin:
         """The runtime's current pods and containers, after every (re)connect."""
         return []
 
+    def synchronize_part(self, pods: list[Pod], containers: list[Container]) -> bool:
+        """A Synchronize request with `more` set (the runtime splits a big one),
+        before the last.  Return True when the plugin has kept what it needs of
+        these views: `synchronize` then gets only the last request's pods and
+        containers, and these views (with the request's bytes they hold) are
+        freed at once.  By default False: `synchronize` gets every pod and
+        container.  Synchronous: it runs inside the runtime's deadline."""
+        return False
+
     async def shutdown(self) -> None:
         """The runtime is shutting down (the connection will close)."""
 

@@ -191,6 +191,8 @@ class PluginService:
 
     async def _synchronize(self, payload: bytes) -> bytes:
         request = lite.decode_synchronize_request(payload)
+        if request.more and self.plugin.synchronize_part(request.pods, request.containers):
+            return lite.encode_synchronize_response(more=True)
         self._sync_pods.extend(request.pods)
         self._sync_containers.extend(request.containers)
         if request.more:

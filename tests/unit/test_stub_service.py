@@ -477,3 +477,34 @@ async def test_a_malformed_field_read_by_the_handler_answers_invalid_argument() 
     assert info.value.code == Code.INVALID_ARGUMENT and read == ["c"]
     assert "CreateContainer: malformed request: malformed Container.labels" in info.value.message
     assert not service.broken.is_set()
+
+
+@pytest.mark.parametrize("keeps", [False, True])
+async def test_a_split_synchronize_goes_to_synchronize_part_then_synchronize(keeps: bool) -> None:
+    seen: list[tuple[str, list[str], list[str]]] = []
+
+    class Split(Plugin):
+        async def stop_container(self, pod: Any, container: Any) -> Any:
+            return []
+
+        def synchronize_part(self, pods: Any, containers: Any) -> bool:
+            seen.append(("part", [p.id for p in pods], [c.id for c in containers]))
+            return keeps
+
+        async def synchronize(self, pods: Any, containers: Any) -> Any:
+            seen.append(("all", [p.id for p in pods], [c.id for c in containers]))
+            return []
+
+    service = PluginService(Split())
+    await handle(service, "Configure", LEGACY)
+    first = nri.SynchronizeRequest(pods=[POD], containers=[CTR], more=True)
+    last = nri.SynchronizeRequest(containers=[nri.Container(id="c2")])
+    assert await handle(service, "Synchronize", first) == lite.encode_synchronize_response(
+        more=True
+    )
+    assert await handle(service, "Synchronize", last) == lite.encode_synchronize_response()
+    assert seen == [
+        ("part", ["pod1"], ["c1"]),
+        ("all", [] if keeps else ["pod1"], ["c2"] if keeps else ["c1", "c2"]),
+    ]
+    assert service.synchronized.is_set()
