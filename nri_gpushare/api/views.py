@@ -167,7 +167,7 @@ def _index(buf: bytes, pos: int, end: int, what: str, wire_types: tuple[int, ...
             stop = pos + size
             # A repeated field's entries come in a run: walk it in a tighter
             # loop (same one-byte key, lengths of one or two bytes).
-            while stop + 2 < end and buf[stop] == key:
+            while stop + 2 < end and buf[stop] == key < 0x80:
                 size = buf[stop + 1]
                 if size < 0x80:
                     pos = stop + 2

@@ -905,3 +905,12 @@ def test_views_compare_by_bytes() -> None:
     assert a == b and a != lite.decode_container(bytes(nri.Container(id="y")))
     assert a != lite.decode_pod_sandbox(a.raw)  # another message type
     assert repr(a) == "ContainerView(id='x', pod_sandbox_id='', name='', 3 bytes)"
+
+
+def test_runs_of_two_byte_keys_are_walked_whole() -> None:
+    # Field 20's key is two bytes (0xa2 0x01): its first byte must not be taken
+    # for a one-byte key when the index walks a run of repeated entries.
+    ctr = nri.Container(id="c", cdi_devices=[nri.CdiDevice(name=""), nri.CdiDevice(name="0")])
+    view = lite.decode_container(bytes(ctr))
+    assert (view.id, view.name, view.pid) == ("c", "", 0)
+    assert view.message() == ctr
