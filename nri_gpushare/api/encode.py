@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from nri_gpushare.wire import pb
 
@@ -90,21 +91,48 @@ def _mount(m: MountSpec) -> bytes:
     return b"".join(parts)
 
 
+_CACHE_LIMIT = 1024
+_encoded_parts: dict[Device | MountSpec | tuple[int, str, str], bytes] = {}
+"""Fields already encoded: a node injects the same few devices, mounts and
+environment entries into every container."""
+
+
+def _cached(key: Device | MountSpec | tuple[int, str, str]) -> bytes:
+    try:
+        data = _encoded_parts.get(key)
+    except TypeError:  # unhashable (a list where a tuple belongs): not cached
+        return _encode_part(key)
+    if data is None:
+        data = _encode_part(key)
+        if len(_encoded_parts) >= _CACHE_LIMIT:
+            _encoded_parts.clear()
+        _encoded_parts[key] = data
+    return data
+
+
+def _encode_part(key: Device | MountSpec | tuple[int, str, str]) -> bytes:
+    if isinstance(key, Device):
+        return pb.len_field(F.LinuxContainerAdjustment.DEVICES, _device(key))
+    if isinstance(key, MountSpec):
+        return pb.len_field(F.ContainerAdjustment.MOUNTS, _mount(key))
+    number, k, v = key
+    return pb.len_field(
+        number, pb.string_field(F.KeyValue.KEY, k) + pb.string_field(F.KeyValue.VALUE, v)
+    )
+
+
+_ENV: Final = F.ContainerAdjustment.ENV
+
+
 def encode_container_adjustment(adj: Adjustment) -> bytes:
     """Serialize `adj` as a ContainerAdjustment (annotations 2, mounts 3, env 4,
     linux 6 with devices 1); the linux part is left out when there are no devices."""
     A = F.ContainerAdjustment
     parts = [_map_entry(A.ANNOTATIONS, k, v) for k, v in adj.annotations.items()]
-    parts += [pb.len_field(A.MOUNTS, _mount(m)) for m in adj.mounts]
-    parts += [
-        pb.len_field(
-            A.ENV, pb.string_field(F.KeyValue.KEY, k) + pb.string_field(F.KeyValue.VALUE, v)
-        )
-        for k, v in adj.env
-    ]
+    parts += [_cached(m) for m in adj.mounts]
+    parts += [_cached((_ENV, k, v)) for k, v in adj.env]
     if adj.devices:
-        devices = _repeated(F.LinuxContainerAdjustment.DEVICES, [_device(d) for d in adj.devices])
-        parts.append(pb.len_field(A.LINUX, devices))
+        parts.append(pb.len_field(A.LINUX, b"".join([_cached(d) for d in adj.devices])))
     return b"".join(parts)
 
 

@@ -914,3 +914,21 @@ def test_runs_of_two_byte_keys_are_walked_whole() -> None:
     view = lite.decode_container(bytes(ctr))
     assert (view.id, view.name, view.pid) == ("c", "", 0)
     assert view.message() == ctr
+
+
+def test_cached_parts_encode_like_fresh_ones() -> None:
+    # Devices, mounts and env entries are cached encoded; a list of options
+    # where a tuple belongs cannot be a key and is encoded fresh, the same.
+    from nri_gpushare.api import encode
+
+    mount = MountSpec("/d", "bind", "/s", ("ro",))
+    listed = MountSpec("/d", "bind", "/s", ["ro"])  # type: ignore[arg-type]
+    adj = Adjustment(env=[("A", "1")], devices=[Device("/dev/x", major=1)], mounts=[mount])
+    first = lite.encode_container_adjustment(adj)
+    assert lite.encode_container_adjustment(adj) == first == bytes(bp_adjustment(adj))
+    assert lite.encode_container_adjustment(Adjustment(mounts=[listed])) == bytes(
+        bp_adjustment(Adjustment(mounts=[mount]))
+    )
+    for i in range(encode._CACHE_LIMIT + 1):  # the cache stays bounded
+        lite.encode_container_adjustment(Adjustment(env=[("K", str(i))]))
+    assert len(encode._encoded_parts) <= encode._CACHE_LIMIT
