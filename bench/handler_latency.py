@@ -6,7 +6,8 @@ and `bench/create_latency.py` as "own CreateContainer handling") into three
 plugins, measured the same way, rotating request by request:
 
 - null: bench/null_plugin.py's plugin (subscribes, changes nothing);
-- gpushare: the daemon's handler (kmod: off, 2 simulated GPUs) on a request
+- gpushare: the daemon's handler (kmod: off, 2 simulated GPUs; logging as
+  the daemon's, text at info, into a file) on a request
   asking for a share (gpushare.io/gpu-memory=1Gi, gpu-core=10), the
   container removed after each (not timed);
 - gpushare-plain: the same handler on the request without a share (most
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import logging
 import pstats
 import shutil
 import statistics
@@ -45,6 +47,7 @@ from report_common import percentile, write_json  # noqa: E402
 from nri_gpushare import daemon  # noqa: E402
 from nri_gpushare.api import lite, nri  # noqa: E402
 from nri_gpushare.config import load_config  # noqa: E402
+from nri_gpushare.decisions import TextFormatter  # noqa: E402
 from nri_gpushare.stub import Stub  # noqa: E402
 
 SAMPLE = ROOT / "tests" / "unit" / "data" / "create_container_request.bin"
@@ -88,6 +91,11 @@ async def run(n: int, profile: str | None) -> dict[str, list[float]]:
         f.write(CONFIG + f"state_dir: {state_dir}\ninterposer: {{library: {library}}}\n")
         f.flush()
         config = load_config(f.name)
+    # Logging as the daemon's (text, info: every decision is a line), into a file.
+    log_file = open(Path(state_dir) / "plugin.log", "w")  # noqa: SIM115 - closed below
+    logging.getLogger().addHandler(log_handler := logging.StreamHandler(log_file))
+    log_handler.setFormatter(TextFormatter())
+    logging.getLogger().setLevel("INFO")
     handler = daemon.GpuShareHandler(await daemon.build_service(config, None))
     stubs = {
         "null": Stub(NullPlugin(), name="null", index="10", socket_path="/nonexistent"),
@@ -114,6 +122,8 @@ async def run(n: int, profile: str | None) -> dict[str, list[float]]:
             if arm == "gpushare":
                 request = lite.decode_create_container_request(raw)
                 await handler.remove_container(request.pod, request.container)
+    logging.getLogger().removeHandler(log_handler)
+    log_file.close()
     shutil.rmtree(state_dir, ignore_errors=True)
     if profile is not None:
         pstats.Stats(profiler).sort_stats(profile).print_stats(40)

@@ -206,12 +206,14 @@ def value_text(value: Any) -> str:
 def _plain(value: Any) -> str:
     if isinstance(value, str):
         return value
-    if isinstance(value, Sequence):
+    if isinstance(value, list | tuple) or isinstance(value, Sequence):  # the cheap test first
         return ",".join(_item(v) for v in value)
     return str(value)
 
 
 def _item(value: Any) -> str:
+    if isinstance(value, str | int):
+        return str(value)
     if isinstance(value, Mapping) and "index" in value:  # a GPU: 0(GPU-...)
         return f"{value['index']}({value.get('uuid', '')})"
     return str(value)
