@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 
-from tests.guest.fault_support import Chaos, consistent, report, rng, seed
+from tests.guest.fault_support import Chaos, consistent, report, rng, seed, served_lifecycle
 from tests.guest.kmod_support import refcount, registered
 from tests.integration.plugin import PluginProcess
 
@@ -39,6 +39,7 @@ async def test_sigkill_at_random_points_of_pod_lifecycles(bed, plugins, client):
 
     plugin = plugins.running()
     assert await consistent(client, plugin) == {"served": 0, "unserved": 0}
+    await served_lifecycle(client, plugin)
     assert registered() == [] and refcount() == 0
     assert plugin.status()["allocations"] == []
     assert chaos.kills >= KILLS // 2, summary  # the plan's kills mostly found a plugin

@@ -483,3 +483,19 @@ class Chaos:
     async def worker(self, queue: asyncio.Queue[int]) -> None:
         while not queue.empty():
             await self.lifecycle(queue.get_nowait())
+
+
+async def served_lifecycle(client: CriClient, plugin: PluginProcess, module: bool = True) -> None:
+    """After the kills: one more pod with a share, checked at each step, so
+    that releasing on Stop/Remove (not a restart's Synchronize) is what
+    leaves the books empty."""
+    pod = await client.run_pod("after")
+    cid = await create(client, pod, "main", {P + "gpu-memory": "1Gi"})
+    await client.start(cid)
+    assert await consistent(client, plugin, module) == {"served": 1, "unserved": 0}
+    await client.stop(cid)
+    assert await consistent(client, plugin, module) == {"served": 0, "unserved": 0}
+    assert plugin.status()["allocations"] == [], "StopContainer released nothing"
+    await client.remove(cid)
+    await client.stop_pod(pod)
+    await client.remove_pod(pod)

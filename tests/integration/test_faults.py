@@ -36,7 +36,13 @@ from typing import Any, TypeVar
 import pytest
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
-from tests.guest.fault_support import Chaos, consistent, create, live_containers
+from tests.guest.fault_support import (
+    Chaos,
+    consistent,
+    create,
+    live_containers,
+    served_lifecycle,
+)
 from tests.integration.plugin import PluginProcess
 from tests.testbed.containerd import Containerd
 from tests.testbed.cri import CriClient
@@ -108,6 +114,7 @@ async def test_plugin_killed_at_random_points_of_200_pod_lifecycles(make_contain
         print(summary)
         assert await check(plugins.current) == {"served": 0, "unserved": 0}
         assert plugins.current.status()["allocations"] == []
+        await served_lifecycle(client, plugins.current, module=False)
     assert chaos.kills >= 10 and len(chaos.checks) == chaos.kills, summary
 
 
