@@ -47,7 +47,7 @@ from report_common import percentile, write_json  # noqa: E402
 from nri_gpushare import daemon  # noqa: E402
 from nri_gpushare.api import lite, nri  # noqa: E402
 from nri_gpushare.config import load_config  # noqa: E402
-from nri_gpushare.decisions import TextFormatter  # noqa: E402
+from nri_gpushare.decisions import configure_logging  # noqa: E402
 from nri_gpushare.stub import Stub  # noqa: E402
 
 SAMPLE = ROOT / "tests" / "unit" / "data" / "create_container_request.bin"
@@ -93,9 +93,10 @@ async def run(n: int, profile: str | None) -> dict[str, list[float]]:
         config = load_config(f.name)
     # Logging as the daemon's (text, info: every decision is a line), into a file.
     log_file = open(Path(state_dir) / "plugin.log", "w")  # noqa: SIM115 - closed below
-    logging.getLogger().addHandler(log_handler := logging.StreamHandler(log_file))
-    log_handler.setFormatter(TextFormatter())
-    logging.getLogger().setLevel("INFO")
+    configure_logging("info", "text")
+    log_handler = logging.getLogger().handlers[0]
+    assert isinstance(log_handler, logging.StreamHandler)
+    log_handler.setStream(log_file)
     handler = daemon.GpuShareHandler(await daemon.build_service(config, None))
     stubs = {
         "null": Stub(NullPlugin(), name="null", index="10", socket_path="/nonexistent"),

@@ -316,3 +316,7 @@ def configure_logging(level: str, fmt: str) -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    # Neither format shows the caller, thread or process: not gathered for each
+    # record (the logging HOWTO's "Optimization"), a decision line on every create.
+    logging._srcfile = None
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
