@@ -5,7 +5,9 @@ with `-p tests.guest.fault_support`), as root, with the real gpushare.ko
 loaded, a real containerd 1.7 (CRI + NRI) and the real plugin processes
 (`nri-gpushare run`, kmod: required).  One containerd serves the whole
 session; the plugin is started, SIGKILLed, SIGSTOPped and started again by the
-tests through `Plugins`.
+tests through `Plugins`.  `Chaos` (the plugin killed at random points of pod
+lifecycles) and `consistent(..., module=False)` serve the host test bed's
+fault tests too (tests/integration/test_faults.py).
 
 `consistent()` is the invariant every fault test ends on: the plugin's
 allocations are exactly the live containers whose spec carries their share,
