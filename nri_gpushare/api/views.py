@@ -128,7 +128,6 @@ def _cache() -> Any:
 
 LEN, VARINT, FIXED64, FIXED32 = pb.LEN, pb.VARINT, pb.FIXED64, pb.FIXED32
 _read_varint = pb.read_varint
-_EMPTY_MAP: dict[str, str] = {}
 
 
 def _index(buf: bytes, pos: int, end: int, what: str, wire_types: tuple[int, ...]) -> list[int]:
