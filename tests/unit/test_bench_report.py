@@ -140,9 +140,11 @@ def test_synchronize_goals_from_rows_or_figures() -> None:
     assert got["Synchronize, 10,000 containers"][2:4] == ["0.4 s", "MET"]
     assert got["Synchronize, 20,000 containers"][2:4] == ["0.9 s", "MET"]  # the figure first
     rss = got["Plugin RSS at 10,000 containers (peak, VmHWM, through the Synchronize)"]
-    assert rss[2:4] == ["120 MB", "NOT MET"]
+    assert rss[2:4] == ["126 MB", "NOT MET"]  # the benchmark's MiB, judged in MB
     rows[0]["rss_peak_mb"] = 90.0  # the peak, where given, is what is judged
-    assert goal_rows(docs, {})[rss[0]][2:4] == ["90 MB", "MET"]
+    assert goal_rows(docs, {})[rss[0]][2:4] == ["94.4 MB", "MET"]
+    rows[0]["rss_peak_mb"] = 98.0  # 98 MiB is 102.8 MB: over the goal
+    assert goal_rows(docs, {})[rss[0]][2:4] == ["103 MB", "NOT MET"]
 
 
 def test_missing_and_failed_benchmarks_are_not_measured() -> None:
