@@ -128,6 +128,7 @@ def _cache() -> Any:
 
 LEN, VARINT, FIXED64, FIXED32 = pb.LEN, pb.VARINT, pb.FIXED64, pb.FIXED32
 _read_varint = pb.read_varint
+_MAX_FIELD = pb.MAX_FIELD
 
 
 def _index(buf: bytes, pos: int, end: int, what: str, wire_types: tuple[int, ...]) -> list[int]:
@@ -147,8 +148,8 @@ def _index(buf: bytes, pos: int, end: int, what: str, wire_types: tuple[int, ...
             key, pos = _read_varint(buf, pos, what, end)
         number = key >> 3
         wire_type = key & 7
-        if number < known and wire_types[number] != wire_type or number > pb.MAX_FIELD:
-            if number == 0 or number > pb.MAX_FIELD:
+        if number < known and wire_types[number] != wire_type or number > _MAX_FIELD:
+            if number == 0 or number > _MAX_FIELD:
                 raise DecodeError(f"malformed {what}: invalid field number {number}")
             raise DecodeError(
                 f"malformed {what}: field {number} has wire type {wire_type},"
@@ -166,16 +167,18 @@ def _index(buf: bytes, pos: int, end: int, what: str, wire_types: tuple[int, ...
             stop = pos + size
             # A repeated field's entries come in a run: walk it in a tighter
             # loop (same one-byte key, lengths of one or two bytes).
-            while stop + 2 < end and buf[stop] == key < 0x80:
-                size = buf[stop + 1]
-                if size < 0x80:
-                    pos = stop + 2
-                elif buf[stop + 2] < 0x80:
-                    size = size & 0x7F | buf[stop + 2] << 7
-                    pos = stop + 3
-                else:
-                    break
-                stop = pos + size
+            if key < 0x80:
+                last = end - 2
+                while stop < last and buf[stop] == key:
+                    size = buf[stop + 1]
+                    if size < 0x80:
+                        pos = stop + 2
+                    elif buf[stop + 2] < 0x80:
+                        size = size & 0x7F | buf[stop + 2] << 7
+                        pos = stop + 3
+                    else:
+                        break
+                    stop = pos + size
             if stop > end:
                 raise DecodeError(
                     f"malformed {what}: field {number} needs {size} bytes, {end - pos} left"
