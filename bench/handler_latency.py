@@ -123,6 +123,11 @@ async def run(n: int, profile: str | None) -> dict[str, list[float]]:
             if arm == "gpushare":
                 request = lite.decode_create_container_request(raw)
                 await handler.remove_container(request.pod, request.container)
+    # What was measured is what the figures say: every request with a share
+    # placed (and released), none of the plain ones (no share asked).
+    counts = handler.service.decisions.counts
+    if counts["placed"] != n + WARMUP or counts["released"] != n + WARMUP or counts["refused"]:
+        raise SystemExit(f"handler_latency: the gpushare arm did not place each share: {counts}")
     logging.getLogger().removeHandler(log_handler)
     log_file.close()
     shutil.rmtree(state_dir, ignore_errors=True)

@@ -106,8 +106,11 @@ async def run(args: argparse.Namespace) -> int:
         for i in range(1, args.cycles + 1):
             sample.container.id = f"{i:064x}"
             container = bytes(sample.container)
-            _, seconds = await conn.create_container(pod, container)
+            reply, seconds = await conn.create_container(pod, container)
             creates.append(seconds)
+            adjust = nri.CreateContainerResponse().parse(reply).adjust
+            if not (adjust.env or adjust.devices):  # the share was not placed
+                raise RuntimeError(f"cycle {i}: CreateContainer placed no share: {adjust}")
             if stop_subscribed:
                 await conn.stop_container(pod, container)
             await conn.remove_container(pod, container)
