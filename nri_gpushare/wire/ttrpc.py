@@ -86,7 +86,9 @@ class MessageDecoder:
             end = HEADER.size + length
             if len(self._buf) < end:
                 break
-            out.append(Message(stream_id, type, bytes(self._buf[HEADER.size : end]), flags))
+            with memoryview(self._buf) as view:  # one copy, not two
+                payload = bytes(view[HEADER.size : end])
+            out.append(Message(stream_id, type, payload, flags))
             del self._buf[:end]
         return out
 
