@@ -91,7 +91,7 @@ async def main(containers: int, go: bool, json_path: Path | None = None) -> None
     plugin = PluginProcess(
         beds["gpushare"].nri_socket,
         workdir / "plugin",  # its state_dir is the sibling workdir/state: private to this run
-        log_level="warning",
+        log_level="info",  # the default: a decision line per create and remove is its cost
         interposer={"library": str(library)},
     )
     null_stats = workdir / "null-stats.json"
@@ -139,6 +139,8 @@ async def main(containers: int, go: bool, json_path: Path | None = None) -> None
         total = containers + WARMUP
         assert handler["count"] == total, f"plugin saw {handler['count']} creates"
         assert plugin.status()["allocations"] == [], "removed containers kept shares"
+        placed = plugin.log().count("decision=placed ")
+        assert placed == total, f"gpushare placed {placed} of {total} shares"
     finally:
         plugin.stop()
         for proc in (null, go_null):
