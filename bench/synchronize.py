@@ -22,7 +22,7 @@ say it synchronized every pod and container, and its status must list every
 asking container as unserved: otherwise the run fails.
 
     .venv/bin/python bench/synchronize.py [--sizes 1000/5000,2000/10000,4000/20000]
-        [--asking 20] [--json PATH]
+        [--asking 20] [--grouped] [--json PATH]
 
 --json PATH writes the benchmark convention's object (bench/report_common.py):
   figures: per size N (containers): seconds_N, cpu_seconds_N, rss_mb_N (after),
@@ -30,7 +30,8 @@ asking container as unserved: otherwise the run fails.
   rows: [{"pods", "containers", "asking", "seconds", "cpu_seconds", "rss_mb",
           "rss_peak_mb", "rss_idle_mb", "chunks", "bytes", "ok" (answered within
           the deadline), "deadline"}];
-  asking_every: the --asking setting.
+  asking_every: the --asking setting; order: "shuffled" (pods and containers
+    in a seeded random order, as containerd's maps list them) or "grouped".
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import re
 import shutil
 import sys
@@ -267,9 +269,12 @@ def _filler(pod_id: bytes, uid: bytes, name: bytes) -> Callable[[bytes], bytes]:
     return fill
 
 
-def node(pods: int, containers: int, asking_every: int) -> Node:
+def node(pods: int, containers: int, asking_every: int, shuffled: bool = True) -> Node:
     """`pods` pods holding `containers` containers (as evenly as they go);
-    every `asking_every`-th pod asks for a share (0: none)."""
+    every `asking_every`-th pod asks for a share (0: none).  `shuffled`: pods
+    and containers in a (seeded) random order, as containerd lists them (its
+    CRI stores are Go maps): a container often comes in a request before its
+    pod, which the plugin must then keep until the pod comes."""
     templates = {a: bytes(_pod(a)) for a in (False, True)}
     per_pod = max(1, -(-containers // pods))
     ctr_templates = [bytes(_container(i)) for i in range(per_pod)]
@@ -288,6 +293,10 @@ def node(pods: int, containers: int, asking_every: int) -> Node:
                 break
             out.containers.append(fill(ctr_templates[i]).replace(CTR_ID, f"c{n:063x}".encode()))
             out.asking += asking
+    if shuffled:
+        order = random.Random(14)
+        order.shuffle(out.pods)
+        order.shuffle(out.containers)
     return out
 
 
@@ -310,9 +319,11 @@ def cpu_seconds(pid: int) -> float:
 SYNCED = re.compile(r"synchronized: (\d+) pod\(s\), (\d+) container\(s\)")
 
 
-async def measure(pods: int, containers: int, asking_every: int) -> dict[str, Any]:
+async def measure(
+    pods: int, containers: int, asking_every: int, shuffled: bool = True
+) -> dict[str, Any]:
     """One size with a fresh plugin process; the row for the report."""
-    the_node = node(pods, containers, asking_every)
+    the_node = node(pods, containers, asking_every, shuffled)
     work = Path(tempfile.mkdtemp(prefix="gs-sync-"))
     runtime = NriRuntime(str(work / "nri.sock"))
     await runtime.start()
@@ -377,7 +388,7 @@ async def run(args: argparse.Namespace) -> int:
     rows = []
     for pods, containers in sizes(args.sizes):
         started = time.perf_counter()
-        row = await measure(pods, containers, args.asking)
+        row = await measure(pods, containers, args.asking, not args.grouped)
         rows.append(row)
         print(
             f"{row['pods']:6} pods / {row['containers']:6} containers: "
@@ -399,7 +410,14 @@ async def run(args: argparse.Namespace) -> int:
         figures[f"rss_peak_mb_{n}"] = row["rss_peak_mb"]
         figures[f"rss_idle_mb_{n}"] = row["rss_idle_mb"]
         figures[f"chunks_{n}"] = row["chunks"]
-    write_json(args.json, "synchronize", figures, rows=rows, asking_every=args.asking)
+    write_json(
+        args.json,
+        "synchronize",
+        figures,
+        rows=rows,
+        asking_every=args.asking,
+        order="grouped" if args.grouped else "shuffled",
+    )
     return 0
 
 
@@ -412,6 +430,11 @@ def main() -> int:
     )
     ap.add_argument(
         "--asking", type=int, default=20, help="every N-th pod asks for a share (20; 0: none)"
+    )
+    ap.add_argument(
+        "--grouped",
+        action="store_true",
+        help="send each pod's containers right after it (default: shuffled, as containerd)",
     )
     ap.add_argument("--json", type=Path, help="also write the benchmark JSON object here")
     return asyncio.run(run(ap.parse_args()))
