@@ -423,8 +423,12 @@ class GpuShareHandler(Plugin):
 
     @timed("start_container")
     async def start_container(self, pod: PodSandboxView, container: ContainerView) -> None:
-        if self._hand_started(container.id):
+        cid = container.id
+        if self._hand_started(cid):
             return
+        service = self.service
+        if cid not in service.allocations and cid not in service.registered:
+            return  # nothing to bind or limit: nothing decoded (most containers)
         info = container_info(pod, container)
         try:
             await self.service.start_container(info)

@@ -405,3 +405,19 @@ async def test_driver_limits_probed_at_start_and_status_is_served_async(tmp_path
         limits.close()
     assert "MIG mode" in doc["nvml_memory_limits"]["gpus"]["0"]
     assert doc["interposer"]["problem"] == ""
+
+
+async def test_start_of_a_container_without_a_share_decodes_nothing(tmp_path):
+    """StartContainer reads a container's labels, annotations and environment
+    only when it holds a share (to bind its cgroup): for every other container
+    nothing is decoded, so a field no handler needs cannot fail the event."""
+    handler = GpuShareHandler(await build_service(off_config(tmp_path), None))
+    pod = lite.decode_pod_sandbox(bytes(nri.PodSandbox(id="q", name="web", namespace="ns")))
+    # A label whose key is not UTF-8: DecodeError on the first read of the labels.
+    raw = bytes(nri.Container(id="c9", pod_sandbox_id="q", name="web", pid=7))
+    bad = lite.decode_container(raw + b"\x2a\x06\x0a\x02\xff\xfe\x12\x00")
+    with pytest.raises(lite.DecodeError):
+        _ = bad.labels
+    bad = lite.decode_container(raw + b"\x2a\x06\x0a\x02\xff\xfe\x12\x00")
+    await handler.start_container(pod, bad)
+    assert bad._labels is None and bad._env is None  # nothing read
