@@ -428,7 +428,12 @@ class GpuShareHandler(Plugin):
             return
         service = self.service
         if cid not in service.allocations and cid not in service.registered:
-            return  # nothing to bind or limit: nothing decoded (most containers)
+            # Nothing to bind or limit: nothing decoded (most containers).  One
+            # that asks was created without the plugin: unserved (post-start
+            # applies the node's policy once it has a process).
+            if cid not in service.unserved and may_ask(container, pod):
+                service.started_unserved(container_info(pod, container))
+            return
         info = container_info(pod, container)
         try:
             await self.service.start_container(info)

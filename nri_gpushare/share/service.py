@@ -522,28 +522,47 @@ class ShareService:
         for c in live:
             if not c.running or c.id in self.allocations:
                 continue
-            try:
-                req = parse_request(c, self.gpus, self.policy)
-                if req is None:
-                    continue
-                asked = req.describe()
-            except ShareRefused as e:
-                asked = f"a share it would be refused: {e}"
-            except Exception as e:  # never let one container stop the rest
-                asked = f"a share that cannot be read ({type(e).__name__})"
             if c.id in before:
-                kept = before[c.id]
-                kept.container = c  # its pid may be known by now
-                self.unserved[c.id] = kept
+                if self._asked(c) is not None:
+                    kept = before[c.id]
+                    kept.container = c  # its pid may be known by now
+                    self.unserved[c.id] = kept
                 continue
-            self.unserved[c.id] = Unserved(c, asked)
-            log.warning(
-                "%s asked for %s but runs without a share: it was created while the plugin "
-                "was not serving (containerd failed open); unserved policy: %s",
-                c.describe(),
-                asked,
-                self.policy.unserved,
-            )
+            self.started_unserved(c)
+
+    def started_unserved(self, c: ContainerInfo) -> Unserved | None:
+        """`c` starts (or runs) holding no share: when it asks for one, it was
+        created while the plugin was not serving (containerd failed open: the
+        plugin was away, registering after Synchronize's snapshot, or answered
+        too late), so it is unserved; None when it asks for nothing."""
+        if c.id in self.allocations:
+            return None
+        if (known := self.unserved.get(c.id)) is not None:
+            return known
+        asked = self._asked(c)
+        if asked is None:
+            return None
+        entry = self.unserved[c.id] = Unserved(c, asked)
+        log.warning(
+            "%s asked for %s but runs without a share: it was created while the plugin "
+            "was not serving (containerd failed open); unserved policy: %s",
+            c.describe(),
+            asked,
+            self.policy.unserved,
+        )
+        return entry
+
+    def _asked(self, c: ContainerInfo) -> str | None:
+        """What `c` asks for (or why it would be refused); None: nothing."""
+        try:
+            req = parse_request(c, self.gpus, self.policy)
+            if req is None:
+                return None
+            return req.describe()
+        except ShareRefused as e:
+            return f"a share it would be refused: {e}"
+        except Exception as e:  # never let one container stop the rest
+            return f"a share that cannot be read ({type(e).__name__})"
 
     def status(self, usage: Mapping[tuple[int, str], MemoryUse] | None = None) -> dict[str, Any]:
         """A JSON-able picture of GPUs, allocations, the module and what guards

@@ -421,3 +421,28 @@ async def test_start_of_a_container_without_a_share_decodes_nothing(tmp_path):
     bad = lite.decode_container(raw + b"\x2a\x06\x0a\x02\xff\xfe\x12\x00")
     await handler.start_container(pod, bad)
     assert bad._labels is None and bad._env is None  # nothing read
+
+
+async def test_a_container_started_without_its_share_is_unserved(tmp_path):
+    """A container that asks for a share and starts holding none was created
+    while the plugin was not serving (e.g. registering after Synchronize's
+    snapshot: containerd failed open): it is unserved from its start, not
+    only after the next Synchronize; one the plugin placed is not."""
+    handler = GpuShareHandler(await build_service(off_config(tmp_path), None))
+    pod = pod_asking_1gi()
+    missed = container_in_pod("c5", 0, nri.ContainerState.CONTAINER_CREATED)
+    await handler.start_container(pod, missed)
+    assert list(handler.service.unserved) == ["c5"]
+    assert handler.service.unserved["c5"].asked == "gpu-memory 1024Mi"
+    await handler.post_start_container(pod, container_in_pod("c5", 42, 2))
+    assert handler.service.unserved["c5"].container.pid == 42
+    served = container_in_pod("c6", 0, nri.ContainerState.CONTAINER_CREATED)
+    assert await handler.create_container(pod, served) is not None
+    await handler.start_container(pod, served)
+    plain = lite.decode_container(bytes(nri.Container(id="c7", pod_sandbox_id="q", name="x")))
+    await handler.start_container(
+        lite.decode_pod_sandbox(bytes(nri.PodSandbox(id="q", name="web"))), plain
+    )
+    assert list(handler.service.unserved) == ["c5"]
+    await handler.remove_container(pod, missed)
+    assert handler.service.unserved == {}
