@@ -125,6 +125,7 @@ async def test_a_sigstopped_plugin_is_timed_out_and_recovers_after_sigcont(bed, 
     assert plugin.proc.poll() is None
     counts = await consistent(client, plugin)
     assert counts == {"served": 1, "unserved": 1}, counts
+    assert [u["container_id"] for u in plugin.status()["unserved"]] == [stalled]
     again = await create(client, pod, "again", SHARE)
     await client.start(again)
     assert sorted(registered()) == sorted([served, again])
