@@ -140,8 +140,11 @@ def main() -> int:
             if docker is not None:
                 env["DOCKER_CONFIG"] = str(docker.cli_config)
             times: dict[str, list[float]] = {arm: [] for arm in arms}
+            numbered = list(enumerate(arms.items()))
             for i in range(WARMUP + args.runs):
-                for n, (arm, argv) in enumerate(arms.items()):
+                # Rotate which arm goes first so none gets a systematic edge.
+                k = i % len(numbered)
+                for n, (arm, argv) in numbered[k:] + numbered[:k]:
                     started = time.perf_counter()
                     done = subprocess.run(argv(f"start-{i}-{n}"), capture_output=True, env=env)
                     if done.returncode != 0:
@@ -151,6 +154,13 @@ def main() -> int:
             left = plugin.status()["allocations"]
             if left:
                 raise SystemExit(f"allocations left after the run: {left}")
+            # Each start of an arm with a share placed one (none failed open).
+            asking = [a for a in arms if a.endswith(", share") or "CDI" in a]
+            placed = plugin.log().count("decision=placed ")
+            if placed != len(asking) * (WARMUP + args.runs):
+                raise SystemExit(
+                    f"{placed} shares placed for {WARMUP + args.runs} starts of {asking}"
+                )
         finally:
             if docker is not None:
                 docker.stop()
