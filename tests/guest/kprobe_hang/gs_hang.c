@@ -11,6 +11,7 @@
  * whose lookup function is itself found through a kprobe.  The holding
  * thread ends in kthread_complete_and_exit() (kernel text), so unloading,
  * which waits for that completion, never frees code a thread still runs.
+ * gpushare.ko is pinned (one more reference) while this module is loaded.
  * Never load it outside a test machine.
  */
 #include <linux/atomic.h>
@@ -21,11 +22,13 @@
 #include <linux/kthread.h>
 #include <linux/module.h>
 #include <linux/mutex.h>
+#include <linux/preempt.h>
 #include <linux/wait.h>
 
 #define MAX_HOLD_MS 60000
 
 static struct mutex *cfg_lock;
+static struct module *owner;	/* gpushare.ko, pinned while cfg_lock is used */
 static DECLARE_WAIT_QUEUE_HEAD(hang_wq);
 static DEFINE_MUTEX(start_lock);	/* one hold_ms write at a time */
 static DECLARE_COMPLETION(idle);	/* done: no holding thread runs */
@@ -55,8 +58,10 @@ static int hold_set(const char *val, const struct kernel_param *kp)
 	if (ret)
 		return ret;
 	if (!ms) {
+		mutex_lock(&start_lock);
 		atomic_set(&release, 1);
 		wake_up_all(&hang_wq);
+		mutex_unlock(&start_lock);
 		return 0;
 	}
 	if (ms > MAX_HOLD_MS)
@@ -103,10 +108,16 @@ static const struct kernel_param_ops hangs_ops = {
 module_param_cb(hangs, &hangs_ops, NULL, 0444);
 MODULE_PARM_DESC(hangs, "how many times the lock was taken");
 
+/*
+ * Pin gpushare.ko so that it cannot go (rmmod fails with EBUSY) while
+ * cfg_lock points into it; __module_address is not exported, so it too is
+ * found through kallsyms.
+ */
 static int __init hang_init(void)
 {
 	struct kprobe kp = { .symbol_name = "kallsyms_lookup_name" };
 	unsigned long (*lookup)(const char *name);
+	struct module *(*module_of)(unsigned long addr);
 	int ret = register_kprobe(&kp);
 
 	if (ret)
@@ -114,7 +125,15 @@ static int __init hang_init(void)
 	lookup = (void *)kp.addr;
 	unregister_kprobe(&kp);
 	cfg_lock = (struct mutex *)lookup("gpushare:gs_cfg_lock");
-	if (!cfg_lock)
+	module_of = (void *)lookup("__module_address");
+	if (!cfg_lock || !module_of)
+		return -ENOENT;
+	preempt_disable();
+	owner = module_of((unsigned long)cfg_lock);
+	if (owner && !try_module_get(owner))
+		owner = NULL;
+	preempt_enable();
+	if (!owner)
 		return -ENOENT;
 	complete(&idle);
 	return 0;
@@ -125,6 +144,7 @@ static void __exit hang_exit(void)
 	atomic_set(&release, 1);
 	wake_up_all(&hang_wq);
 	wait_for_completion(&idle);
+	module_put(owner);
 }
 
 module_init(hang_init);
