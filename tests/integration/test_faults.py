@@ -55,7 +55,16 @@ LIFECYCLES = 40
 WORKERS = 3
 STUCK = 60.0  # only keeps a broken run from hanging
 T = TypeVar("T")
-DOWN = (GRPCError, StreamTerminatedError, ConnectionError, OSError, asyncio.TimeoutError)
+# What a CRI call raises while containerd is away (grpclib raises AttributeError
+# on a connection that closed under a request).
+DOWN = (
+    GRPCError,
+    StreamTerminatedError,
+    ConnectionError,
+    OSError,
+    asyncio.TimeoutError,
+    AttributeError,
+)
 
 
 def fault_seed() -> int:
