@@ -80,7 +80,7 @@ def consistent_status(live: Any, status: dict[str, Any]) -> None:
     where = f"live {live}, allocations {sorted(allocs)}"
     assert set(allocs) == set(live.served), f"stale or missing allocation: {where}"
     unserved = {u["container_id"] for u in status["unserved"]}
-    check_unserved(unserved, live.unserved, where)
+    check_unserved(unserved, live, where)
     for cid, alloc in allocs.items():
         assert sorted(g["memory"] for g in alloc["gpus"]) == sorted(live.served[cid]), alloc
     for gpu in status["gpus"]:
