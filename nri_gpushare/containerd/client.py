@@ -150,20 +150,21 @@ def decode_envelope(envelope: Any) -> Event:
         return Event(namespace, topic, timestamp=timestamp)
     try:
         payload = expected[1]().parse(bytes(envelope.event.value))
-    except Exception:  # betterproto raises anything from EOFError to KeyError on bad bytes
+        if topic == CONTAINER_DELETE:
+            return Event(namespace, topic, container_id=str(payload.id), timestamp=timestamp)
+        return Event(
+            namespace,
+            topic,
+            container_id=str(payload.container_id),
+            pid=int(payload.pid),
+            exit_status=int(payload.exit_status),
+            # TaskDelete leaves id empty for the init process.
+            process_id=str(payload.id) or str(payload.container_id),
+            timestamp=timestamp,
+        )
+    except Exception:  # betterproto raises anything from EOFError to KeyError on bad bytes,
+        # and may leave a field None (a group wire type): the topic only, as for any bad payload
         return Event(namespace, topic, timestamp=timestamp)
-    if topic == CONTAINER_DELETE:
-        return Event(namespace, topic, container_id=str(payload.id), timestamp=timestamp)
-    return Event(
-        namespace,
-        topic,
-        container_id=str(payload.container_id),
-        pid=int(payload.pid),
-        exit_status=int(payload.exit_status),
-        # TaskDelete leaves id empty for the init process.
-        process_id=str(payload.id) or str(payload.container_id),
-        timestamp=timestamp,
-    )
 
 
 # grpclib's own errors for a response that is not a well-formed gRPC one (an

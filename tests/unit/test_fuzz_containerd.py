@@ -123,3 +123,15 @@ def test_event_timestamps(stamp: object) -> None:
 def test_go_durations(text: str) -> None:
     seconds = parse_go_duration(text)
     assert seconds is None or (isinstance(seconds, float) and seconds >= 0)
+
+
+def test_a_payload_betterproto_half_parses_gives_the_topic_only() -> None:
+    # b"#": field 4 with the (group) wire type 3; betterproto leaves exit_status None
+    # instead of raising (found by the property above in CI).
+    envelope = events.Envelope(
+        timestamp=datetime(2026, 1, 1, tzinfo=UTC),
+        namespace="k8s.io",
+        topic="/tasks/exit",
+        event=pb.Any(type_url="types.containerd.io/containerd.events.TaskExit", value=b"#"),
+    )
+    assert decode_envelope(envelope) == Event("k8s.io", "/tasks/exit", timestamp=envelope.timestamp)
