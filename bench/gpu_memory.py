@@ -600,8 +600,11 @@ def report(args: argparse.Namespace, gpu: GPU, lib: Path, have: set[str]) -> int
         title = "Filling the GPU in steps until refused (MiB)"
         tables.append({"title": title, "headers": headers, "rows": rows})
         for row in rows:
-            if isinstance(row[1], int | float):
-                figures[f"fill {row[0]} allocated_mib"] = row[1]
+            for column, name in ((1, "allocated_mib"), (5, "device_mib")):
+                try:  # cells are printed numbers ("4,096"), or why there is none
+                    figures[f"fill {row[0]} {name}"] = float(str(row[column]).replace(",", ""))
+                except ValueError:
+                    pass
         print(
             "\n'device use beyond the context' is nvidia-smi's figure for the process at "
             "failure minus the figure right after the CUDA context was created (MiB "

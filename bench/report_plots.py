@@ -211,39 +211,78 @@ def plot_compute(doc: Doc, out: Path) -> list[str]:
 
 
 def plot_gpu_memory(doc: Doc, out: Path) -> list[str]:
-    quota = doc["figures"]["quota_mib"]
-    fills = {k[5:-14]: v for k, v in doc["figures"].items() if k.startswith("fill ")}
-    if not fills:
+    """Per allocator: what it had allocated when refused, and what the GPU had
+    really given the process beyond its context then, against the quota."""
+    figs = doc["figures"]
+    quota = figs["quota_mib"]
+    names = [k[5:-14] for k in figs if k.startswith("fill ") and k.endswith(" allocated_mib")]
+    if not names:
         return []
-    fig, (ax,) = _figure(doc, f"GPU memory: allocated when refused, quota {quota:.0f} MiB")
-    ax.bar(list(fills), list(fills.values()), color="tab:blue", label="allocated at refusal")
+    fig, (ax,) = _figure(doc, f"GPU memory: requested quota {quota:.0f} MiB vs achieved")
+    xs = range(len(names))
+    allocated = [figs[f"fill {n} allocated_mib"] for n in names]
+    device = [figs.get(f"fill {n} device_mib", 0.0) for n in names]
+    ax.bar([x - 0.2 for x in xs], allocated, 0.4, color="tab:blue", label="allocated when refused")
+    ax.bar([x + 0.2 for x in xs], device, 0.4, color="tab:green", label="device use (nvidia-smi)")
+    for x, a, d in zip(xs, allocated, device, strict=True):
+        ax.text(x - 0.2, a, f"{a:,.0f}", ha="center", va="bottom", fontsize=7)
+        if d:
+            ax.text(x + 0.2, d, f"{d:,.0f}", ha="center", va="bottom", fontsize=7)
     ax.axhline(quota, color="tab:red", ls="--", label="requested quota")
+    ax.set_xticks(list(xs), names)
     ax.set_ylabel("MiB")
+    ax.set_ylim(0, quota * 1.15)
     ax.tick_params(axis="x", labelsize=8, rotation=15)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="lower right")
     return [_save(fig, out, "gpu_memory.png")]
 
 
 def plot_gpu_compute(doc: Doc, out: Path) -> list[str]:
-    """From the throughput table: rows [loop, GPUSHARE_CORE_LIMIT, matmuls/s, % of none]."""
+    """From the throughput table, rows [loop, share asked, matmuls/s, % of none]:
+    the levels' curve, and the pairs' shares side by side."""
     rows = next(t["rows"] for t in doc["tables"] if t["title"].startswith("Throughput"))
     series: dict[str, list[tuple[float, float]]] = {}
+    pairs: dict[str, list[tuple[str, float]]] = {}
     for row in rows:
         try:
-            series.setdefault(str(row[0]), []).append((float(row[1]), float(row[3])))
+            loop, asked, achieved = str(row[0]), str(row[1]), float(row[3])
         except (TypeError, ValueError, IndexError):
+            continue  # the unrestricted rows, errors
+        if ", pair" in loop:
+            pairs.setdefault(loop.split(", ", 1)[1], []).append((asked, achieved))
+            continue
+        try:
+            series.setdefault(loop, []).append((float(asked.rstrip(" %")), achieved))
+        except ValueError:
             continue
     if not series:
         return []
-    fig, (ax,) = _figure(doc, "GPU compute: requested vs achieved share")
+    fig, axes = _figure(doc, "GPU compute: requested vs achieved share", 2 if pairs else 1)
+    ax = axes[0]
     for loop, points in series.items():
         points.sort()
         ax.plot([p[0] for p in points], [p[1] for p in points], "o-", label=loop)
     ax.plot([0, 100], [0, 100], color="0.6", ls=":", label="achieved = requested")
-    ax.set_xlabel("GPUSHARE_CORE_LIMIT (%)")
+    ax.set_xlabel("GPUSHARE_CORE_LIMIT (%), standalone mode")
     ax.set_ylabel("% of the throughput without the library")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    if pairs:
+        ax = axes[1]
+        x = 0
+        ticks, labels = [], []
+        for pair, members in pairs.items():
+            for asked, achieved in members:
+                ax.bar(x, achieved, color="tab:blue" if "module" in pair else "tab:orange")
+                ax.text(x, achieved + 1, f"{achieved:.1f}", ha="center", fontsize=7)
+                ticks.append(x)
+                labels.append(f"{pair}\n{asked}")
+                x += 1
+            x += 0.5
+        ax.set_xticks(ticks, labels, fontsize=7)
+        ax.set_ylabel("% of the GPU's throughput alone")
+        ax.set_title("two processes at once: each one's share (goal 1:2)", fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
     return [_save(fig, out, "gpu_compute.png")]
 
 

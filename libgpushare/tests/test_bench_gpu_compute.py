@@ -13,7 +13,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from conftest import ROOT
+from conftest import FAKE_UUIDS, ROOT, Build
 
 SCRIPT = ROOT / "bench" / "gpu_compute.py"
 
@@ -96,6 +96,40 @@ def test_goal_table_and_exit_code(bench: ModuleType) -> None:
     assert bench.percentile([1.0, 2.0, 3.0], 0.01) == 1.0
 
 
+def test_a_known_limit_is_shown_but_does_not_decide_the_exit(bench: ModuleType) -> None:
+    standalone = bench.pair_goal(100.0, 275.0, gates=False)
+    module = bench.pair_goal(100.0, 198.0, "two containers at weights 30 + 60")
+    assert standalone.row()[-1].startswith("FAIL (not gating")
+    assert module.row()[0] == "two containers at weights 30 + 60"
+    assert bench.exit_code([module, standalone]) == 0
+    assert bench.exit_code([standalone]) == 1  # no gating goal at all is no pass
+    assert bench.exit_code([bench.pair_goal(100.0, 300.0), standalone]) == 1
+
+
+def test_overhead_interval_covers_the_noise(bench: ModuleType) -> None:
+    rng = __import__("random").Random(1)
+    noisy = [1000.0 * rng.uniform(0.7, 1.3) for _ in range(30)]
+    same = [1000.0 * rng.uniform(0.7, 1.3) for _ in range(30)]
+    low, high = bench.cost_interval(noisy, same)
+    assert low < 0 < high and high - low > 0.05  # identical arms, wide noise
+    assert bench.cost_interval(noisy, same) == (low, high)  # seeded
+    tight = bench.cost_interval([1000.0] * 20, [980.0] * 20)
+    assert tight == pytest.approx((0.02, 0.02))
+    goal = bench.overhead_goal("standalone", [1000.0] * 20, [995.0] * 20, "loop", gates=False)
+    assert "95 % interval +0.50% to +0.50%" in goal.achieved and not goal.gates
+    assert bench.spread([90.0, 100.0, 110.0]) == pytest.approx(0.2)
+    unsure = bench.overhead_goal("standalone", noisy, [v * 0.97 for v in noisy], "loop")
+    assert not unsure.ok and unsure.inconclusive and unsure.row()[-1].startswith("INCONCLUSIVE")
+    clear = bench.overhead_goal("standalone", [1000.0] * 20, [950.0] * 20, "loop")
+    assert not clear.ok and not clear.inconclusive and clear.row()[-1] == "FAIL"
+
+
+def test_overhead_arms_rotate(bench: ModuleType) -> None:
+    orders = [bench.rotated(r) for r in range(3)]
+    assert [o[0] for o in orders] == bench.OVERHEAD_ARMS
+    assert all(sorted(o) == sorted(bench.OVERHEAD_ARMS) for o in orders)
+
+
 def test_child_environment(bench: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUSHARE_MEMORY_LIMIT", "1")
     monkeypatch.setenv("LD_PRELOAD", "/x.so")
@@ -107,6 +141,38 @@ def test_child_environment(bench: ModuleType, monkeypatch: pytest.MonkeyPatch) -
     assert "GPUSHARE_CORE_LIMIT" not in bench.child_env(gpu, Path("/b/l.so"), None)
     bare = bench.child_env(gpu, None, 30)
     assert "LD_PRELOAD" not in bare and not any(k.startswith("GPUSHARE_") for k in bare)
+
+
+def test_launch_loop_and_module_mode_on_the_fake_driver(
+    bench: ModuleType, build: Build, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The overhead measurement end to end, the fake driver in the real one's
+    # place: bench/launch_loop.c and the stand-in build, every arm runs, and
+    # the module arm really is in module mode.
+    for name in list(os.environ):
+        if name.startswith(("GPUSHARE_", "FAKECUDA_", "FAKEGS_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(build.fake_dir))
+    monkeypatch.setenv("FAKECUDA_NS_PER_BLOCK", "200")
+    standin, loop = bench.build_tools(tmp_path / "b")
+    args = bench.parse_args(
+        ["--loop-processes", "2", "--loop-rounds", "2", "--loop-launches", "2000"]
+    )
+    gpu = bench.GPU(0, FAKE_UUIDS[0], "fake", 8 << 30)
+    b = bench.Bench(args, gpu, build.lib, standin, loop, tmp_path)
+    rows: list[list[object]] = []
+    bench.measure_launch_loop(b, rows)
+    assert b.notes == []
+    assert [r[0] for r in rows] == bench.OVERHEAD_ARMS and all(r[1] == 4 for r in rows)
+    assert [g.what.split(", ", 1)[1] for g in b.goals] == [
+        f"{arm} vs no preload" for arm in bench.OVERHEAD_ARMS[1:]
+    ]
+    env = bench.module_env(b, "alone", 100, tmp_path / "sched-probe")
+    env["GPUSHARE_DEBUG"] = "1"
+    proc = subprocess.run([str(loop), "0", "1000", "1"], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "compute module, weights [100]" in proc.stderr
+    assert "ledger module, quotas [8589934592]" in proc.stderr
 
 
 def run(env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -224,7 +224,17 @@ def test_gpu_json_adds_the_gpu_tables(tmp_path: Path) -> None:
     assert "No GPU was lent" not in text
     assert "NVIDIA H100 (GPU-1)" in text
     assert "no gpu_compute.json in" in text
+    assert "- `gpu_memory` on the GPU machine: 1 of 1 goals and checks met." in text
+    assert "- `gpu_compute`: no goals or checks (see its section)." in text
     assert (tmp_path / "gpu_memory.png").read_bytes().startswith(PNG_MAGIC)
+    # Kept with the results as results/gpu, the GPU run is found without the flag.
+    (gpu_dir / "gpu_memory.json").rename(tmp_path / "results" / "gpu_memory.json")
+    (tmp_path / "results" / "gpu").mkdir()
+    (tmp_path / "results" / "gpu_memory.json").rename(
+        tmp_path / "results" / "gpu" / "gpu_memory.json"
+    )
+    assert report.main(["--render-only", "--out", str(tmp_path)]) == 1
+    assert "NVIDIA H100 (GPU-1)" in (tmp_path / "REPORT.md").read_text()
 
 
 def test_a_failing_or_absent_script_is_reported(

@@ -29,7 +29,8 @@
  * capture (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, as the real driver), and
  * an event recorded there cannot be queried or timed
  * (CUDA_ERROR_CAPTURED_EVENT).  Kernel functions are not loaded: any
- * non-NULL CUfunction runs.  fakecuda_busy_ns() (not CUDA) is this
+ * non-NULL CUfunction runs, and cuModuleLoadData / cuModuleGetFunction
+ * accept any image and name (bench/launch_loop.c loads its empty kernel).  fakecuda_busy_ns() (not CUDA) is this
  * process's kernel time submitted so far, for the tests' workload.
  *
  * Device i has the UUID bytes fa ce 00 .. 00 i, which NVML and
@@ -623,6 +624,30 @@ static struct CUgraphNode_st *graph_add(struct CUgraph_st *g, uint64_t ns)
 	g->ns[g->n] = ns;
 	g->nodes[g->n++] = node;
 	return node;
+}
+
+/* ---- modules: not loaded, any image and name do ---- */
+
+static char fake_module, fake_function;
+
+API CUresult cuModuleLoadData(void **module, const void *image)
+{
+	if (!initialized)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (!module || !image)
+		return CUDA_ERROR_INVALID_VALUE;
+	*module = &fake_module;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuModuleGetFunction(CUfunction *f, void *module, const char *name)
+{
+	if (!initialized)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (!f || module != &fake_module || !name)
+		return CUDA_ERROR_INVALID_VALUE;
+	*f = (CUfunction)&fake_function;
+	return CUDA_SUCCESS;
 }
 
 static CUresult launch(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
@@ -1731,6 +1756,8 @@ static const struct proc {
 	E("cuEventQuery", 2000, cuEventQuery),
 	E("cuEventSynchronize", 2000, cuEventSynchronize),
 	E("cuEventElapsedTime", 2000, cuEventElapsedTime),
+	E("cuModuleLoadData", 2000, cuModuleLoadData),
+	E("cuModuleGetFunction", 2000, cuModuleGetFunction),
 	E("cuLaunchKernel", 4000, cuLaunchKernel),
 	PT("cuLaunchKernel", 7000, cuLaunchKernel_ptsz),
 	E("cuLaunchKernelEx", 11060, cuLaunchKernelEx),
