@@ -39,6 +39,7 @@ from nri_gpushare.host import (
     BlockingWorker,
     HostDevices,
     ModuleMemInfo,
+    cgroup_of,
     kill_container,
     library_problem,
     load_inventory,
@@ -635,6 +636,20 @@ class ReconcileOwner:
 
     async def release_local(self, namespace: str, container_id: str, why: str) -> None:
         await self.service.release_local(namespace, container_id, why)
+
+    async def adopt_local(self, namespace: str, container_id: str, pid: int) -> None:
+        """Bind a recovered local share to the cgroup of the task containerd runs."""
+        try:
+            path = cgroup_of(container_id, pid)
+        except ValueError as e:
+            log.warning(
+                "container %s/%s: its share cannot be bound to the task containerd runs: %s",
+                namespace,
+                container_id,
+                e,
+            )
+            return
+        await self.service.adopt_local(namespace, container_id, pid, path)
 
 
 @functools.cache

@@ -220,6 +220,26 @@ def kill_container(container_id: str, pid: int, proc: Path = Path("/proc")) -> s
     return f"killed (process {pid})"
 
 
+def cgroup_of(container_id: str, pid: int, proc: Path = Path("/proc")) -> str:
+    """The cgroup v2 path (as in /proc/PID/cgroup's "0::" line, e.g.
+    "/default/ctr-1") of the container's first process `pid`, as containerd
+    reported it.  ValueError saying why when there is none, or when the path
+    does not name the container (a reused PID, or a process that moved)."""
+    if pid <= 0:
+        raise ValueError("no process")
+    try:
+        text = (proc / str(pid) / "cgroup").read_text(errors="replace")
+    except OSError as e:
+        raise ValueError(f"process {pid} cannot be read ({e.strerror})") from None
+    paths = [line[3:] for line in text.splitlines() if line.startswith("0::")]
+    if len(paths) != 1 or not paths[0].startswith("/"):
+        raise ValueError(f"process {pid} has no single cgroup v2 path")
+    path = paths[0]
+    if container_id not in path.split("/")[-1] or any(ord(ch) < 0x20 for ch in path):
+        raise ValueError(f"process {pid}'s cgroup {path!r} is not the container's")
+    return path
+
+
 # -- the interposer -------------------------------------------------------------------
 
 PRELOAD_FILE_NAME = "ld.so.preload"

@@ -14,6 +14,9 @@ deleted behind our back), so the Reconciler
   incarnation: it asks for its own share) -- the same pass runs every
   ``period`` seconds while connected, so the allocations too young for one
   pass (a container being created has no task yet) are checked by a later one,
+- gives the owner the pid of each running task whose allocation's pid is not
+  known (0): one the owner recovered after a restart that fell between the
+  container's create and its start, so that nobody told it the start;
 - and, while connected, releases an allocation on an event about it: the
   init process's /tasks/exit (an exec'd process has its own ID), /tasks/delete
   or /containers/delete -- of this incarnation, not an earlier one: with the
@@ -81,6 +84,10 @@ class LocalOwner(Protocol):
     def local_allocations(self) -> list[LocalRef]: ...
 
     async def release_local(self, namespace: str, container_id: str, why: str) -> None: ...
+
+    async def adopt_local(self, namespace: str, container_id: str, pid: int) -> None:
+        """The container's task runs with first process `pid`, which the owner
+        was never told (its LocalRef's pid is 0)."""
 
 
 class ContainerdAPI(Protocol):
@@ -299,11 +306,25 @@ class Reconciler:
             return
         self._released += 1
 
+    async def _adopt(self, ref: LocalRef, pid: int) -> None:
+        try:
+            await self.owner.adopt_local(ref.namespace, ref.container_id, pid)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception(
+                "telling the owner the task (pid %d) of %s in namespace %s failed",
+                pid,
+                _quote(ref.container_id),
+                _quote(ref.namespace),
+            )
+
     # -- passes -------------------------------------------------------------
 
     async def _pass(self, cd: ContainerdAPI) -> None:
-        """Release what the listing shows gone.  Listing errors propagate
-        before anything is released."""
+        """Release what the listing shows gone, and tell the owner the pid of
+        what runs with none known.  Listing errors propagate before anything
+        is released."""
         now = self._clock()
         namespaces = set(await cd.namespaces())
         held = self._holdings()
@@ -325,6 +346,10 @@ class Reconciler:
             for ref, why in gone:
                 if still is not None and ref in still:
                     await self._release(ref, why)
+        for ref, verdict in verdicts:
+            running = tasks.get((ref.namespace, ref.container_id))
+            if verdict is None and not ref.pid and running is not None and running.pid > 0:
+                await self._adopt(ref, running.pid)
         self._last_reconcile = self._clock()
 
     # -- events -------------------------------------------------------------

@@ -451,6 +451,31 @@ class ShareService:
         await self.start_container(c)
         return True
 
+    async def adopt_local(
+        self, namespace: str, container_id: str, pid: int, cgroups_path: str
+    ) -> bool:
+        """A local share whose start the daemon never heard (recovered after a
+        restart that fell between the container's create and its start):
+        containerd runs its first process `pid` in `cgroups_path`.  Bind and
+        limit it as start_local would.  False when no such share waits for
+        its process (unknown, or its pid is known already)."""
+        alloc = self._local_alloc(namespace, container_id)
+        state = self.local.get(container_id)
+        if alloc is None or state is None or state.pid:
+            return False
+        state.pid = pid
+        state.cgroups_path = cgroups_path
+        log.info(
+            "container %s/%s: adopted its running task (pid %d, cgroup %s)",
+            namespace,
+            container_id,
+            pid,
+            quote(cgroups_path),
+        )
+        c = ContainerInfo(id=container_id, name=alloc.name, cgroups_path=cgroups_path, pid=pid)
+        await self.start_container(c)
+        return True
+
     async def release_local(self, namespace: str, container_id: str, why: str) -> bool:
         """Release a share asked for outside NRI (never an NRI one); True when
         one was freed."""

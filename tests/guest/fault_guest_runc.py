@@ -39,6 +39,9 @@ from tests.testbed.containerd import Containerd
 from tests.testbed.images import BUSYBOX_IMAGE, build_images
 
 STARTS = int(os.environ.get("GPUSHARE_FAULT_STARTS") or 3)
+# How long a restarted plugin may take to bind a container whose start it
+# missed (its reconciler's first pass; the guest runs under TCG).
+BIND_WAIT = 90.0
 KILLS = 2
 NS = "default"
 ASSIGNED = P + "assigned"
@@ -79,31 +82,34 @@ def check(
     bed: Containerd, plugins: Plugins, killed: frozenset[str] = frozenset()
 ) -> dict[str, int]:
     """The invariant.  A container in `killed` (the plugin was SIGKILLed during
-    its `ctr run`) may be left registered but unbound: a known gap, counted and
-    reported, not hidden.  When the kill falls between the wrapper's create
-    request and its bind, the wrapper warns and runc goes on, and a restarted
-    plugin cannot bind it because its records keep no cgroup path for a local
-    share."""
+    its `ctr run`) may have been left registered but unbound, when the kill
+    fell between the wrapper's create request and its start: the restarted
+    plugin's reconciler must bind it to the cgroup of the task containerd
+    runs, within BIND_WAIT; counted as "adopted"."""
     tasks = running_tasks(bed)
     shared = {cid: m for cid in tasks if (m := bundle_share(bed, cid)) is not None}
     status = plugins.current.status()
     allocs = {a["container_id"]: a for a in status["allocations"]}
     registry = module_registry()
     where = f"tasks {sorted(tasks)}, shared {shared}, allocations {sorted(allocs)}, {registry}"
-    unbound: list[str] = []
+    adopted: list[str] = []
     assert set(allocs) == set(shared), f"allocations differ from shared tasks: {where}"
     assert set(registry) == set(allocs), f"module registry differs: {where}"
     for cid, alloc in allocs.items():
         assert alloc["origin"] == f"runc:{NS}", alloc
         shares = {g["index"]: g["memory"] for g in alloc["gpus"]}
         assert registry[cid] == shares and sorted(shares.values()) == sorted(shared[cid]), where
-        bound = value(ROOT / str(min(shares)) / cid / "cgroup")
+        cgroup = ROOT / str(min(shares)) / cid / "cgroup"
+        bound = value(cgroup)
         if bound == 0 and cid in killed:
-            unbound.append(cid)
-            continue
+            deadline = time.monotonic() + BIND_WAIT
+            while bound == 0 and time.monotonic() < deadline:
+                time.sleep(0.5)
+                bound = value(cgroup)
+            adopted.append(cid)
         assert bound == os.stat(CGROUP2 / NS / cid).st_ino, f"{cid} not bound: {bound}"
     assert refcount() == len(registry), (refcount(), registry)
-    return {"shared": len(shared), "unshared": len(tasks) - len(shared), "unbound": len(unbound)}
+    return {"shared": len(shared), "unshared": len(tasks) - len(shared), "adopted": len(adopted)}
 
 
 async def test_sigkill_during_starts_through_gpushare_runc(bed, plugins):
@@ -143,7 +149,7 @@ async def test_sigkill_during_starts_through_gpushare_runc(bed, plugins):
             ctr(bed, "containers", "rm", cid, check=False)
     # Deleted through the wrapper with a live plugin: all released.
     plugins.running()
-    assert check(bed, plugins) == {"shared": 0, "unshared": 0, "unbound": 0}
+    assert check(bed, plugins) == {"shared": 0, "unshared": 0, "adopted": 0}
     summary = {"starts": STARTS, "kills_at_s": kill_at, "failed": failed, "checks": checks}
     report("sigkill_runc_starts", summary)
     print(summary)

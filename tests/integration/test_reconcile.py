@@ -48,9 +48,15 @@ class Owner:
     def __init__(self, refs: list[LocalRef]) -> None:
         self.refs = {(r.namespace, r.container_id): r for r in refs}
         self.released: list[tuple[str, str, str]] = []
+        self.adopted: list[tuple[str, str, int]] = []
 
     def local_allocations(self) -> list[LocalRef]:
         return list(self.refs.values())
+
+    async def adopt_local(self, namespace: str, container_id: str, pid: int) -> None:
+        self.adopted.append((namespace, container_id, pid))
+        ref = self.refs[(namespace, container_id)]
+        self.refs[(namespace, container_id)] = LocalRef(namespace, container_id, pid, ref.since)
 
     async def release_local(self, namespace: str, container_id: str, why: str) -> None:
         self.released.append((namespace, container_id, why))
@@ -143,3 +149,18 @@ async def test_follows_containerd_across_a_restart(bed: Containerd, names: list[
         await until(lambda: len(owner.released) == 2, "b's release")
         assert owner.ids() == [a, b]
         assert f"pid {refs[1].pid}" in owner.released[1][2]  # the init's exit, not the exec's
+
+
+async def test_a_recovered_allocation_is_given_its_running_task(
+    bed: Containerd, names: list[str]
+) -> None:
+    # A daemon restart between a container's create and its start leaves the
+    # allocation with no pid: the listing gives it the task's init pid, once.
+    # (Its cgroup and the binding are checked in the guest, whose cgroup v2
+    # is the container's; tests/guest/fault_guest_runc.py.)
+    a, _, _ = names
+    (ref,) = await start(bed, [a])
+    owner = Owner([LocalRef(NS, a, 0, ref.since)])
+    async with following(bed, owner):
+        await until(lambda: owner.adopted, "the adoption")
+    assert owner.adopted == [(NS, a, ref.pid)] and owner.released == []

@@ -188,6 +188,7 @@ class Owner:
     def __init__(self, *refs: LocalRef) -> None:
         self.refs = {(r.namespace, r.container_id): r for r in refs}
         self.released: list[tuple[str, str, str]] = []
+        self.adopted: list[tuple[str, str, int]] = []
         self.broken: set[str] = set()
         self.listing_fails = False
         self.asked = 0
@@ -204,6 +205,14 @@ class Owner:
         if container_id in self.broken:
             raise RuntimeError(f"cannot release {container_id}")
         self.refs.pop((namespace, container_id), None)
+
+    async def adopt_local(self, namespace: str, container_id: str, pid: int) -> None:
+        await asyncio.sleep(0)
+        self.adopted.append((namespace, container_id, pid))
+        if container_id in self.broken:
+            raise RuntimeError(f"cannot adopt {container_id}")
+        ref = self.refs[(namespace, container_id)]
+        self.refs[(namespace, container_id)] = LocalRef(namespace, container_id, pid, ref.since)
 
     def ids(self) -> list[str]:
         return [cid for _, cid, _ in self.released]
@@ -361,6 +370,27 @@ async def test_the_listing_releases_what_is_gone(harness_factory: Any) -> None:
         assert h.state()["released"] == 5
         # Only namespaces that hold something are asked for their tasks.
         assert "tasks k8s.io" not in h.cd.calls and "tasks gone-ns" not in h.cd.calls
+        # What runs with no pid known (recovered after a restart that missed
+        # its start) is given its task's pid, once.
+        assert owner.adopted == [(NS, "running-pid-unknown", 31)]
+        await h.tick()
+        assert owner.adopted == [(NS, "running-pid-unknown", 31)]
+
+
+async def test_an_adoption_that_raises_is_logged_and_retried(
+    harness_factory: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    owner = Owner(LocalRef(NS, "broken", 0, OLD), LocalRef(NS, "fine", 0, OLD))
+    owner.broken = {"broken"}
+    cd = Containerd({NS: [running("broken", 7), running("fine", 8)]})
+    async with harness_factory(owner, cd) as h:
+        await h.synced()
+        assert owner.adopted == [(NS, "broken", 7), (NS, "fine", 8)]
+        await h.tick()  # broken still has no pid: asked again; fine is not
+        assert owner.adopted[2:] == [(NS, "broken", 7)]
+        assert owner.released == [] and h.count("connect") == 1
+    failed = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert failed and all(r.exc_info and "'broken'" in r.getMessage() for r in failed)
 
 
 async def test_young_refs_are_spared_then_checked_by_a_later_pass(harness_factory: Any) -> None:
@@ -425,9 +455,13 @@ BEFORE, AFTER = NOW - 200, NOW - 50  # an event older / newer than the ref
 )
 async def test_events(harness_factory: Any, ref: LocalRef, event: Event, released: bool) -> None:
     owner = Owner(ref, LocalRef(NS, "canary", 1, OLD))
-    cd = Containerd({NS: [running("c", 500), running("canary", 1)]})
+    # With no pid known, the listing must not give it one (a shim that does
+    # not answer): the event is judged against a ref with pid 0.
+    c = running("c", 500) if ref.pid else TaskInfo("c", 0, "unknown")
+    cd = Containerd({NS: [c, running("canary", 1)]})
     async with harness_factory(owner, cd) as h:
         await h.synced()
+        assert owner.adopted == []
         cd.stream.push(event)
         await h.settle("canary")
         assert ("c" in owner.ids()) is released

@@ -446,3 +446,27 @@ async def test_a_container_started_without_its_share_is_unserved(tmp_path):
     assert list(handler.service.unserved) == ["c5"]
     await handler.remove_container(pod, missed)
     assert handler.service.unserved == {}
+
+
+async def test_the_reconcile_owner_adopts_with_the_tasks_cgroup(monkeypatch, caplog):
+    import nri_gpushare.daemon as daemon_module
+    from nri_gpushare.daemon import ReconcileOwner
+
+    adopted: list[tuple[str, str, int, str]] = []
+
+    class Service:
+        async def adopt_local(self, ns: str, cid: str, pid: int, path: str) -> bool:
+            adopted.append((ns, cid, pid, path))
+            return True
+
+    def cgroup_of(cid: str, pid: int) -> str:
+        if pid == 13:
+            raise ValueError("process 13's cgroup '/x' is not the container's")
+        return f"/default/{cid}"
+
+    monkeypatch.setattr(daemon_module, "cgroup_of", cgroup_of)
+    owner = ReconcileOwner(Service())  # type: ignore[arg-type]
+    await owner.adopt_local("default", "c1", 12)
+    await owner.adopt_local("default", "c2", 13)  # not its cgroup: nothing bound, a warning
+    assert adopted == [("default", "c1", 12, "/default/c1")]
+    assert "c2" in caplog.text and "not the container's" in caplog.text

@@ -2,6 +2,7 @@
 
 import os
 import stat
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -182,3 +183,34 @@ def test_kill_container_kills_only_a_process_of_that_container(tmp_path):
         proc.kill()
         proc.wait()
     assert kill_container("abc123", 0) == "not running: nothing to kill"
+
+
+def test_cgroup_of_reads_the_unified_line_and_checks_it_names_the_container(tmp_path):
+    from nri_gpushare.host import cgroup_of
+
+    def proc(text: str | None) -> Path:
+        (tmp_path / "7").mkdir(exist_ok=True)
+        if text is not None:
+            (tmp_path / "7" / "cgroup").write_text(text)
+        return tmp_path
+
+    lines = "12:pids:/x\n0::/default/ctr-1\n"
+    assert cgroup_of("ctr-1", 7, proc(lines)) == "/default/ctr-1"
+    systemd = "0::/system.slice/cri-containerd-abc.scope\n"
+    assert cgroup_of("abc", 7, proc(systemd)) == "/system.slice/cri-containerd-abc.scope"
+    for text, why in [
+        ("0::/default/other\n", "not the container's"),
+        ("0::/default/ctr-1/sub\n", "not the container's"),  # moved below its cgroup
+        ("0::/\n", "not the container's"),
+        ("0::/default/ctr-1\n0::/x\n", "no single"),
+        ("1:cpu:/default/ctr-1\n", "no single"),
+        ("0::relative/ctr-1\n", "no single"),
+        ("0::/default/ctr-1\x01\n", "not the container's"),
+    ]:
+        with pytest.raises(ValueError, match=why):
+            cgroup_of("ctr-1", 7, proc(text))
+    (tmp_path / "7" / "cgroup").unlink()
+    with pytest.raises(ValueError, match="cannot be read"):
+        cgroup_of("ctr-1", 7, tmp_path)
+    with pytest.raises(ValueError, match="no process"):
+        cgroup_of("ctr-1", 0, tmp_path)

@@ -296,6 +296,25 @@ async def test_a_restarted_daemon_recovers_local_shares_from_its_records():
     assert "c1" in again.allocations
 
 
+async def test_a_recovered_share_whose_start_was_missed_is_adopted_and_bound():
+    # The daemon died between the wrapper's create and its start: recovered
+    # with no pid, the share is bound once the reconciler gives the running
+    # task's pid and cgroup; a share that knows its pid is not adopted again.
+    store = MemoryStore()
+    svc, kmod = await make(store=store)
+    await LocalApiHandler(svc, Labels({("default", "c1"): {P + "gpu-memory": "3Gi"}}))(create())
+    again, _ = await make(kmod=kmod, store=store)
+    await again.recover_local()
+    assert "c1" not in kmod.cgroups
+    assert not await again.adopt_local("other-ns", "c1", 42, "/other-ns/c1")
+    assert not await again.adopt_local("default", "c2", 42, "/default/c2")
+    assert await again.adopt_local("default", "c1", 42, "/default/c1")
+    assert kmod.cgroups["c1"] == "/default/c1"
+    assert [r.pid for r in again.local_allocations()] == [42]
+    assert not await again.adopt_local("default", "c1", 43, "/default/elsewhere")
+    assert kmod.cgroups["c1"] == "/default/c1"
+
+
 async def test_recovery_registers_a_share_the_module_lost():
     store = MemoryStore()
     svc, kmod = await make(store=store)
