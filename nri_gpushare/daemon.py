@@ -626,6 +626,7 @@ class ReconcileOwner:
 
     def __init__(self, service: ShareService) -> None:
         self.service = service
+        self._refused: set[tuple[str, str, int]] = set()  # warned once each
 
     def local_allocations(self) -> list[LocalRef]:
         return [
@@ -640,14 +641,19 @@ class ReconcileOwner:
     async def adopt_local(self, namespace: str, container_id: str, pid: int) -> None:
         """Bind a recovered local share to the cgroup of the task containerd runs."""
         try:
-            path = cgroup_of(container_id, pid)
+            # /proc/PID/cgroup takes the kernel's cgroup lock: off the event loop.
+            path = await asyncio.to_thread(cgroup_of, container_id, pid)
         except ValueError as e:
-            log.warning(
-                "container %s/%s: its share cannot be bound to the task containerd runs: %s",
-                namespace,
-                container_id,
-                e,
-            )
+            if (namespace, container_id, pid) not in self._refused:
+                if len(self._refused) >= 4096:  # bounded: at worst a warning again
+                    self._refused.clear()
+                self._refused.add((namespace, container_id, pid))
+                log.warning(
+                    "container %s/%s: its share cannot be bound to the task containerd runs: %s",
+                    namespace,
+                    container_id,
+                    e,
+                )
             return
         await self.service.adopt_local(namespace, container_id, pid, path)
 

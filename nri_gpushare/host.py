@@ -224,7 +224,10 @@ def cgroup_of(container_id: str, pid: int, proc: Path = Path("/proc")) -> str:
     """The cgroup v2 path (as in /proc/PID/cgroup's "0::" line, e.g.
     "/default/ctr-1") of the container's first process `pid`, as containerd
     reported it.  ValueError saying why when there is none, or when the path
-    does not name the container (a reused PID, or a process that moved)."""
+    is not the container's own cgroup: its last component must be the ID
+    (cgroupfs) or "<prefix>-<ID>.scope" / "<ID>.scope" (systemd), and no
+    component above it may name the ID (a process moved below its
+    container's cgroup, into a child it made, is not the container)."""
     if pid <= 0:
         raise ValueError("no process")
     try:
@@ -235,9 +238,16 @@ def cgroup_of(container_id: str, pid: int, proc: Path = Path("/proc")) -> str:
     if len(paths) != 1 or not paths[0].startswith("/"):
         raise ValueError(f"process {pid} has no single cgroup v2 path")
     path = paths[0]
-    if container_id not in path.split("/")[-1] or any(ord(ch) < 0x20 for ch in path):
-        raise ValueError(f"process {pid}'s cgroup {path!r} is not the container's")
+    *above, last = path.split("/")
+    own = last in (container_id, f"{container_id}.scope") or last.endswith(f"-{container_id}.scope")
+    if not own or any(container_id in part for part in above):
+        raise ValueError(f"process {pid}'s cgroup {quote_path(path)} is not the container's")
     return path
+
+
+def quote_path(path: str) -> str:
+    """A path someone else chose, for a message: repr, at most 200 characters."""
+    return repr(path[:200]) + ("…" if len(path) > 200 else "")
 
 
 # -- the interposer -------------------------------------------------------------------

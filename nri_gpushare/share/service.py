@@ -444,6 +444,17 @@ class ShareService:
         state = self.local.get(container_id)
         if alloc is None or state is None:
             return False
+        if not state.cgroups_path:
+            # Recovered after a restart that fell between its create and this
+            # start: its cgroup was not recorded, so nothing can be bound now;
+            # the pid stays unknown and the containerd reconciler adopts it.
+            log.info(
+                "container %s/%s: started (pid %d); its cgroup comes from containerd's task",
+                namespace,
+                container_id,
+                pid,
+            )
+            return True
         state.pid = pid
         c = ContainerInfo(
             id=container_id, name=alloc.name, cgroups_path=state.cgroups_path, pid=pid
@@ -473,7 +484,12 @@ class ShareService:
             quote(cgroups_path),
         )
         c = ContainerInfo(id=container_id, name=alloc.name, cgroups_path=cgroups_path, pid=pid)
-        await self.start_container(c)
+        try:
+            await self.start_container(c)
+        except BaseException:
+            if self.local.get(container_id) is state:  # not bound: the next pass tries again
+                state.pid, state.cgroups_path = 0, ""
+            raise
         return True
 
     async def release_local(self, namespace: str, container_id: str, why: str) -> bool:

@@ -198,9 +198,14 @@ def test_cgroup_of_reads_the_unified_line_and_checks_it_names_the_container(tmp_
     assert cgroup_of("ctr-1", 7, proc(lines)) == "/default/ctr-1"
     systemd = "0::/system.slice/cri-containerd-abc.scope\n"
     assert cgroup_of("abc", 7, proc(systemd)) == "/system.slice/cri-containerd-abc.scope"
+    assert cgroup_of("ctr-1", 7, proc("0::/x.slice/ctr-1.scope\n")) == "/x.slice/ctr-1.scope"
     for text, why in [
         ("0::/default/other\n", "not the container's"),
         ("0::/default/ctr-1/sub\n", "not the container's"),  # moved below its cgroup
+        ("0::/default/ctr-1/ctr-1\n", "not the container's"),  # ... into a child named alike
+        ("0::/system.slice/docker-ctr-1.scope/ctr-1\n", "not the container's"),
+        ("0::/default/xctr-1x\n", "not the container's"),  # another ID containing it
+        ("0::/default/ctr-10\n", "not the container's"),
         ("0::/\n", "not the container's"),
         ("0::/default/ctr-1\n0::/x\n", "no single"),
         ("1:cpu:/default/ctr-1\n", "no single"),

@@ -5,6 +5,7 @@ root-only server."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from nri_gpushare.containerd.client import ContainerdUnavailable, ContainerNotFound
+from nri_gpushare.kmod.client import KmodError
 from nri_gpushare.local import protocol
 from nri_gpushare.local.protocol import Reply, Request
 from nri_gpushare.local.server import LocalApiServer
@@ -312,6 +314,27 @@ async def test_a_recovered_share_whose_start_was_missed_is_adopted_and_bound():
     assert kmod.cgroups["c1"] == "/default/c1"
     assert [r.pid for r in again.local_allocations()] == [42]
     assert not await again.adopt_local("default", "c1", 43, "/default/elsewhere")
+    assert kmod.cgroups["c1"] == "/default/c1"
+
+
+async def test_a_failed_adoption_is_tried_again_and_a_start_after_recovery_leaves_it_to_adoption():
+    store = MemoryStore()
+    svc, kmod = await make(kmod_mode="required", store=store)
+    labels = Labels({("default", "c1"): {P + "gpu-memory": "3Gi"}})
+    await LocalApiHandler(svc, labels)(create())
+    again, _ = await make(kmod_mode="required", kmod=kmod, store=store)
+    await again.recover_local()
+    # The wrapper's start reaches the restarted daemon, which knows no cgroup
+    # for it: nothing is bound and the pid stays unknown, for the reconciler.
+    handler = LocalApiHandler(again, labels)
+    assert (await handler(Request("start", "default", "c1", pid=42))).ok
+    assert "c1" not in kmod.cgroups and [r.pid for r in again.local_allocations()] == [0]
+    # The module refuses the bind: nothing is half done, the next pass retries.
+    kmod.fail_next["bind_cgroup"] = KmodError("gpushare.ko has not answered", errno.ETIMEDOUT)
+    with pytest.raises(ShareRefused):
+        await again.adopt_local("default", "c1", 42, "/default/c1")
+    assert [r.pid for r in again.local_allocations()] == [0]
+    assert await again.adopt_local("default", "c1", 42, "/default/c1")
     assert kmod.cgroups["c1"] == "/default/c1"
 
 
