@@ -731,10 +731,18 @@ def report(args: argparse.Namespace, gpu: GPU, build: Path) -> int:
 def measure_all(b: Bench) -> int:
     args, gpu = b.args, b.gpu
     out: list[str] = []
+    tables: list[dict[str, Any]] = []  # as printed, for the JSON
 
     def say(text: str = "") -> None:
         print(text, flush=True)
         out.append(text)
+
+    def section(title: str, headers: list[str], rows: list[list[Any]]) -> None:
+        """A table under its heading, printed and kept for the JSON."""
+        say(f"## {title}\n")
+        say(markdown_table(headers, rows))
+        say()
+        tables.append({"title": title, "headers": headers, "rows": rows})
 
     say(
         f"# libgpushare compute shares on {gpu.name} ({gpu.uuid}), standalone mode and "
@@ -747,7 +755,6 @@ def measure_all(b: Bench) -> int:
     )
     measure_probe(b)
     rows: list[list[Any]] = []
-    tables: list[dict[str, Any]] = []
     base = None
     if "levels" not in args.skip:
         base = measure_levels(b, "plain", rows)
@@ -756,12 +763,8 @@ def measure_all(b: Bench) -> int:
     if "pair" not in args.skip:
         measure_pair(b, base, rows)
     if rows:
-        say("## Throughput (matmuls per second)\n")
         headers = ["loop", "share asked", "matmuls/s", "% of no preload"]
-        say(markdown_table(headers, rows))
-        say()
-        title = "Throughput (matmuls per second)"
-        tables.append({"title": title, "headers": headers, "rows": rows})
+        section("Throughput (matmuls per second)", headers, rows)
     headers = ["arm", "rounds", "median", "p99 (slowest 1 %)", "spread p1-p99 / median"]
     if "overhead" not in args.skip:
         lrows: list[list[Any]] = []
@@ -770,20 +773,14 @@ def measure_all(b: Bench) -> int:
             f"Empty-kernel launch loop (bench/launch_loop.c): launches per second per round "
             f"of {args.loop_launches:,}, {args.loop_processes} processes per arm"
         )
-        say(f"## {title}\n")
-        say(markdown_table(headers, lrows))
-        say()
-        tables.append({"title": title, "headers": headers, "rows": lrows})
+        section(title, headers, lrows)
         orows: list[list[Any]] = []
         measure_overhead(b, orows)
         title = (
             f"torch.add loop (256 floats): launches per second per {args.round_seconds:g} s "
             f"round, {args.rounds} processes per arm"
         )
-        say(f"## {title}\n")
-        say(markdown_table(headers, orows))
-        say()
-        tables.append({"title": title, "headers": headers, "rows": orows})
+        section(title, headers, orows)
     say("## Goals\n")
     table = goal_table(b.goals)
     say(table)

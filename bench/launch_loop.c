@@ -12,15 +12,9 @@
  * Prints "round <ns per launch>" for each round; exit 2 when the driver
  * cannot be used, 1 when a call fails in the loop.
  */
-#include <dlfcn.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
+#define PROG "launch_loop"
+#include "driver_loop.h"
 
-typedef int (*init_fn)(unsigned int);
-typedef int (*device_get_fn)(int *, int);
-typedef int (*ctx_retain_fn)(void **, int);
-typedef int (*ctx_set_fn)(void *);
 typedef int (*module_load_fn)(void **, const void *);
 typedef int (*module_function_fn)(void **, void *, const char *);
 typedef int (*launch_fn)(void *, unsigned int, unsigned int, unsigned int,
@@ -38,25 +32,6 @@ static const char empty_ptx[] =
 	"}\n";
 
 #define PER_SYNC 1000
-
-static void *lookup(void *driver, const char *name)
-{
-	void *fn = dlsym(driver, name);
-
-	if (!fn) {
-		fprintf(stderr, "launch_loop: %s: %s\n", name, dlerror());
-		exit(2);
-	}
-	return fn;
-}
-
-static double now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e9 + ts.tv_nsec;
-}
 
 /* @n launches of @kernel, synchronising every PER_SYNC: 0, or the error. */
 static int launches(launch_fn launch, sync_fn sync, void *kernel, long n)
@@ -79,12 +54,12 @@ static int launches(launch_fn launch, sync_fn sync, void *kernel, long n)
 
 int main(int argc, char **argv)
 {
-	void *driver, *ctx, *module, *kernel;
+	void *driver, *module, *kernel;
 	long warmup, per_round, rounds, r;
 	launch_fn launch;
 	sync_fn sync;
 	double t;
-	int dev, err;
+	int err;
 
 	if (argc != 4) {
 		fprintf(stderr, "usage: launch_loop <warm-up> <per round> <rounds>\n");
@@ -97,25 +72,13 @@ int main(int argc, char **argv)
 		fprintf(stderr, "launch_loop: counts must be positive\n");
 		return 2;
 	}
-	driver = dlopen("libcuda.so.1", RTLD_NOW);
-	if (!driver) {
-		fprintf(stderr, "launch_loop: %s\n", dlerror());
-		return 2;
-	}
-	err = ((init_fn)lookup(driver, "cuInit"))(0);
-	if (!err)
-		err = ((device_get_fn)lookup(driver, "cuDeviceGet"))(&dev, 0);
-	if (!err)
-		err = ((ctx_retain_fn)lookup(driver, "cuDevicePrimaryCtxRetain"))(&ctx, dev);
-	if (!err)
-		err = ((ctx_set_fn)lookup(driver, "cuCtxSetCurrent"))(ctx);
-	if (!err)
-		err = ((module_load_fn)lookup(driver, "cuModuleLoadData"))(&module, empty_ptx);
+	driver = open_driver();
+	err = ((module_load_fn)lookup(driver, "cuModuleLoadData"))(&module, empty_ptx);
 	if (!err)
 		err = ((module_function_fn)lookup(driver, "cuModuleGetFunction"))(&kernel, module,
 										   "gs_empty");
 	if (err) {
-		fprintf(stderr, "launch_loop: setting up the driver failed: CUresult %d\n", err);
+		fprintf(stderr, "launch_loop: loading the empty kernel failed: CUresult %d\n", err);
 		return 2;
 	}
 	launch = (launch_fn)lookup(driver, "cuLaunchKernel");

@@ -37,6 +37,7 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 from nri_gpushare.share.model import DeviceNode, Gpu
+from nri_gpushare.share.units import quote
 from nri_gpushare.share.usage import MemoryUse
 from nri_gpushare.statefile import replace_file
 
@@ -241,13 +242,8 @@ def cgroup_of(container_id: str, pid: int, proc: Path = Path("/proc")) -> str:
     *above, last = path.split("/")
     own = last in (container_id, f"{container_id}.scope") or last.endswith(f"-{container_id}.scope")
     if not own or any(container_id in part for part in above):
-        raise ValueError(f"process {pid}'s cgroup {quote_path(path)} is not the container's")
+        raise ValueError(f"process {pid}'s cgroup {quote(path)} is not the container's")
     return path
-
-
-def quote_path(path: str) -> str:
-    """A path someone else chose, for a message: repr, at most 200 characters."""
-    return repr(path[:200]) + ("…" if len(path) > 200 else "")
 
 
 # -- the interposer -------------------------------------------------------------------

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -293,31 +294,32 @@ class Reconciler:
             _quote(ref.namespace),
             why,
         )
-        try:
-            await self.owner.release_local(ref.namespace, ref.container_id, why)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception(
-                "releasing the local allocation of %s in namespace %s failed",
-                _quote(ref.container_id),
-                _quote(ref.namespace),
-            )
-            return
-        self._released += 1
+        call = functools.partial(self.owner.release_local, ref.namespace, ref.container_id, why)
+        if await self._tell(call, "releasing the local allocation", ref):
+            self._released += 1
 
     async def _adopt(self, ref: LocalRef, pid: int) -> None:
+        call = functools.partial(self.owner.adopt_local, ref.namespace, ref.container_id, pid)
+        await self._tell(call, f"telling the owner the task (pid {pid})", ref)
+
+    @staticmethod
+    async def _tell(call: Callable[[], Awaitable[None]], what: str, ref: LocalRef) -> bool:
+        """Await the owner's `call` about `ref`; a failure is logged with its
+        traceback (a bug there must not stop the loop).  True when it went
+        through."""
         try:
-            await self.owner.adopt_local(ref.namespace, ref.container_id, pid)
+            await call()
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception(
-                "telling the owner the task (pid %d) of %s in namespace %s failed",
-                pid,
+                "%s of %s in namespace %s failed",
+                what,
                 _quote(ref.container_id),
                 _quote(ref.namespace),
             )
+            return False
+        return True
 
     # -- passes -------------------------------------------------------------
 
