@@ -36,6 +36,7 @@
 
 #include "cuda_abi.h"
 #include "env.h"
+#include "feedback.h"
 #include "ledger.h"
 #include "sched_gate.h"
 
@@ -101,6 +102,7 @@ struct gate {
 	struct gs_sched core;
 	struct gs_sched_ent ent;
 	struct gs_sched_client client;
+	struct gs_feedback fb;		/* standalone: own GPU time steers the weight */
 };
 
 static struct gate gates[MAX_DEVICES];
@@ -678,6 +680,11 @@ static void module_acquire(struct gate *g, int dev)
 
 static void standalone_acquire(struct gate *g)
 {
+	uint64_t t = mono_ns();
+	uint32_t w = gs_feedback_weight(&g->fb, gs_sched_used(&g->core, &g->ent, t), t);
+
+	if (w)
+		gs_sched_set_weight(&g->core, &g->ent, w, t);
 	for (;;) {
 		u64 now = mono_ns(), until;
 		if (gs_sched_acquire(&g->core, &g->client, now, &until) == GS_SCHED_GRANT) {
@@ -745,6 +752,7 @@ static void setup(struct gate *g, int dev)
 		return;
 	}
 	gs_sched_attach(&g->core, &g->client, &g->ent, now);
+	gs_feedback_init(&g->fb, dev, limit, now);
 	g->slice_ns = g->core.slice_ns;
 	g->how = HOW_STANDALONE;
 }
