@@ -39,6 +39,8 @@ static inline u64 gs_div_rem(u64 a, u32 b, u32 *rem)
 #define GS_U64_MAX		(~0ull)
 #define GS_SLICE_MIN_NS		1000ull
 #define GS_SLICE_MAX_NS		(10ull * 1000 * 1000 * 1000)
+#define GS_DRAIN_MIN_NS		((u64)GPUSHARE_DRAIN_US_MIN * 1000)
+#define GS_DRAIN_MAX_NS		((u64)GPUSHARE_DRAIN_US_MAX * 1000)
 #define GS_POLICY_NATIVE	5
 #define GS_POLICY_WEAK		4
 
@@ -132,30 +134,31 @@ static u64 gs_advance(struct gs_sched *s, u64 now)
  * time it used, so used_ns stays.  A @free charge takes none, and
  * best-effort entities have no tokens to take.
  */
-static void gs_forfeit(const struct gs_sched *s, struct gs_sched_ent *e,
-		       u64 ns, bool free)
+static u64 gs_forfeit(const struct gs_sched *s, struct gs_sched_ent *e,
+		      u64 ns, bool free)
 {
-	s64 floor = gs_floor(s);
+	s64 floor = gs_floor(s), before = e->tokens;
 
 	if (free || !e->rate || !ns)
-		return;
+		return 0;
 	if (e->tokens <= floor || ns >= (u64)(e->tokens - floor))
 		e->tokens = floor;
 	else
 		e->tokens -= (s64)ns;
+	return before > e->tokens ? (u64)(before - e->tokens) : 0;
 }
 
 /*
  * Charge @e @ns of GPU time.  A @free charge (a slice nobody eligible
  * wanted: work conservation, or a high-priority entity alone) counts as
  * used but takes no tokens, so that it costs no share once others want
- * theirs.
+ * theirs.  Returns the tokens it took.
  */
-static void gs_charge(const struct gs_sched *s, struct gs_sched_ent *e,
-		      u64 ns, bool free)
+static u64 gs_charge(const struct gs_sched *s, struct gs_sched_ent *e,
+		     u64 ns, bool free)
 {
 	e->used_ns = gs_add(e->used_ns, ns);
-	gs_forfeit(s, e, ns, free);
+	return gs_forfeit(s, e, ns, free);
 }
 
 /*
@@ -196,7 +199,9 @@ static void gs_charge_hold(struct gs_sched *s, u64 start, u64 stop)
 /*
  * Late work ran on the GPU from @from to @to (as far as the GPU is
  * serial), and was charged to its entity: whoever held the GPU meanwhile
- * could not use it, so it gets that time back.
+ * could not use it, so it gets that time back.  The caller bounds @to by
+ * the module's clock and the window by the tokens the charge took, so a
+ * refund is a transfer, never new tokens.
  */
 static void gs_refund(struct gs_sched *s, u64 from, u64 to)
 {
@@ -329,9 +334,10 @@ static bool gs_expire(struct gs_sched *s, u64 now)
 
 	if (!s->holder)
 		return false;
-	end = gs_add(s->hold_until, gs_grace(s));
+	end = s->hold_grace;
 	if (now < end)
 		return false;
+	s->forced_ends++;
 	f = &s->forced[s->forced_next++ % GS_SCHED_FORCED];
 	f->slice = s->slice;
 	f->end = end;
@@ -474,6 +480,7 @@ static void gs_grant_slice(struct gs_sched *s, struct gs_sched_ent *e,
 	}
 	s->hold_start = now;
 	s->hold_until = gs_add(now, s->slice_ns);
+	s->hold_grace = gs_add(s->hold_until, gs_grace(s));
 	s->hold_free = free;
 	s->offer = NULL;
 	e->last_grant = now;
@@ -486,6 +493,7 @@ void gs_sched_init(struct gs_sched *s, u64 now)
 		.prio_ratio = GPUSHARE_PRIO_RATIO_DEFAULT,
 		.max_inst = GPUSHARE_MAX_INST_DEFAULT,
 		.slice_ns = GS_SCHED_SLICE_NS,
+		.drain_ns = GS_SCHED_DRAIN_NS,
 		.now = now,
 	};
 }
@@ -604,6 +612,18 @@ void gs_sched_set_slice(struct gs_sched *s, u64 slice_ns, u64 now)
 	}
 }
 
+void gs_sched_set_drain(struct gs_sched *s, u64 drain_ns, u64 now)
+{
+	gs_advance(s, now);
+	if (!drain_ns)
+		drain_ns = GS_SCHED_DRAIN_NS;
+	if (drain_ns < GS_DRAIN_MIN_NS)
+		drain_ns = GS_DRAIN_MIN_NS;
+	if (drain_ns > GS_DRAIN_MAX_NS)
+		drain_ns = GS_DRAIN_MAX_NS;
+	s->drain_ns = drain_ns;
+}
+
 void gs_sched_set_weight(struct gs_sched *s, struct gs_sched_ent *e,
 			 u32 weight, u64 now)
 {
@@ -682,14 +702,13 @@ enum gs_sched_answer gs_sched_acquire(struct gs_sched *s,
 		}
 		/* e keeps the GPU until its clients release or the grace ends. */
 		gs_wait(c);
-		*until = gs_add(s->hold_until, gs_grace(s));
+		*until = s->hold_grace;
 		return GS_SCHED_WAIT;
 	}
 
 	gs_wait(c);
 	if (s->holder) {
-		*until = now < s->hold_until ? s->hold_until :
-			 gs_add(s->hold_until, gs_grace(s));
+		*until = now < s->hold_until ? s->hold_until : s->hold_grace;
 		return GS_SCHED_WAIT;
 	}
 
@@ -731,13 +750,65 @@ enum gs_sched_answer gs_sched_acquire(struct gs_sched *s,
 	}
 }
 
+/* Is @c in the slice in progress (its entity holds the GPU)? */
+static inline bool gs_holding(const struct gs_sched *s,
+			      const struct gs_sched_client *c)
+{
+	return c->ent && s->holder == c->ent && c->slice == s->slice;
+}
+
+enum gs_sched_answer gs_sched_renew(struct gs_sched *s,
+				    struct gs_sched_client *c,
+				    u64 now, u64 *until)
+{
+	struct gs_sched_ent *e = c->ent;
+	bool free;
+
+	now = gs_advance(s, now);
+	gs_expire(s, now);
+	if (gs_native(s) || !e || !gs_holding(s, c) || now >= s->hold_until) {
+		*until = s->holder ? s->hold_grace : now;
+		return GS_SCHED_WAIT;
+	}
+	/* As at the slice's end: charged so far, then whose turn it is. */
+	gs_charge_hold(s, s->hold_start, now);
+	s->hold_start = now;
+	if (gs_pick(s, e, &free) != e) {
+		*until = s->hold_grace;
+		return GS_SCHED_WAIT;
+	}
+	gs_grant_slice(s, e, free, now);
+	gs_join(s, c, now);
+	*until = s->hold_until;
+	return GS_SCHED_GRANT;
+}
+
+bool gs_sched_extend(struct gs_sched *s, struct gs_sched_client *c, u64 now,
+		     u64 *until)
+{
+	u64 end, bound;
+
+	now = gs_advance(s, now);
+	gs_expire(s, now);
+	if (gs_native(s) || !gs_holding(s, c))
+		return false;
+	end = gs_add(now, gs_grace(s));
+	bound = gs_add(s->hold_until, s->drain_ns);
+	if (end > bound)
+		end = bound;
+	if (end > s->hold_grace)
+		s->hold_grace = end;
+	*until = s->hold_grace;
+	return true;
+}
+
 bool gs_sched_release(struct gs_sched *s, struct gs_sched_client *c,
 		      u64 used_ns, u64 now)
 {
 	struct gs_sched_ent *e = c->ent;
 	struct gs_sched_forced *f = NULL;
 	bool changed, waited = c->waiting;
-	u64 extra, from;
+	u64 extra, from, to, taken;
 
 	if (!e)
 		return false;
@@ -775,11 +846,19 @@ bool gs_sched_release(struct gs_sched *s, struct gs_sched_client *c,
 	 */
 	extra = gs_sub0(used_ns, c->covered);
 	if (extra) {
-		gs_charge(s, e, extra, false);
+		taken = gs_charge(s, e, extra, false);
 		if (f) {
+			/*
+			 * The refund window starts where the slice's late work
+			 * reported so far ends, and is no longer than the
+			 * tokens this charge took, nor past now.
+			 */
 			from = f->cursor > f->end ? f->cursor : f->end;
 			f->cursor = gs_add(from, extra);
-			gs_refund(s, from, f->cursor);
+			to = gs_add(from, taken);
+			if (to > now)
+				to = now;
+			gs_refund(s, from, to);
 		}
 	}
 	c->slice = 0;
@@ -799,7 +878,7 @@ u64 gs_sched_used(const struct gs_sched *s, const struct gs_sched_ent *e,
 	 * next call, gs_expire()) and charged no further: a reader before
 	 * that call never sees more than will be charged.
 	 */
-	end = gs_add(s->hold_until, gs_grace(s));
+	end = s->hold_grace;
 	if (now > end)
 		now = end;
 	return gs_add(e->used_ns, gs_sub0(now, s->hold_start));

@@ -21,9 +21,16 @@
  * over, a client waits for its work to finish (so that the next holder
  * runs alone) and calls
  * gs_sched_release() with the GPU time its work took, measured on the
- * GPU.  A holder whose clients do not release within GS_SCHED_GRACE(s)
- * after the slice loses it anyway, so a stopped or dead process can
- * stall the others for at most one slice and a grace.
+ * GPU.  The drain is part of the hold: a holder's own work ends inside
+ * its own hold, so the next holder runs alone.  While it drains, a client
+ * sends heartbeats (gs_sched_extend()) that push the slice's forced end
+ * to a grace from now, never beyond drain_ns past the slice's end.  A
+ * holder whose clients neither release nor extend within GS_SCHED_GRACE(s)
+ * loses the GPU anyway, so a stopped or dead process can stall the others
+ * for at most one slice and a grace, and a live one for a slice and
+ * drain_ns, charged to it.  A client that sees its queued work would
+ * outlast the slice renews early (gs_sched_renew()): a new slice from now
+ * if it is still its entity's turn, else it stops submitting and drains.
  *
  * Accounting.  An entity is charged for the time it held the GPU (grant
  * to release: nobody else could use it meanwhile; a client cannot make
@@ -40,7 +47,10 @@
  * the serial GPU meanwhile.  A slice granted to an entity with no
  * tokens (work conservation, or a high-priority entity alone) is
  * counted in used_ns but takes no tokens.  A policy switch forgives
- * debts and cuts savings to a slice.
+ * debts and cuts savings to a slice.  A report can only add to its own
+ * entity's charge, and a refund to others is a transfer: it is bounded by
+ * the tokens the late report actually took and by the time the late work
+ * could have run (up to now), so no report creates tokens.
  *
  * Rates by policy (ppm of the GPU; "online" entities have a client):
  *   0 fair share    1/max_inst each, used or not
@@ -85,6 +95,8 @@ typedef __s64 s64;
 #define GS_SCHED_SLICE_NS	(10ull * 1000 * 1000)	/* default slice */
 /* How long past its slice a holder keeps the GPU waiting for a release. */
 #define GS_SCHED_GRACE(s)	((s)->slice_ns / 4)
+/* The default bound of a drain past the slice (gs_sched_set_drain()). */
+#define GS_SCHED_DRAIN_NS	((u64)GPUSHARE_DRAIN_US_DEFAULT * 1000)
 /* What a waiting entity may save, and (with a few slices) its deepest debt. */
 #define GS_SCHED_SAVE_NS	(1000ull * 1000 * 1000)
 
@@ -143,10 +155,13 @@ struct gs_sched {
 	u32 prio_ratio;		/* percent, 20..99 */
 	u32 max_inst;		/* 1..25, for policy 0 */
 	u64 slice_ns;
+	u64 drain_ns;		/* a holder's longest drain past its slice */
 	u64 now;		/* when the tokens were last brought up to date */
 	struct gs_sched_ent *holder;	/* NULL: the GPU is free */
 	u64 hold_start;		/* when holder got it */
 	u64 hold_until;		/* its slice ends */
+	u64 hold_grace;		/* it loses the GPU then at the latest */
+	u64 forced_ends;	/* slices ended by force, ever (a counter) */
 	u64 slice;		/* number of the current (or last) slice */
 	bool hold_free;		/* a free slice: charged without tokens */
 	struct gs_sched_ent *offer;	/* due for the free GPU, since: */
@@ -172,6 +187,8 @@ void gs_sched_set_policy(struct gs_sched *s, u32 policy, u64 now);
 void gs_sched_set_prio_ratio(struct gs_sched *s, u32 prio_ratio, u64 now);
 void gs_sched_set_max_inst(struct gs_sched *s, u32 max_inst, u64 now);
 void gs_sched_set_slice(struct gs_sched *s, u64 slice_ns, u64 now);
+/* 0: the default; bounded to GPUSHARE_DRAIN_US_MIN..MAX microseconds. */
+void gs_sched_set_drain(struct gs_sched *s, u64 drain_ns, u64 now);
 void gs_sched_set_weight(struct gs_sched *s, struct gs_sched_ent *e,
 			 u32 weight, u64 now);
 void gs_sched_set_highprio(struct gs_sched *s, struct gs_sched_ent *e,
@@ -204,6 +221,27 @@ enum gs_sched_answer gs_sched_acquire(struct gs_sched *s,
 				      u64 now, u64 *until);
 
 /*
+ * Early renewal: @c, in its entity's slice before the slice's end, sees
+ * its queued work would outlast it.  GS_SCHED_GRANT: the hold so far is
+ * charged and a new slice starts now, until *@until.  GS_SCHED_WAIT:
+ * somebody else is due (or @c is not in the slice in progress): stop
+ * submitting, drain, release; *@until is the slice's forced end.  Never
+ * makes @c a waiter.
+ */
+enum gs_sched_answer gs_sched_renew(struct gs_sched *s,
+				    struct gs_sched_client *c,
+				    u64 now, u64 *until);
+
+/*
+ * A heartbeat of @c while it drains its entity's slice: the forced end
+ * moves to a grace from now, never beyond drain_ns past the slice's end.
+ * True with the forced end in *@until; false when @c is not in the slice
+ * in progress (or it was ended already), with *@until unchanged.
+ */
+bool gs_sched_extend(struct gs_sched *s, struct gs_sched_client *c, u64 now,
+		     u64 *until);
+
+/*
  * @c's work has finished: it leaves its slice (the holder's slice ends
  * when its last client leaves) and stops waiting.  @used_ns is the GPU
  * time its work took since its last report, as it measured it (bounded
@@ -217,7 +255,7 @@ bool gs_sched_release(struct gs_sched *s, struct gs_sched_client *c,
 
 /*
  * An entity's total charged GPU time, ns, as of @now: its slice so far,
- * up to the slice's forced end at most.
+ * up to the slice's forced end (as extended so far) at most.
  */
 u64 gs_sched_used(const struct gs_sched *s, const struct gs_sched_ent *e,
 		  u64 now);

@@ -13,9 +13,12 @@
 
 /*
  * 1: GPUSHARE_IOC_QUERY.  2: GPUSHARE_IOC_MEM too (a version-1 module
- * answers it with ENOTTY).  3: GPUSHARE_IOC_SCHED too.
+ * answers it with ENOTTY).  3: GPUSHARE_IOC_SCHED too.  4: SCHED's EXTEND op,
+ * ACQUIRE's EARLY flag and the drain_ns and forced_ends outputs (a version-3
+ * module answers EXTEND and EARLY with EINVAL, and leaves the new outputs
+ * as the caller set them).
  */
-#define GPUSHARE_ABI_VERSION	3
+#define GPUSHARE_ABI_VERSION	4
 
 #define GPUSHARE_DEV_NAME	"gpushare"	/* the misc device's name */
 
@@ -35,6 +38,9 @@
 #define GPUSHARE_SLICE_US_MIN	1000	/* a GPU's scheduling slice, us */
 #define GPUSHARE_SLICE_US_MAX	1000000
 #define GPUSHARE_SLICE_US_DEFAULT 10000
+#define GPUSHARE_DRAIN_US_MIN	1000	/* a holder's longest drain past its slice */
+#define GPUSHARE_DRAIN_US_MAX	10000000
+#define GPUSHARE_DRAIN_US_DEFAULT 100000
 
 /*
  * The structures are extensible (the convention of clone3() and
@@ -157,6 +163,22 @@ struct gpushare_mem {
  * released (ask again at until, so that a switch away from 5 bites within
  * a slice).  INFO changes nothing.  Every op fills in the outputs.
  *
+ * ABI 4.  A holder's own work must end inside its own hold: past the
+ * slice's end the holder stops submitting and waits for its work (the
+ * drain), and its hold, charged by the module's clock, goes on until it
+ * releases.  While it drains it sends EXTEND every few milliseconds: each
+ * pushes the slice's forced end to a grace from now, never beyond
+ * drain_ns past the slice's end (EAGAIN: not in a slice, or nothing left
+ * to extend; until is the forced end).  A process that stops sending
+ * loses the GPU a grace after its last heartbeat.  ACQUIRE with
+ * GPUSHARE_SCHED_EARLY, by a process in its container's slice before the
+ * slice's end: the hold so far is charged and a new slice starts now if
+ * it is still the container's turn; else EAGAIN at once (never blocks):
+ * stop submitting, drain, RELEASE.  forced_ends counts the slices of the
+ * GPU that ended by force (a holder that neither released nor extended).
+ * used_ns reported after a slice ended by force is charged on top of the
+ * hold; it can only add to the reporter's own charge.
+ *
  * until is CLOCK_MONOTONIC as the caller sees it: in a time namespace
  * with a monotonic offset (a container's), the offset is added, so it
  * compares with the caller's clock_gettime(CLOCK_MONOTONIC).
@@ -169,8 +191,10 @@ struct gpushare_mem {
 #define GPUSHARE_SCHED_INFO	0	/* change nothing */
 #define GPUSHARE_SCHED_ACQUIRE	1	/* wait for (or renew) a slice */
 #define GPUSHARE_SCHED_RELEASE	2	/* work done: leave the slice */
+#define GPUSHARE_SCHED_EXTEND	3	/* draining: push the forced end (ABI 4) */
 
 #define GPUSHARE_SCHED_NOWAIT	0x1u	/* in flags: ACQUIRE does not block */
+#define GPUSHARE_SCHED_EARLY	0x2u	/* in flags: renew before the end (ABI 4) */
 #define GPUSHARE_SCHED_NATIVE	0x1u	/* out flags: policy 5, no schedule */
 
 struct gpushare_sched {
@@ -186,9 +210,12 @@ struct gpushare_sched {
 	__u32 weight;		/* out: the container's weight there */
 	__u32 highprio;		/* out */
 	__u32 out_flags;	/* out: GPUSHARE_SCHED_NATIVE */
+	__u64 drain_ns;		/* out (ABI 4): the GPU's longest drain */
+	__u64 forced_ends;	/* out (ABI 4): the GPU's slices ended by force */
 };
 
 #define GPUSHARE_SCHED_SIZE_VER0 64	/* sizeof first published */
+#define GPUSHARE_SCHED_SIZE_VER1 80	/* ABI 4: drain_ns, forced_ends */
 
 #define GPUSHARE_IOC_MAGIC	0xE7
 #define GPUSHARE_IOC_QUERY	_IO(GPUSHARE_IOC_MAGIC, 0x01)

@@ -18,11 +18,13 @@
  *   FAKEGS_CTL        a control file, the stand-in for the module's procfs
  *                     settings, lines of
  *                       policy GPU N | prio_ratio GPU N | slice_us GPU N |
- *                       max_inst GPU N | weight CONTAINER GPU N |
+ *                       drain_us GPU N | max_inst GPU N | weight CONTAINER GPU N |
  *                       highprio CONTAINER GPU 0|1
  *                     applied (once, by whichever process sees it first)
  *                     whenever its inode, size or mtime changes: replace it
  *                     with rename() to change settings live
+ *   FAKEGS_ABI        the ABI version it answers as (default the header's;
+ *                     3: a module of before EXTEND, EARLY and drain_ns)
  *
  * SCHED: a blocked ACQUIRE polls the core every POLL_NS (the module sleeps
  * on a wait queue; a poll is simpler here); the schedule's process-shared
@@ -193,12 +195,19 @@ static int mem(int file, struct gpushare_mem *m)
 	return 0;
 }
 
+static uint32_t abi_version(void)
+{
+	const char *v = getenv("FAKEGS_ABI");
+
+	return v && *v ? (uint32_t)strtoul(v, NULL, 10) : GPUSHARE_ABI_VERSION;
+}
+
 static int query(struct gpushare_query *q)
 {
 	if (q->size < GPUSHARE_QUERY_SIZE_VER0 || q->quota_size < GPUSHARE_QUOTA_SIZE_VER0 ||
 	    !q->abi_version || q->flags)
 		return errno = EINVAL, -1;
-	q->abi_version = GPUSHARE_ABI_VERSION;
+	q->abi_version = abi_version();
 	q->count = (uint32_t)nquotas;
 	q->cgroup_id = 1;
 	snprintf(q->id, sizeof(q->id), "%s", container);
@@ -355,6 +364,8 @@ static void ctl_apply(uint64_t now)
 				gs_sched_set_prio_ratio(s, v, now);
 			else if (!strcmp(what, "slice_us"))
 				gs_sched_set_slice(s, (uint64_t)v * 1000, now);
+			else if (!strcmp(what, "drain_us"))
+				gs_sched_set_drain(s, (uint64_t)v * 1000, now);
 			else if (!strcmp(what, "max_inst"))
 				gs_sched_set_max_inst(s, v, now);
 		}
@@ -385,8 +396,12 @@ static int sched(int file, struct gpushare_sched *a)
 	int qi = quota_index(a->gpu), err = 0;
 	u64 now = now_ns(), until = 0;
 
-	if (a->size < GPUSHARE_SCHED_SIZE_VER0 || a->op > GPUSHARE_SCHED_RELEASE ||
-	    a->flags & ~GPUSHARE_SCHED_NOWAIT)
+	/* FAKEGS_ABI=3: a module of before EXTEND and EARLY. */
+	bool abi3 = abi_version() < 4;
+	uint32_t ops = abi3 ? GPUSHARE_SCHED_RELEASE : GPUSHARE_SCHED_EXTEND;
+	uint32_t flags = GPUSHARE_SCHED_NOWAIT | (abi3 ? 0 : GPUSHARE_SCHED_EARLY);
+
+	if (a->size < GPUSHARE_SCHED_SIZE_VER0 || a->op > ops || a->flags & ~flags)
 		return errno = EINVAL, -1;
 	for (uint32_t i = sizeof(*a); i < a->size; i++)
 		if (tail[i - sizeof(*a)])
@@ -405,7 +420,15 @@ static int sched(int file, struct gpushare_sched *a)
 		return errno = ENOENT, -1;
 	}
 	a->out_flags = 0;
-	if (a->op == GPUSHARE_SCHED_ACQUIRE) {
+	if (a->op == GPUSHARE_SCHED_ACQUIRE && (a->flags & GPUSHARE_SCHED_EARLY)) {
+		if (!c->ent || gs_sched_renew(s, c, now, &until) != GS_SCHED_GRANT)
+			err = EAGAIN;
+		if (!err && s->policy == 5)
+			a->out_flags = GPUSHARE_SCHED_NATIVE;
+	} else if (a->op == GPUSHARE_SCHED_EXTEND) {
+		if (!c->ent || !gs_sched_extend(s, c, now, &until))
+			err = EAGAIN;
+	} else if (a->op == GPUSHARE_SCHED_ACQUIRE) {
 		if (!c->ent)
 			gs_sched_attach(s, c, e, now);
 		while (gs_sched_acquire(s, c, now, &until) != GS_SCHED_GRANT) {
@@ -435,6 +458,10 @@ static int sched(int file, struct gpushare_sched *a)
 	a->policy = s->policy;
 	a->weight = e->weight;
 	a->highprio = e->highprio;
+	if (!abi3 && a->size >= GPUSHARE_SCHED_SIZE_VER1) {
+		a->drain_ns = s->drain_ns;
+		a->forced_ends = s->forced_ends;
+	}
 	sched_unlock();
 	return err ? (errno = err, -1) : 0;
 }
