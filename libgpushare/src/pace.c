@@ -1,0 +1,121 @@
+// SPDX-License-Identifier: Apache-2.0
+/* The gate's pacer (pace.h has the model). */
+#include "pace.h"
+
+#define BOOT_MAX 64		/* launches between probes, chat unknown, at most */
+
+/* Launches between probes: a quarter slice of estimated work. */
+static uint64_t spacing(const struct gs_pace *p, uint64_t chat)
+{
+	uint64_t n;
+
+	if (!chat)
+		return p->boot;
+	n = p->slice_ns / 4 / chat;
+	return n ? n : 1;
+}
+
+void gs_pace_init(struct gs_pace *p, uint64_t slice_ns, uint64_t now)
+{
+	*p = (struct gs_pace){ .slice_ns = slice_ns, .boot = 1 };
+	atomic_store(&p->vfin, now);
+	atomic_store(&p->next_probe, 1);
+}
+
+void gs_pace_set_slice(struct gs_pace *p, uint64_t slice_ns)
+{
+	p->slice_ns = slice_ns;
+}
+
+enum gs_pace_verdict gs_pace_launch(struct gs_pace *p, uint64_t now, uint64_t until)
+{
+	uint64_t chat = atomic_load_explicit(&p->chat, memory_order_relaxed);
+	uint64_t v = atomic_load_explicit(&p->vfin, memory_order_relaxed), base, n;
+
+	do {
+		base = v > now ? v : now;
+		/* Something queued, and this launch would end past the grant. */
+		if (v > now && chat && base + chat > until)
+			return GS_PACE_STOP;
+	} while (!atomic_compare_exchange_weak_explicit(&p->vfin, &v, base + chat,
+							memory_order_relaxed,
+							memory_order_relaxed));
+	n = atomic_fetch_add_explicit(&p->launches, 1, memory_order_relaxed) + 1;
+	if (n < atomic_load_explicit(&p->next_probe, memory_order_relaxed))
+		return GS_PACE_GO;
+	atomic_store_explicit(&p->next_probe, n + spacing(p, chat), memory_order_relaxed);
+	return GS_PACE_PROBE;
+}
+
+int gs_pace_probe_slot(struct gs_pace *p)
+{
+	unsigned int slot;
+	uint64_t n = atomic_load_explicit(&p->launches, memory_order_relaxed);
+
+	if (p->pending >= GS_PACE_PENDING)
+		return -1;
+	slot = (p->first + p->pending) % GS_PACE_SLOTS;
+	/* Recorded before the launch that asked for it: the ones before. */
+	p->probe[slot] = (struct gs_pace_probe){ .n = n ? n - 1 : 0,
+						 .backlogged = p->pending > 0 };
+	p->pending++;
+	return (int)slot;
+}
+
+int gs_pace_oldest(const struct gs_pace *p)
+{
+	return p->pending ? (int)p->first : -1;
+}
+
+static struct gs_pace_probe pop(struct gs_pace *p)
+{
+	struct gs_pace_probe pr = p->probe[p->first];
+
+	p->first = (p->first + 1) % GS_PACE_SLOTS;
+	p->pending--;
+	return pr;
+}
+
+void gs_pace_probe_done(struct gs_pace *p, uint64_t now, uint64_t elapsed_ns)
+{
+	struct gs_pace_probe pr;
+	uint64_t chat, since, v;
+
+	if (!p->pending)
+		return;
+	pr = pop(p);
+	chat = atomic_load_explicit(&p->chat, memory_order_relaxed);
+	/* The GPU was busy from the last probe to this one: a fair sample. */
+	if (p->have_last && pr.backlogged && elapsed_ns && pr.n > p->last_n) {
+		uint64_t sample = elapsed_ns / (pr.n - p->last_n);
+
+		sample = sample ? sample : 1;
+		chat = chat ? (chat + sample) / 2 : sample;
+		atomic_store_explicit(&p->chat, chat, memory_order_relaxed);
+	} else if (!chat && p->boot < BOOT_MAX) {
+		p->boot *= 2;	/* not busy yet: probe less often */
+	}
+	p->have_last = true;
+	p->last_n = pr.n;
+	/* What is queued now: the launches since the probe. */
+	since = atomic_load_explicit(&p->launches, memory_order_relaxed) - pr.n;
+	v = atomic_load_explicit(&p->vfin, memory_order_relaxed);
+	while (!atomic_compare_exchange_weak_explicit(&p->vfin, &v, now + since * chat,
+						      memory_order_relaxed,
+						      memory_order_relaxed))
+		;
+}
+
+void gs_pace_probe_lost(struct gs_pace *p)
+{
+	if (p->pending)
+		pop(p);
+	p->have_last = false;
+}
+
+void gs_pace_drained(struct gs_pace *p, uint64_t now)
+{
+	p->pending = 0;
+	p->have_last = false;
+	atomic_store_explicit(&p->vfin, now, memory_order_relaxed);
+}
