@@ -62,6 +62,12 @@ int gs_pace_probe_slot(struct gs_pace *p)
 	return (int)slot;
 }
 
+void gs_pace_probe_cancel(struct gs_pace *p)
+{
+	if (p->pending)
+		p->pending--;
+}
+
 int gs_pace_oldest(const struct gs_pace *p)
 {
 	return p->pending ? (int)p->first : -1;

@@ -75,6 +75,9 @@ enum gs_pace_verdict gs_pace_launch(struct gs_pace *p, uint64_t now, uint64_t un
  */
 int gs_pace_probe_slot(struct gs_pace *p);
 
+/* The probe just given a slot could not be recorded: forget it. */
+void gs_pace_probe_cancel(struct gs_pace *p);
+
 /* The oldest pending probe's slot, -1 if none. */
 int gs_pace_oldest(const struct gs_pace *p);
 

@@ -37,6 +37,7 @@
 #include "cuda_abi.h"
 #include "env.h"
 #include "feedback.h"
+#include "pace.h"
 #include "ledger.h"
 #include "sched_gate.h"
 
@@ -98,6 +99,16 @@ struct gate {
 	CUevent late_start[MAX_STREAMS], late_end[MAX_STREAMS];
 	_Atomic bool rel_skip;		/* the releaser cannot drain this slice */
 	uint64_t rel_retry;		/* the releaser's: mutex busy, try then */
+	/*
+	 * Pacing (ABI 4 module, or standalone; GPUSHARE_SCHED_PACE=0: off):
+	 * the queue is kept to the grant, the drain is part of the hold and
+	 * is kept alive by heartbeats, up to drain_ns.
+	 */
+	bool paced;
+	uint64_t drain_ns;
+	struct gs_pace pace;
+	CUevent probe[GS_PACE_SLOTS];	/* the pacer's probes, by its slots */
+	int probe_last;			/* the last completed probe's slot, -1: none */
 	/* standalone: this process's own schedule of the device */
 	struct gs_sched core;
 	struct gs_sched_ent ent;
@@ -111,6 +122,7 @@ static _Atomic uint64_t next_gen;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static _Atomic int mode;		/* enum mode */
 static bool debug;
+static bool pace_on;			/* GPUSHARE_SCHED_PACE is not 0 */
 static int ndevices;			/* 1: every launch is device 0's */
 static int nuuids, nlimits;
 static char uuids[GS_MAX_GPUS][GS_UUID_MAX];
@@ -228,6 +240,8 @@ static void choose(void)
 	enum mode m = MODE_OFF;
 
 	debug = getenv("GPUSHARE_DEBUG") != NULL;
+	const char *pace = getenv("GPUSHARE_SCHED_PACE");
+	pace_on = !pace || strcmp(pace, "0") != 0;
 	LOAD(ctx_get_current, "cuCtxGetCurrent");
 	LOAD(ctx_get_device, "cuCtxGetDevice");
 	LOAD(device_get_count, "cuDeviceGetCount");
@@ -348,6 +362,13 @@ static void make_events(struct gate *g)
 		if (drv.event_create(e, CU_EVENT_DEFAULT) != CUDA_SUCCESS)
 			break;
 	}
+	for (int i = 0; made == 2 * MAX_STREAMS && i < GS_PACE_SLOTS; i++)
+		if (drv.event_create(&g->probe[i], CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
+			for (int k = 0; k < i && drv.event_destroy; k++)
+				drv.event_destroy(g->probe[k]);
+			made = 0;	/* no probes: no events at all */
+			break;
+		}
 	if (made == 2 * MAX_STREAMS) {
 		g->have_events = true;
 		if (!drv.ctx_get_current || drv.ctx_get_current(&g->ctx) != CUDA_SUCCESS)
@@ -467,6 +488,8 @@ static bool nameable(const struct gate *g)
  * releaser leaves such slices to the slow path).  A stream captured since
  * it was tracked cannot be waited for; it is skipped.
  */
+static void heartbeat(struct gate *g);
+
 static bool drain(struct gate *g, uint64_t bound, bool keep, uint64_t *used_out)
 {
 	pthread_t self = pthread_self();
@@ -493,7 +516,7 @@ static bool drain(struct gate *g, uint64_t bound, bool keep, uint64_t *used_out)
 			whole = true;
 		}
 	}
-	uint64_t deadline = mono_ns() + bound;
+	uint64_t deadline = mono_ns() + bound, beat = 0;
 	while (pending) {
 		for (int i = 0; i < g->nstreams; i++) {
 			if (!ended[i])
@@ -513,6 +536,11 @@ static bool drain(struct gate *g, uint64_t bound, bool keep, uint64_t *used_out)
 		if (!pending)
 			break;
 		uint64_t now = mono_ns();
+		/* Paced: the drain is part of the hold, kept alive while it runs. */
+		if (g->paced && now >= beat) {
+			heartbeat(g);
+			beat = now + g->slice_ns / 8;
+		}
 		if (now >= deadline) {
 			if (!keep)
 				return false;
@@ -639,13 +667,15 @@ static int sched_op(int dev, uint32_t op, uint32_t flags, uint64_t used,
 	return gs_ledger_sched(dev, q);
 }
 
-static bool module_renew(struct gate *g, int dev)
+static bool module_renew(struct gate *g, int dev, bool early)
 {
+	uint32_t flags = GPUSHARE_SCHED_NOWAIT | (early ? GPUSHARE_SCHED_EARLY : 0);
 	struct gpushare_sched q;
 
-	if (sched_op(dev, GPUSHARE_SCHED_ACQUIRE, GPUSHARE_SCHED_NOWAIT, 0, &q))
+	if (sched_op(dev, GPUSHARE_SCHED_ACQUIRE, flags, 0, &q))
 		return false;
 	g->slice_ns = q.slice_ns;
+	gs_pace_set_slice(&g->pace, q.slice_ns);
 	if (q.out_flags & GPUSHARE_SCHED_NATIVE) {
 		/* Switched to native: nothing to wait for, nothing to report. */
 		sched_op(dev, GPUSHARE_SCHED_RELEASE, 0, 0, &q);
@@ -673,6 +703,7 @@ static void module_acquire(struct gate *g, int dev)
 		return;
 	}
 	g->slice_ns = q.slice_ns;
+	gs_pace_set_slice(&g->pace, q.slice_ns);
 	granted(g, q.until, !(q.out_flags & GPUSHARE_SCHED_NATIVE));
 }
 
@@ -700,6 +731,24 @@ static void standalone_acquire(struct gate *g)
 	}
 }
 
+/*
+ * Paced standalone: renew without draining, as the module does (@early:
+ * before the grant's end).  Refused, the process drains and releases.
+ */
+static bool standalone_renew(struct gate *g, bool early)
+{
+	u64 now = mono_ns(), until;
+	enum gs_sched_answer a = early ?
+		gs_sched_renew(&g->core, &g->client, now, &until) :
+		gs_sched_acquire(&g->core, &g->client, now, &until);
+
+	if (a != GS_SCHED_GRANT)
+		return false;
+	atomic_store(&g->until, until);
+	rel_kick();
+	return true;
+}
+
 /* GPUSHARE_CORE_LIMIT for @dev: by its UUID's place, or by ordinal. */
 static uint32_t standalone_limit(int dev)
 {
@@ -716,6 +765,18 @@ static uint32_t standalone_limit(int dev)
 	return 0;
 }
 
+/* Pacing, when asked for and the scheduler has a drain bound (ABI 4). */
+static void pace_setup(struct gate *g, uint64_t drain_ns)
+{
+	g->paced = pace_on && drain_ns > 0;
+	g->drain_ns = drain_ns;
+	g->probe_last = -1;
+	gs_pace_init(&g->pace, g->slice_ns, mono_ns());
+	if (debug)
+		fprintf(stderr, "gpushare: pid %d: CUDA device %d %s\n", (int)getpid(),
+			(int)(g - gates), g->paced ? "paced" : "not paced (old module or GPUSHARE_SCHED_PACE=0)");
+}
+
 /* The first slow path on @dev: how it is gated. */
 static void setup(struct gate *g, int dev)
 {
@@ -725,6 +786,8 @@ static void setup(struct gate *g, int dev)
 		if (sched_op(dev, GPUSHARE_SCHED_INFO, 0, 0, &q) == 0) {
 			g->how = HOW_MODULE;
 			g->slice_ns = q.slice_ns;
+			/* ABI 4 answers drain_ns; an older module leaves it 0. */
+			pace_setup(g, q.drain_ns);
 			return;
 		}
 		int err = errno;
@@ -754,6 +817,7 @@ static void setup(struct gate *g, int dev)
 	gs_sched_attach(&g->core, &g->client, &g->ent, now);
 	gs_feedback_init(&g->fb, dev, limit, now);
 	g->slice_ns = g->core.slice_ns;
+	pace_setup(g, g->core.drain_ns);
 	g->how = HOW_STANDALONE;
 }
 
@@ -779,6 +843,7 @@ static void reconnect(struct gate *g, int dev)
 			"the container is registered\n", dev);
 		g->how = HOW_MODULE;
 		g->slice_ns = q.slice_ns;
+		pace_setup(g, q.drain_ns);
 		g->in_slice = false;
 		atomic_store(&g->until, 0);
 	} else if (not_ours(errno)) {
@@ -786,6 +851,63 @@ static void reconnect(struct gate *g, int dev)
 	} else {
 		atomic_store(&g->until, now + 1000000000ull);
 	}
+}
+
+/* ---- pacing: heartbeats and probes (pace.h) ---- */
+
+/* Draining, paced: the forced end moves to a grace from now (bounded). */
+static void heartbeat(struct gate *g)
+{
+	if (g->how == HOW_MODULE) {
+		struct gpushare_sched q;
+		sched_op((int)(g - gates), GPUSHARE_SCHED_EXTEND, 0, 0, &q);
+	} else if (g->how == HOW_STANDALONE) {
+		u64 until;
+		gs_sched_extend(&g->core, &g->client, mono_ns(), &until);
+	}
+}
+
+/* The pacer learns from the probes completed since it last looked. */
+static void probes_poll(struct gate *g)
+{
+	int i;
+
+	while ((i = gs_pace_oldest(&g->pace)) >= 0) {
+		CUresult r = drv.event_query(g->probe[i]);
+		if (r == CUDA_ERROR_NOT_READY)
+			return;
+		if (r != CUDA_SUCCESS) {
+			gs_pace_probe_lost(&g->pace);
+			g->probe_last = -1;
+			continue;
+		}
+		uint64_t el = g->probe_last >= 0 ? span_ns(g->probe[g->probe_last], g->probe[i]) : 0;
+		gs_pace_probe_done(&g->pace, mono_ns(), el);
+		g->probe_last = i;
+	}
+}
+
+/*
+ * A probe before this launch on @s.  With GS_PACE_PENDING pending, wait for
+ * the oldest first (never past the grant's end): the run-ahead is capped
+ * by the GPU's real progress.
+ */
+static void probe_record(struct gate *g, CUstream s)
+{
+	int slot;
+
+	if (!g->have_events || !drv.event_query || capturing(s))
+		return;
+	probes_poll(g);
+	while ((slot = gs_pace_probe_slot(&g->pace)) < 0) {
+		uint64_t now = mono_ns(), until = atomic_load(&g->until);
+		if (now >= until)
+			return;
+		sleep_until(now + (until - now < 100000 ? until - now : 100000));
+		probes_poll(g);
+	}
+	if (drv.event_record(g->probe[slot], drv_stream(s)) != CUDA_SUCCESS)
+		gs_pace_probe_cancel(&g->pace);
 }
 
 /* The slice's work is done (@used ns of GPU time): give the GPU back. */
@@ -798,6 +920,18 @@ static void give_back(struct gate *g, int dev, uint64_t used)
 		gs_sched_release(&g->core, &g->client, used, mono_ns());
 	}
 	g->in_slice = false;
+	if (g->paced) {
+		if (g->have_events)
+			probes_poll(g);
+		gs_pace_drained(&g->pace, mono_ns());
+		g->probe_last = -1;
+	}
+}
+
+/* A drain's bound: paced, drain_ns (kept alive by heartbeats); else a slice. */
+static uint64_t drain_bound(const struct gate *g)
+{
+	return g->paced ? g->drain_ns : g->slice_ns;
 }
 
 /*
@@ -811,22 +945,64 @@ static void give_back(struct gate *g, int dev, uint64_t used)
  * process is alone: it drains every slice, which costs the GPU one launch
  * latency per slice and keeps the queue from running ahead of the share.
  */
-static void exchange(struct gate *g, int dev)
+static void exchange(struct gate *g, int dev, bool early)
 {
 	bool module = g->how == HOW_MODULE;
 
 	if (g->in_slice) {
 		uint64_t until = atomic_load(&g->until);
-		if (module && mono_ns() < until + g->slice_ns / 4 && module_renew(g, dev))
+		bool on_time = early || mono_ns() < until + g->slice_ns / 4;
+		if (module && on_time && module_renew(g, dev, early))
+			return;
+		if (!module && g->paced && on_time && standalone_renew(g, early))
 			return;
 		uint64_t used = 0;
-		drain(g, g->slice_ns, true, &used);
+		drain(g, drain_bound(g), true, &used);
 		give_back(g, dev, used);
 	}
 	if (module)
 		module_acquire(g, dev);
 	else
 		standalone_acquire(g);
+}
+
+/*
+ * Paced, a launch under a grant (the mutex held): may it go now?  A launch
+ * whose queue would outlast the grant renews early; granted, it waits for
+ * the queue to fit the new grant; refused, the process drains, gives the
+ * GPU back and waits for its next turn (exchange()).  Every new grant goes
+ * back through the pacer.  False: the device is no longer gated.
+ */
+static bool paced_launch(struct gate *g, int dev, CUstream s)
+{
+	bool renewed = false;
+
+	for (;;) {
+		uint64_t now = mono_ns(), until = atomic_load(&g->until);
+		if (g->how != HOW_MODULE && g->how != HOW_STANDALONE)
+			return false;
+		if (now >= until) {
+			exchange(g, dev, false);
+			renewed = false;
+			continue;
+		}
+		enum gs_pace_verdict v = gs_pace_launch(&g->pace, now, until);
+		if (v == GS_PACE_STOP && g->have_events) {
+			probes_poll(g);		/* the GPU may be further on */
+			v = gs_pace_launch(&g->pace, now, until);
+		}
+		if (v == GS_PACE_PROBE)
+			probe_record(g, s);
+		if (v != GS_PACE_STOP)
+			return true;
+		if (renewed) {
+			/* Renewed, but the queue is still longer: let it run. */
+			sleep_until(now + (until - now < 100000 ? until - now : 100000));
+			continue;
+		}
+		exchange(g, dev, true);
+		renewed = true;
+	}
 }
 
 /*
@@ -847,7 +1023,7 @@ static void release_idle(struct gate *g, int dev)
 		return;
 	}
 	uint64_t used = 0;
-	if (!drain(g, g->slice_ns / 4, false, &used)) {
+	if (!drain(g, g->paced ? g->drain_ns : g->slice_ns / 4, g->paced, &used)) {
 		/* Still working, not idle: look again a slice later. */
 		g->rel_retry = mono_ns() + g->slice_ns;
 		return;
@@ -919,9 +1095,11 @@ static CUresult slow(struct gate *g, int dev, CUstream s)
 		/* Another thread may have exchanged while this one waited. */
 		if (g->how == HOW_ORPHAN && mono_ns() >= atomic_load(&g->until))
 			reconnect(g, dev);
-		if (g->how != HOW_ORPHAN && g->how != HOW_REFUSED &&
-		    mono_ns() >= atomic_load(&g->until))
-			exchange(g, dev);
+		bool gated = g->how == HOW_MODULE || g->how == HOW_STANDALONE;
+		if (gated && g->paced)
+			gated = paced_launch(g, dev, s);
+		else if (gated && mono_ns() >= atomic_load(&g->until))
+			exchange(g, dev, false);
 		if (g->how == HOW_REFUSED)
 			r = CUDA_ERROR_NOT_PERMITTED;
 		else if (g->how != HOW_PASS && g->how != HOW_ORPHAN)
@@ -952,7 +1130,20 @@ CUresult gs_sched_gate(int dev, CUstream s, bool per_thread)
 	uint64_t until = atomic_load_explicit(&g->until, memory_order_acquire);
 	if (until == NEVER)
 		return CUDA_SUCCESS;
-	if (mono_ns() < until) {
+	uint64_t now = mono_ns();
+	if (now < until) {
+		if (g->paced) {
+			enum gs_pace_verdict v = gs_pace_launch(&g->pace, now, until);
+			if (v == GS_PACE_STOP)
+				return slow(g, dev, s);
+			if (v == GS_PACE_PROBE) {
+				pthread_mutex_lock(&g->lock);
+				track_locked(g, s);
+				probe_record(g, s);
+				pthread_mutex_unlock(&g->lock);
+				return CUDA_SUCCESS;
+			}
+		}
 		if (last.stream == s &&
 		    last.gen == atomic_load_explicit(&g->gen, memory_order_relaxed))
 			return CUDA_SUCCESS;
