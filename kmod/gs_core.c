@@ -18,6 +18,8 @@ const char *const gs_gpu_files[GS_GPU_NFILES] = {
 	[GS_GPU_NR_INST] = "nr_inst",
 	[GS_GPU_ORPHANED_MEMSIZE] = "orphaned_memsize",
 	[GS_GPU_SLICE_US] = "slice_us",
+	[GS_GPU_DRAIN_US] = "drain_us",
+	[GS_GPU_FORCED_ENDS] = "forced_ends",
 };
 
 static bool gs_isdigit(char c)
@@ -98,6 +100,13 @@ int gs_check_slice_us(u64 val)
 {
 	return val >= GPUSHARE_SLICE_US_MIN &&
 	       val <= GPUSHARE_SLICE_US_MAX ? 0 : -EINVAL;
+}
+
+/* A holder's longest drain past its slice, microseconds. */
+int gs_check_drain_us(u64 val)
+{
+	return val >= GPUSHARE_DRAIN_US_MIN &&
+	       val <= GPUSHARE_DRAIN_US_MAX ? 0 : -EINVAL;
 }
 
 /* The next word separated by blanks (strsep() leaves empty ones); NULL at the end. */
@@ -440,6 +449,7 @@ const char *const gs_setting_names[GS_SET_N] = {
 	[GS_SET_POLICY] = "policy",
 	[GS_SET_PRIO_RATIO] = "prio_ratio",
 	[GS_SET_SLICE_US] = "slice_us",
+	[GS_SET_DRAIN_US] = "drain_us",
 };
 
 const char *const gs_upgrade_states[GS_UPGRADE_NSTATES] = {
@@ -482,6 +492,8 @@ int gs_check_setting(enum gs_setting setting, u64 val)
 		return gs_check_prio_ratio(val);
 	case GS_SET_SLICE_US:
 		return gs_check_slice_us(val);
+	case GS_SET_DRAIN_US:
+		return gs_check_drain_us(val);
 	default:
 		return -EINVAL;
 	}

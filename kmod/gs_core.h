@@ -85,6 +85,8 @@ enum gs_gpu_file {
 	GS_GPU_NR_INST,
 	GS_GPU_ORPHANED_MEMSIZE,
 	GS_GPU_SLICE_US,
+	GS_GPU_DRAIN_US,
+	GS_GPU_FORCED_ENDS,
 	GS_GPU_NFILES
 };
 
@@ -97,7 +99,7 @@ extern const char *const gs_gpu_files[GS_GPU_NFILES];
  *
  *   gpushare-upgrade <format> <version> <module-state>
  *   set default_memsize <bytes>
- *   set <gpu> max_inst|policy|prio_ratio|slice_us <value>
+ *   set <gpu> max_inst|policy|prio_ratio|slice_us|drain_us <value>
  *   gputime <id> <gpu> <ns>
  *   end
  *
@@ -117,6 +119,7 @@ enum gs_setting {
 	GS_SET_POLICY,
 	GS_SET_PRIO_RATIO,
 	GS_SET_SLICE_US,
+	GS_SET_DRAIN_US,
 	GS_SET_N
 };
 
@@ -162,6 +165,7 @@ int gs_check_highprio(u64 val);
 int gs_check_policy(u64 val);
 int gs_check_prio_ratio(u64 val);
 int gs_check_slice_us(u64 val);
+int gs_check_drain_us(u64 val);
 
 void gs_acct_init(struct gs_acct *a, u64 total_mem);
 u64 gs_acct_free_mem(const struct gs_acct *a);

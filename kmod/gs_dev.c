@@ -360,7 +360,11 @@ static long gs_mem(struct gs_fh *fh, struct gpushare_mem __user *um)
 	return ret;
 }
 
-/* The answer's fields every op fills in.  Under the GPU's sched_lock. */
+/*
+ * The answer's fields every op fills in.  Under the GPU's sched_lock.
+ * drain_ns and forced_ends (ABI 4) reach only a caller whose structure
+ * has them: the copy out is as long as the caller's size.
+ */
 static void gs_sched_fill(struct gs_gpu *gpu, struct gs_share *share,
 			  struct gpushare_sched *m, u64 now)
 {
@@ -372,14 +376,30 @@ static void gs_sched_fill(struct gs_gpu *gpu, struct gs_share *share,
 	m->weight = share->ent.weight;
 	m->highprio = share->ent.highprio;
 	m->out_flags = s->policy == GS_POLICY_NATIVE ? GPUSHARE_SCHED_NATIVE : 0;
+	m->drain_ns = s->drain_ns;
+	m->forced_ends = s->forced_ends;
+}
+
+/* May this op sleep when the core says "not yet"?  A plain ACQUIRE only. */
+static bool gs_sched_blocks(const struct gpushare_sched *m)
+{
+	return m->op == GPUSHARE_SCHED_ACQUIRE &&
+	       !(m->flags & (GPUSHARE_SCHED_NOWAIT | GPUSHARE_SCHED_EARLY));
 }
 
 /*
  * One step of @m->op for client @c of @share on @gpu, under its
- * sched_lock: 0, -EAGAIN (ACQUIRE: not yet, ask again at @m->until or
- * when woken) or -ENOENT (deleted: del detached every client already).
- * The client is attached on its first ACQUIRE, so that a file that only
- * asks INFO (or never schedules there) is not an online container.
+ * sched_lock: 0, -EAGAIN (not yet: a plain ACQUIRE asks again at
+ * @m->until or when woken; EARLY and EXTEND never wait) or -ENOENT
+ * (deleted: del detached every client already).  The client is attached
+ * on its first plain ACQUIRE, so that a file that only asks INFO, EARLY
+ * or EXTEND (or never schedules there) is not an online container.
+ *
+ * Waiters were told to ask again at the slice's end or its forced end:
+ * an EXTEND that moves the forced end wakes nobody (each waiter asks at
+ * the old one, is told the new one and sleeps again), and a renewal keeps
+ * the holder and the slice's number.  Any op may end a slice by force
+ * (gs_expire()), or hand the GPU on: then the waiters are woken.
  */
 static int gs_sched_step(struct gs_gpu *gpu, struct gs_share *share,
 			 struct gs_sched_client *c, struct gpushare_sched *m,
@@ -388,23 +408,26 @@ static int gs_sched_step(struct gs_gpu *gpu, struct gs_share *share,
 	struct gs_sched *s = &gpu->sched;
 	const struct gs_sched_ent *holder = s->holder, *offer = s->offer;
 	u64 slice = s->slice;
-	enum gs_sched_answer answer;
+	bool granted;
 
 	m->until = 0;
 	if (!share->ent.added)
 		return -ENOENT;
 	switch (m->op) {
 	case GPUSHARE_SCHED_ACQUIRE:
+		if (m->flags & GPUSHARE_SCHED_EARLY) {
+			granted = gs_sched_renew(s, c, now, &m->until) ==
+				  GS_SCHED_GRANT;
+			break;
+		}
 		if (!c->ent)
 			gs_sched_attach(s, c, &share->ent, now);
-		answer = gs_sched_acquire(s, c, now, &m->until);
-		/*
-		 * The GPU changed hands, or is offered to a waiter: the
-		 * waiters ask again (the new holder's other clients join).
-		 */
-		if (s->holder != holder || s->slice != slice || s->offer != offer)
-			gs_sched_kick(gpu);
-		return answer == GS_SCHED_GRANT ? 0 : -EAGAIN;
+		granted = gs_sched_acquire(s, c, now, &m->until) ==
+			  GS_SCHED_GRANT;
+		break;
+	case GPUSHARE_SCHED_EXTEND:
+		granted = gs_sched_extend(s, c, now, &m->until);
+		break;
 	case GPUSHARE_SCHED_RELEASE:
 		if (gs_sched_release(s, c, m->used_ns, now))
 			gs_sched_kick(gpu);
@@ -414,6 +437,13 @@ static int gs_sched_step(struct gs_gpu *gpu, struct gs_share *share,
 			m->until = s->hold_until;
 		return 0;
 	}
+	/*
+	 * The GPU changed hands, or is offered to a waiter: the waiters ask
+	 * again (the new holder's other clients join).
+	 */
+	if (s->holder != holder || s->slice != slice || s->offer != offer)
+		gs_sched_kick(gpu);
+	return granted ? 0 : -EAGAIN;
 }
 
 /*
@@ -440,7 +470,13 @@ static void gs_sched_interrupted(struct gs_gpu *gpu, struct gs_sched_client *c)
  * blocking ACQUIRE sleeps between tries until the GPU's sched_gen moves
  * (something changed) or the retry time the core gave comes, whichever
  * is first, with a high-resolution timeout: slices are milliseconds, and
- * a jiffy (4 ms at HZ=250) would be a large part of one.
+ * a jiffy (4 ms at HZ=250) would be a large part of one.  A retry time
+ * that a holder's EXTEND has moved since is no lost wake-up: that try is
+ * told the new forced end and sleeps again (no kick: a drain wakes each
+ * waiter at most once per heartbeat, and never past slice + drain_ns),
+ * and the release that ends the drain kicks.  sched_gen is read under
+ * sched_lock after the step, so a kick between the unlock and the sleep
+ * ends the sleep at once.
  */
 static int gs_sched_op(struct gs_fh *fh, struct gpushare_sched *m, bool *filled)
 {
@@ -471,7 +507,7 @@ static int gs_sched_op(struct gs_fh *fh, struct gpushare_sched *m, bool *filled)
 		gs_sched_fill(gpu, share, m, now);
 		gen = gpu->sched_gen;	/* after the step's own kick */
 		spin_unlock(&gpu->sched_lock);
-		if (ret != -EAGAIN || (m->flags & GPUSHARE_SCHED_NOWAIT))
+		if (ret != -EAGAIN || !gs_sched_blocks(m))
 			return ret;
 
 		wait = m->until > now ? m->until - now : 0;
@@ -521,7 +557,8 @@ static long gs_sched_ioctl(struct gs_fh *fh, struct gpushare_sched __user *um)
 	ret = gs_copy_in(&m, sizeof(m), um, GPUSHARE_SCHED_SIZE_VER0, &usize);
 	if (ret)
 		return ret;
-	if (m.op > GPUSHARE_SCHED_RELEASE || (m.flags & ~GPUSHARE_SCHED_NOWAIT))
+	if (m.op > GPUSHARE_SCHED_EXTEND ||
+	    (m.flags & ~(GPUSHARE_SCHED_NOWAIT | GPUSHARE_SCHED_EARLY)))
 		return -EINVAL;
 	/* A bigger struct's tail is zero already (copy_struct_from_user). */
 	out = min_t(size_t, usize, sizeof(m));
@@ -529,7 +566,8 @@ static long gs_sched_ioctl(struct gs_fh *fh, struct gpushare_sched __user *um)
 		return -EFAULT;
 
 	ret = gs_sched_op(fh, &m, &filled);
-	m.until = gs_mono_to_user(m.until);	/* the only absolute time */
+	/* The only absolute time, also EXTEND's forced end. */
+	m.until = gs_mono_to_user(m.until);
 	if (filled && copy_to_user(um, &m, out))
 		return -EFAULT;
 	return ret;

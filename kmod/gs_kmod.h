@@ -43,7 +43,8 @@
  *   gs_sched_client of every open file for that GPU, and sched_gen.  It
  *   is the innermost lock: GPUSHARE_IOC_SCHED takes it alone; the
  *   procfs stores take it inside gs_mem_lock (policy, prio_ratio,
- *   max_inst, slice_us, weight, highprio: live settings), add inside
+ *   max_inst, slice_us, drain_us, weight, highprio: live settings) and
+ *   the readers of its state (gputime, forced_ends) alone, add inside
  *   gs_lock, and del and the release of a file inside gs_mem_lock, so
  *   that both walk ctr->files (under gs_mem_lock) and detach each file's
  *   client (under sched_lock) without racing each other.  Order:
@@ -99,6 +100,7 @@ struct gs_gpu {
 	u32 policy;
 	u32 prio_ratio;
 	u32 slice_us;
+	u32 drain_us;
 	spinlock_t sched_lock;		/* the compute scheduler, see above */
 	struct gs_sched sched;		/* under sched_lock */
 	unsigned int sched_gen;		/* bumped on every wake, sched_lock */

@@ -184,11 +184,13 @@ static void gs_sched_init_gpu(struct gs_gpu *gpu)
 	gpu->policy = GPUSHARE_POLICY_DEFAULT;
 	gpu->prio_ratio = GPUSHARE_PRIO_RATIO_DEFAULT;
 	gpu->slice_us = GPUSHARE_SLICE_US_DEFAULT;
+	gpu->drain_us = GPUSHARE_DRAIN_US_DEFAULT;
 	gs_sched_init(&gpu->sched, now);
 	gs_sched_set_policy(&gpu->sched, gpu->policy, now);
 	gs_sched_set_prio_ratio(&gpu->sched, gpu->prio_ratio, now);
 	gs_sched_set_max_inst(&gpu->sched, gpu->acct.max_inst, now);
 	gs_sched_set_slice(&gpu->sched, gpu->slice_us * NSEC_PER_USEC, now);
+	gs_sched_set_drain(&gpu->sched, (u64)gpu->drain_us * NSEC_PER_USEC, now);
 }
 
 /*
@@ -522,6 +524,7 @@ static void gs_dump_settings(struct seq_file *m, const struct gs_gpu *gpu)
 		[GS_SET_POLICY] = gpu->policy,
 		[GS_SET_PRIO_RATIO] = gpu->prio_ratio,
 		[GS_SET_SLICE_US] = gpu->slice_us,
+		[GS_SET_DRAIN_US] = gpu->drain_us,
 	};
 	u32 i;
 
@@ -550,7 +553,8 @@ static void gs_dump_gputime(struct seq_file *m, struct gs_ctr *ctr)
 /*
  * The registry (GPUs, containers, bindings) as inst_ctl commands; with
  * @state, the settings (default_memsize, max_inst, policy, prio_ratio,
- * slice_us) and the containers' GPU time too, as the upgrade file's lines.
+ * slice_us, drain_us) and the containers' GPU time too, as the upgrade
+ * file's lines.
  */
 static void gs_dump_lines(struct seq_file *m, bool state)
 {
@@ -599,8 +603,8 @@ static void gs_dump_lines(struct seq_file *m, bool state)
 
 /*
  * The registry (GPUs, containers, bindings) as inst_ctl commands; the
- * settings (default_memsize, max_inst, policy, prio_ratio, slice_us) are
- * not in it.
+ * settings (default_memsize, max_inst, policy, prio_ratio, slice_us,
+ * drain_us) are not in it.
  */
 void gs_dump(struct seq_file *m)
 {

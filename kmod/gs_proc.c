@@ -4,7 +4,8 @@
  *
  *   version, default_memsize, inst_ctl
  *   <gpu>/free_weight, major, max_inst, policy, prio_ratio,
- *         total_memsize, free_memsize, nr_inst, orphaned_memsize, slice_us
+ *         total_memsize, free_memsize, nr_inst, orphaned_memsize, slice_us,
+ *         drain_us, forced_ends
  *   <gpu>/<container-id>/id, memsize, weight, highprio, meminfo, cgroup,
  *         memused, gputime
  *
@@ -197,6 +198,44 @@ static int slice_us_store(void *obj, u64 val)
 	return ret;
 }
 
+static int drain_us_show(struct seq_file *m, void *obj)
+{
+	seq_printf(m, "%u\n", ((struct gs_gpu *)obj)->drain_us);
+	return 0;
+}
+
+/*
+ * The slice in progress too: its next EXTEND is bounded by the new value
+ * (a forced end already pushed past it stays).
+ */
+static int drain_us_store(void *obj, u64 val)
+{
+	struct gs_gpu *gpu = obj;
+	int ret = gs_check_drain_us(val);
+	u64 now;
+
+	if (!ret) {
+		gpu->drain_us = val;
+		now = gs_sched_set(gpu);
+		gs_sched_set_drain(&gpu->sched, val * NSEC_PER_USEC, now);
+		gs_sched_set_done(gpu);
+	}
+	return ret;
+}
+
+/* Slices ended by force: their holder neither released nor extended. */
+static int forced_ends_show(struct seq_file *m, void *obj)
+{
+	struct gs_gpu *gpu = obj;
+	u64 n;
+
+	spin_lock(&gpu->sched_lock);
+	n = gpu->sched.forced_ends;
+	spin_unlock(&gpu->sched_lock);
+	seq_printf(m, "%llu\n", n);
+	return 0;
+}
+
 static int total_memsize_show(struct seq_file *m, void *obj)
 {
 	seq_printf(m, "%llu\n", ((struct gs_gpu *)obj)->acct.total_mem);
@@ -244,6 +283,8 @@ static const struct gs_attr gs_gpu_attrs[GS_GPU_NFILES] = {
 	[GS_GPU_NR_INST] = { nr_inst_show, NULL },
 	[GS_GPU_ORPHANED_MEMSIZE] = { orphaned_memsize_show, NULL },
 	[GS_GPU_SLICE_US] = { slice_us_show, slice_us_store },
+	[GS_GPU_DRAIN_US] = { drain_us_show, drain_us_store },
+	[GS_GPU_FORCED_ENDS] = { forced_ends_show, NULL },
 };
 
 /* ---- per container and GPU ---- */
@@ -499,6 +540,7 @@ int gs_proc_set(struct gs_gpu *gpu, enum gs_setting setting, u64 val)
 		[GS_SET_POLICY] = GS_GPU_POLICY,
 		[GS_SET_PRIO_RATIO] = GS_GPU_PRIO_RATIO,
 		[GS_SET_SLICE_US] = GS_GPU_SLICE_US,
+		[GS_SET_DRAIN_US] = GS_GPU_DRAIN_US,
 	};
 	int ret;
 

@@ -91,6 +91,8 @@ static void test_ids(void)
 	CHECK(!gs_valid_id("nr_inst"));
 	CHECK(!gs_valid_id("slice_us"));
 	CHECK(gs_valid_id("slice_us2") && gs_valid_id("gputime"));
+	CHECK(!gs_valid_id("drain_us") && !gs_valid_id("forced_ends"));
+	CHECK(gs_valid_id("drain_us2") && gs_valid_id("forced_end"));
 	for (i = 0; i < GS_GPU_NFILES; i++)
 		CHECK(gs_gpu_files[i] && !gs_valid_id(gs_gpu_files[i]));
 }
@@ -216,6 +218,15 @@ static void test_acct(void)
 	CHECK(gs_check_slice_us(GPUSHARE_SLICE_US_MAX + 1) == -EINVAL);
 	CHECK(gs_check_slice_us(U64_MAX) == -EINVAL);
 	CHECK(gs_check_slice_us(0) == -EINVAL);
+	CHECK(gs_check_drain_us(GPUSHARE_DRAIN_US_MIN - 1) == -EINVAL);
+	CHECK(gs_check_drain_us(GPUSHARE_DRAIN_US_MIN) == 0);
+	CHECK(gs_check_drain_us(GPUSHARE_DRAIN_US_DEFAULT) == 0);
+	CHECK(gs_check_drain_us(GPUSHARE_DRAIN_US_MAX) == 0);
+	CHECK(gs_check_drain_us(GPUSHARE_DRAIN_US_MAX + 1) == -EINVAL);
+	CHECK(gs_check_drain_us(U64_MAX) == -EINVAL);
+	CHECK(gs_check_drain_us(0) == -EINVAL);
+	CHECK(gs_check_setting(GS_SET_DRAIN_US, GPUSHARE_DRAIN_US_MAX) == 0);
+	CHECK(gs_check_setting(GS_SET_DRAIN_US, 999) == -EINVAL);
 }
 
 /* acceptance cases 4, 5 and 7 (docs/acceptance-cases.md): all-or-nothing over several GPUs. */
@@ -640,7 +651,9 @@ static void test_state_lines(void)
 		"bind c1 /a", "bind c1 0", "bind c1", "add c1 0:5\n", "gpu 0 1\n",
 		"set 0 policy 1\n", "gputime c1 0 1\n", "nop", "gpushare-upgrade 1 0.1.0 exported",
 		"set 0 policy 18446744073709551616", "end ", " end", "end\n", "END",
-		"end 1", "ends",
+		"end 1", "ends", "set 0 drain_us 999", "set 0 drain_us 10000001",
+		"set 0 drain_us 0", "set 0 drain_us", "set drain_us 5000",
+		"set 0 drain_us 5000 1", "set 0 forced_ends 1", "set 0 drain_ms 5",
 	};
 	struct gs_state_line l;
 	size_t i;
@@ -652,6 +665,10 @@ static void test_state_lines(void)
 	CHECK(state_line("set\t15 max_inst 25", &l) == 0 && l.setting == GS_SET_MAX_INST);
 	CHECK(state_line("set 0 policy 5", &l) == 0 && l.setting == GS_SET_POLICY);
 	CHECK(state_line("set 0 prio_ratio 99", &l) == 0 && l.setting == GS_SET_PRIO_RATIO);
+	CHECK(state_line("set 2 drain_us 1000", &l) == 0 && l.kind == GS_LINE_SET &&
+	      l.setting == GS_SET_DRAIN_US && l.cmd.gpu == 2 && l.value == 1000);
+	CHECK(state_line("set 0 drain_us\t10000000", &l) == 0 &&
+	      l.setting == GS_SET_DRAIN_US && l.value == GPUSHARE_DRAIN_US_MAX);
 	CHECK(state_line("gputime c-1 2 18446744073709551615", &l) == 0 &&
 	      l.kind == GS_LINE_GPUTIME && !strcmp(l.cmd.id, "c-1") && l.cmd.gpu == 2 &&
 	      l.value == U64_MAX);
@@ -708,9 +725,10 @@ static void test_state_check(void)
 	/* What gs_dump_state() writes after its header. */
 	CHECK_STATE(0, 0, "set default_memsize 0", "gpu 0 100", "set 0 max_inst 2",
 		    "set 0 policy 3", "set 0 prio_ratio 50", "set 0 slice_us 2000",
-		    "gpu 1 100", "add a 0:60:50:0,1:10:0:1", "add b 0:40:50:1",
-		    "bind a 7", "bind b 8", "gputime a 0 5", "gputime a 1 6",
-		    "gputime b 0 0", "end");
+		    "set 0 drain_us 100000", "gpu 1 100",
+		    "add a 0:60:50:0,1:10:0:1", "add b 0:40:50:1", "bind a 7",
+		    "bind b 8", "gputime a 0 5", "gputime a 1 6", "gputime b 0 0",
+		    "end");
 	CHECK_STATE(0, 0, "gpu 0 100", "end");
 	CHECK_STATE(0, 0, "end");
 	CHECK_STATE(0, 0, "set default_memsize 5", "gpu 0 100", "add a 0:0", "end");
@@ -724,6 +742,9 @@ static void test_state_check(void)
 	CHECK_STATE(-ENXIO, 0, "add a 0:1");
 	CHECK_STATE(-ENXIO, 1, "gpu 0 100", "add a 0:1,1:1");
 	CHECK_STATE(-ENXIO, 0, "set 0 policy 1", "gpu 0 100");
+	CHECK_STATE(-ENXIO, 1, "gpu 0 100", "set 1 drain_us 5000", "gpu 1 100");
+	/* A state of before drain_us (the default stays): taken whole. */
+	CHECK_STATE(0, 0, "gpu 0 100", "set 0 slice_us 2000", "end");
 	CHECK_STATE(-EINVAL, 1, "gpu 0 100", "gpu 0 200");
 	CHECK_STATE(-EEXIST, 2, "gpu 0 100", "add a 0:1", "add a 0:1");
 	CHECK_STATE(-ENOSPC, 2, "gpu 0 100", "add a 0:60", "add b 0:41");
