@@ -69,7 +69,8 @@ def _compute(share: dict[str, Any]) -> str | None:
 
 
 def _scheduler(gpu: dict[str, Any]) -> str:
-    """'; policy 2 (weighted), slice 10 ms, prio_ratio 80%' when the module said."""
+    """'; policy 2 (weighted), slice 10 ms, drain 100 ms, prio_ratio 80%,
+    0 forced ends' when the module said."""
     policy = gpu.get("policy")
     if not isinstance(policy, int):
         return ""
@@ -79,8 +80,12 @@ def _scheduler(gpu: dict[str, Any]) -> str:
     text = f"; policy {policy} ({name})"
     if isinstance(gpu.get("slice_us"), int):
         text += f", slice {gpu['slice_us'] / 1000:g} ms"
+    if isinstance(gpu.get("drain_us"), int):
+        text += f", drain {gpu['drain_us'] / 1000:g} ms"
     if isinstance(gpu.get("prio_ratio"), int):
         text += f", prio_ratio {gpu['prio_ratio']}%"
+    if isinstance(gpu.get("forced_ends"), int):
+        text += f", {gpu['forced_ends']} forced end{'' if gpu['forced_ends'] == 1 else 's'}"
     return text
 
 

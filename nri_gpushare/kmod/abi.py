@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from nri_gpushare.kmod.client import GpuQuota
 
 VERSION = "0.1.0"
-# 2: GPUSHARE_IOC_MEM (a version-1 module answers it ENOTTY); 3: GPUSHARE_IOC_SCHED
-ABI_VERSION = 3
+# 2: GPUSHARE_IOC_MEM (a version-1 module answers it ENOTTY); 3: GPUSHARE_IOC_SCHED;
+# 4: SCHED's EXTEND op, EARLY flag and drain_ns/forced_ends (a version-3 module
+# answers EXTEND and EARLY with EINVAL and leaves those outputs as they were)
+ABI_VERSION = 4
 
 PROC_ROOT = "/proc/gpushare"
 DEV_NAME = "gpushare"
@@ -43,6 +45,9 @@ PRIO_RATIO_DEFAULT = 80
 SLICE_US_MIN = 1000  # a GPU's scheduling slice, microseconds
 SLICE_US_MAX = 1_000_000
 SLICE_US_DEFAULT = 10_000
+DRAIN_US_MIN = 1000  # a holder's longest drain past its slice, microseconds
+DRAIN_US_MAX = 10_000_000
+DRAIN_US_DEFAULT = 100_000
 
 # Container IDs the module accepts (it also refuses ".", ".." and GPU_FILES).
 ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -58,6 +63,8 @@ GPU_FILES = (
     "nr_inst",
     "orphaned_memsize",
     "slice_us",
+    "drain_us",
+    "forced_ends",
 )
 # Bytes still reserved by processes of deleted containers (in GPU_FILES).
 ORPHANED = "orphaned_memsize"
@@ -90,13 +97,18 @@ MEM_RELEASE = 2
 _UNSET = (1 << 64) - 1  # mem() presets the out fields to this
 
 # struct gpushare_sched: __u32 size, op, gpu, flags; __u64 used_ns, until,
-# slice_ns, gputime_ns; __u32 policy, weight, highprio, out_flags
-SCHED = struct.Struct("=IIIIQQQQIIII")
-SCHED_SIZE_VER0 = 64
+# slice_ns, gputime_ns; __u32 policy, weight, highprio, out_flags; (ABI 4)
+# __u64 drain_ns, forced_ends
+SCHED = struct.Struct("=IIIIQQQQIIIIQQ")
+SCHED_SIZE_VER0 = 64  # ABI 3's structure
+_SCHED_VER0 = struct.Struct(SCHED.format[:-2])
+SCHED_SIZE_VER1 = 80  # ABI 4: drain_ns, forced_ends
 SCHED_INFO = 0
 SCHED_ACQUIRE = 1
 SCHED_RELEASE = 2
+SCHED_EXTEND = 3  # ABI 4: draining, push the slice's forced end
 SCHED_NOWAIT = 0x1  # in flags: ACQUIRE answers EAGAIN instead of blocking
+SCHED_EARLY = 0x2  # in flags (ABI 4): ACQUIRE renews before the slice's end, never blocks
 SCHED_NATIVE = 0x1  # out flags: policy 5, nothing is scheduled
 
 IOC_MAGIC = 0xE7
@@ -246,7 +258,9 @@ class SchedState:
     """What GPUSHARE_IOC_SCHED answers about one GPU: until (CLOCK_MONOTONIC
     ns: the grant's end, or when to ask again), the GPU's slice and policy,
     the GPU time charged to the container there, its weight and priority,
-    and the out flags (SCHED_NATIVE)."""
+    and the out flags (SCHED_NATIVE); with ABI 4, the GPU's drain bound and
+    its count of slices ended by force (None: a 64-byte call, or a module
+    of ABI 3 that did not answer them)."""
 
     until: int
     slice_ns: int
@@ -255,6 +269,8 @@ class SchedState:
     weight: int
     highprio: int
     out_flags: int
+    drain_ns: int | None = None
+    forced_ends: int | None = None
 
 
 class SchedError(OSError):
@@ -274,24 +290,45 @@ def pack_sched(
     flags: int = 0,
 ) -> bytearray:
     """A struct gpushare_sched as user space passes it, `size` bytes long
-    (longer than SCHED.size: zero-filled)."""
+    (longer than SCHED.size: zero-filled; SCHED_SIZE_VER0: ABI 3's)."""
     buf = bytearray(max(size, SCHED.size))
-    SCHED.pack_into(buf, 0, size, op, gpu, flags, used_ns, 0, 0, 0, 0, 0, 0, 0)
+    SCHED.pack_into(buf, 0, size, op, gpu, flags, used_ns, 0, 0, 0, 0, 0, 0, 0, 0, 0)
     return buf[:size]
 
 
 def unpack_sched(buf: bytes) -> SchedState:
-    fields = SCHED.unpack_from(buf)
-    return SchedState(*fields[5:])
+    """A filled-in struct gpushare_sched: 80 bytes or more (ABI 4), or 64
+    (ABI 3: drain_ns and forced_ends None).  An ABI 4 output still at the
+    _UNSET that sched() preset it to was not answered: None."""
+    old = len(buf) < SCHED.size
+    fields = (_SCHED_VER0 if old else SCHED).unpack_from(buf)
+    until, slice_ns, gputime, policy, weight, highprio, out_flags = fields[5:12]
+    drain, forced = (None, None) if old else (v if v != _UNSET else None for v in fields[12:])
+    return SchedState(until, slice_ns, gputime, policy, weight, highprio, out_flags, drain, forced)
 
 
-def sched(fd: int, op: int, gpu: int, used_ns: int = 0, *, flags: int = 0) -> SchedState:
+def sched(
+    fd: int,
+    op: int,
+    gpu: int,
+    used_ns: int = 0,
+    *,
+    flags: int = 0,
+    size: int = SCHED.size,
+) -> SchedState:
     """One GPUSHARE_IOC_SCHED on an open /dev/gpushare descriptor:
     SCHED_INFO, SCHED_ACQUIRE (blocks until granted unless flags has
-    SCHED_NOWAIT) or SCHED_RELEASE with the GPU time (ns) the work took.
-    Raises SchedError (an OSError) with the module's errno."""
-    buf = pack_sched(op, gpu, used_ns, flags=flags)
-    SCHED.pack_into(buf, 0, SCHED.size, op, gpu, flags, used_ns, _UNSET, _UNSET, _UNSET, 0, 0, 0, 0)
+    SCHED_NOWAIT or SCHED_EARLY), SCHED_RELEASE with the GPU time (ns) the
+    work took, or SCHED_EXTEND (ABI 4).  `size` SCHED_SIZE_VER0 calls as an
+    ABI 3 caller does (64 bytes; drain_ns and forced_ends None).  Raises
+    SchedError (an OSError) with the module's errno."""
+    if size not in (SCHED_SIZE_VER0, SCHED.size):
+        raise ValueError(f"sched(): size {size} is neither {SCHED_SIZE_VER0} nor {SCHED.size}")
+    buf = bytearray(SCHED.size)
+    SCHED.pack_into(
+        buf, 0, size, op, gpu, flags, used_ns, _UNSET, _UNSET, _UNSET, 0, 0, 0, 0, _UNSET, _UNSET
+    )
+    buf = buf[:size]
     try:
         fcntl.ioctl(fd, IOC_SCHED, buf, True)
     except OSError as e:

@@ -373,6 +373,23 @@ class ProcfsKernelModule:
             return None
         return self._number(text, d / "slice_us", f"reading the slice of GPU {gpu}")
 
+    def drain_us(self, gpu: int) -> int | None:
+        """How long past its slice a holder's drain may go on (its heartbeats,
+        ABI 4), microseconds; None from a module without it (no such file)."""
+        return self._gpu_number(gpu, "drain_us", f"reading the drain bound of GPU {gpu}")
+
+    def forced_ends(self, gpu: int) -> int | None:
+        """Slices of a GPU ended by force since it was declared (a counter);
+        None from a module that does not count them (no such file)."""
+        return self._gpu_number(gpu, "forced_ends", f"reading GPU {gpu}'s forced ends")
+
+    def _gpu_number(self, gpu: int, name: str, what: str) -> int | None:
+        d = self.root / str(gpu)
+        absent = GpusNotDeclared(f"GPU {gpu} is not declared to gpushare.ko")
+        if (text := self._read_newer(d, name, absent)) is None:
+            return None
+        return self._number(text, d / name, what)
+
     def _read_newer(self, d: Path, name: str, absent: KmodError) -> str | None:
         """A file only newer modules have: None when `d` is there without it,
         `absent` when `d` is not (ModuleNotLoaded when the module is not)."""

@@ -31,7 +31,10 @@ the compute target next to what the container got over the last minute:
   just after it started), null when unknown and then ``compute_used_why``.
 
 Each GPU entry gives its scheduler's settings as the module shows them
-(``policy``, ``prio_ratio``, ``slice_us``; null when unknown).
+(``policy``, ``prio_ratio``, ``slice_us``, ``drain_us``; null when unknown)
+and ``forced_ends``, the module's count of the GPU's slices ended by force
+(a holder that neither released nor sent heartbeats in time; null when
+unknown).
 
 Each allocation's ``kubelet`` is, for a pod that asked with
 ``resources.limits``, the device IDs the kubelet gave it per resource, as
@@ -182,6 +185,8 @@ def status_document(
                 "policy": settings.policy,
                 "prio_ratio": settings.prio_ratio,
                 "slice_us": settings.slice_us,
+                "drain_us": settings.drain_us,
+                "forced_ends": settings.forced_ends,
             }
         )
     if kmod.get("mode") == "off":

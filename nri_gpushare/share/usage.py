@@ -55,6 +55,8 @@ class SchedState:
     prio_ratio: int | None = None
     max_inst: int | None = None
     slice_us: int | None = None
+    drain_us: int | None = None
+    forced_ends: int | None = None
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,8 @@ class Worker(Protocol):
 
 class ModuleGpuTime:
     """`GpuTimeSource` from gpushare.ko's procfs (the client's `gputime`,
-    `gpu_state` and `slice_us`), one batch per pass on a worker thread."""
+    `gpu_state`, `slice_us`, `drain_us` and `forced_ends`), one batch per
+    pass on a worker thread."""
 
     def __init__(self, client: object, worker: Worker) -> None:
         self.client = client
@@ -120,8 +123,11 @@ class ModuleGpuTime:
     def _sched(self, gpu: int) -> SchedState:
         try:
             state = self.client.gpu_state(gpu)  # type: ignore[attr-defined]
-            slice_us = getattr(self.client, "slice_us", lambda gpu: None)(gpu)
-            return SchedState(state.policy, state.prio_ratio, state.max_inst, slice_us)
+            newer = [
+                getattr(self.client, name, lambda gpu: None)(gpu)
+                for name in ("slice_us", "drain_us", "forced_ends")
+            ]
+            return SchedState(state.policy, state.prio_ratio, state.max_inst, *newer)
         except Exception:  # noqa: BLE001 - settings unknown; the GPU times still count
             return SchedState()
 

@@ -151,7 +151,7 @@ def module_left_empty() -> Iterator[None]:
 # What the daemon samples from the module every few seconds (the compute
 # windows and the GPUs' scheduler settings): two status reads at different
 # moments, or across a restart, may differ there and nowhere else.
-SAMPLED_GPU_KEYS = ("policy", "prio_ratio", "slice_us")
+SAMPLED_GPU_KEYS = ("policy", "prio_ratio", "slice_us", "drain_us", "forced_ends")
 
 
 def settled(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:

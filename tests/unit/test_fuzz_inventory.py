@@ -95,6 +95,8 @@ PARSERS: dict[str, tuple[str, ...]] = {
         "ProcfsKernelModule.meminfo",
         "ProcfsKernelModule.gputime",
         "ProcfsKernelModule.slice_us",
+        "ProcfsKernelModule.drain_us",
+        "ProcfsKernelModule.forced_ends",
         "ProcfsKernelModule.orphaned_memory",
         "ProcfsKernelModule.upgrading",
     ),

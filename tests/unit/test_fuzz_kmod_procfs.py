@@ -44,6 +44,8 @@ VALID = {
     "0/policy": "2\n",
     "0/prio_ratio": "80\n",
     "0/slice_us": "10000\n",
+    "0/drain_us": "100000\n",
+    "0/forced_ends": "0\n",
     "0/orphaned_memsize": "0\n",
     f"0/{CID}/memsize": "1073741824\n",
     f"0/{CID}/meminfo": "Free: 1073737728\nPID: 42 Mem: 4096\n",
@@ -94,6 +96,8 @@ def read_everything(kmod: ProcfsKernelModule) -> None:
         lambda: kmod.meminfo(0, CID),
         lambda: kmod.gputime(0, CID),
         lambda: kmod.slice_us(0),
+        lambda: kmod.drain_us(0),
+        lambda: kmod.forced_ends(0),
         lambda: kmod.orphaned_memory(0),
         kmod.upgrading,
     ):

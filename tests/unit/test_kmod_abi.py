@@ -41,8 +41,10 @@ int main(void)
 	INT(IOC_MAGIC); INT(IOC_QUERY); INT(QUERY_SIZE_VER0); INT(QUOTA_SIZE_VER0);
 	INT(IOC_MEM); INT(MEM_SIZE_VER0); INT(MEM_INFO); INT(MEM_RESERVE); INT(MEM_RELEASE);
 	INT(SLICE_US_MIN); INT(SLICE_US_MAX); INT(SLICE_US_DEFAULT);
-	INT(IOC_SCHED); INT(SCHED_SIZE_VER0); INT(SCHED_INFO); INT(SCHED_ACQUIRE);
-	INT(SCHED_RELEASE); INT(SCHED_NOWAIT); INT(SCHED_NATIVE);
+	INT(DRAIN_US_MIN); INT(DRAIN_US_MAX); INT(DRAIN_US_DEFAULT);
+	INT(IOC_SCHED); INT(SCHED_SIZE_VER0); INT(SCHED_SIZE_VER1); INT(SCHED_INFO);
+	INT(SCHED_ACQUIRE); INT(SCHED_RELEASE); INT(SCHED_EXTEND);
+	INT(SCHED_NOWAIT); INT(SCHED_EARLY); INT(SCHED_NATIVE);
 	printf("QUERY_SIZE %zu\n", sizeof(struct gpushare_query));
 	printf("QUOTA_SIZE %zu\n", sizeof(struct gpushare_quota));
 	printf("MEM_SIZE %zu\n", sizeof(struct gpushare_mem));
@@ -50,6 +52,7 @@ int main(void)
 	AT(sched, size); AT(sched, op); AT(sched, gpu); AT(sched, flags); AT(sched, used_ns);
 	AT(sched, until); AT(sched, slice_ns); AT(sched, gputime_ns); AT(sched, policy);
 	AT(sched, weight); AT(sched, highprio); AT(sched, out_flags);
+	AT(sched, drain_ns); AT(sched, forced_ends);
 	AT(mem, size); AT(mem, op); AT(mem, gpu); AT(mem, flags); AT(mem, bytes);
 	AT(mem, quota); AT(mem, used); AT(mem, mine);
 	AT(query, size); AT(query, abi_version); AT(query, flags); AT(query, quota_size);
@@ -106,12 +109,18 @@ def test_python_mirror_matches_header(tmp_path: Path) -> None:
         "SLICE_US_MIN": abi.SLICE_US_MIN,
         "SLICE_US_MAX": abi.SLICE_US_MAX,
         "SLICE_US_DEFAULT": abi.SLICE_US_DEFAULT,
+        "DRAIN_US_MIN": abi.DRAIN_US_MIN,
+        "DRAIN_US_MAX": abi.DRAIN_US_MAX,
+        "DRAIN_US_DEFAULT": abi.DRAIN_US_DEFAULT,
         "IOC_SCHED": abi.IOC_SCHED,
         "SCHED_SIZE_VER0": abi.SCHED_SIZE_VER0,
+        "SCHED_SIZE_VER1": abi.SCHED_SIZE_VER1,
         "SCHED_INFO": abi.SCHED_INFO,
         "SCHED_ACQUIRE": abi.SCHED_ACQUIRE,
         "SCHED_RELEASE": abi.SCHED_RELEASE,
+        "SCHED_EXTEND": abi.SCHED_EXTEND,
         "SCHED_NOWAIT": abi.SCHED_NOWAIT,
+        "SCHED_EARLY": abi.SCHED_EARLY,
         "SCHED_NATIVE": abi.SCHED_NATIVE,
         "SCHED_SIZE": abi.SCHED.size,
     }
@@ -146,6 +155,8 @@ def test_python_mirror_matches_header(tmp_path: Path) -> None:
         "weight",
         "highprio",
         "out_flags",
+        "drain_ns",
+        "forced_ends",
     ]
     assert [int(h[f"sched.{f}"]) for f in sched_fields] == offsets(abi.SCHED.format)
 
@@ -169,9 +180,11 @@ def test_ioctl_magic_is_free_and_requests_never_change_with_size() -> None:
     assert abi.IOC_QUERY >> 16 == 0  # no direction, no size bits
     assert abi.IOC_MEM >> 16 == 0
     assert abi.IOC_SCHED >> 16 == 0
-    assert abi.ABI_VERSION == 3  # the version that brought IOC_SCHED
+    assert abi.ABI_VERSION == 4  # the version that brought EXTEND, EARLY, drain_ns
     assert abi.MEM.size == abi.MEM_SIZE_VER0 == 48
-    assert abi.SCHED.size == abi.SCHED_SIZE_VER0 == 64
+    assert abi.SCHED.size == abi.SCHED_SIZE_VER1 == 80
+    # ABI 3's structure is ABI 4's first 64 bytes: fields were only added.
+    assert abi.SCHED_SIZE_VER0 == 64 == offsets(abi.SCHED.format)[-2]
 
 
 def test_uapi_header_has_no_paths_or_versions() -> None:
@@ -200,6 +213,7 @@ def test_gpu_file_names_match_the_module() -> None:
     assert not any(abi.valid_id(n) for n in abi.GPU_FILES)
     assert abi.ORPHANED in abi.GPU_FILES
     assert "slice_us" in abi.GPU_FILES and not abi.valid_id("slice_us")
+    assert {"drain_us", "forced_ends"} <= set(abi.GPU_FILES)
 
 
 def test_container_file_names_match_the_module() -> None:
@@ -255,7 +269,7 @@ def test_pack_and_unpack_sched() -> None:
     buf = abi.pack_sched(abi.SCHED_RELEASE, 2, 1234)
     assert len(buf) == abi.SCHED.size
     assert abi.SCHED.unpack_from(buf) == (
-        (abi.SCHED.size, abi.SCHED_RELEASE, 2, 0, 1234) + (0,) * 7
+        (abi.SCHED.size, abi.SCHED_RELEASE, 2, 0, 1234) + (0,) * 9
     )
     longer = abi.pack_sched(abi.SCHED_ACQUIRE, 0, size=abi.SCHED.size + 8, flags=abi.SCHED_NOWAIT)
     assert len(longer) == abi.SCHED.size + 8 and longer[abi.SCHED.size :] == bytes(8)
@@ -265,7 +279,9 @@ def test_pack_and_unpack_sched() -> None:
         0,
         abi.SCHED_NOWAIT,
     )
-    abi.SCHED.pack_into(buf, 0, 64, 1, 0, 0, 0, 99, 10_000_000, 5, 2, 30, 1, abi.SCHED_NATIVE)
+    abi.SCHED.pack_into(
+        buf, 0, 80, 1, 0, 0, 0, 99, 10_000_000, 5, 2, 30, 1, abi.SCHED_NATIVE, 10**8, 3
+    )
     assert abi.unpack_sched(bytes(buf)) == abi.SchedState(
         until=99,
         slice_ns=10_000_000,
@@ -274,7 +290,21 @@ def test_pack_and_unpack_sched() -> None:
         weight=30,
         highprio=1,
         out_flags=abi.SCHED_NATIVE,
+        drain_ns=10**8,
+        forced_ends=3,
     )
+    # An ABI 3 caller's 64 bytes: the same fields, no ABI 4 outputs.
+    old = abi.pack_sched(abi.SCHED_ACQUIRE, 1, size=abi.SCHED_SIZE_VER0)
+    assert len(old) == 64 and abi.SCHED.unpack_from(abi.pack_sched(abi.SCHED_ACQUIRE, 1))[0] == 80
+    assert old[:4] == struct.pack("=I", 64) and old[4:] == abi.pack_sched(1, 1)[4:64]
+    assert abi.unpack_sched(bytes(buf)[:64]) == abi.SchedState(
+        99, 10_000_000, 5, 2, 30, 1, abi.SCHED_NATIVE, None, None
+    )
+    # Outputs an ABI 3 module leaves as sched() preset them: not answered.
+    unset = (1 << 64) - 1
+    abi.SCHED.pack_into(buf, 0, 80, 1, 0, 0, 0, 99, 10_000_000, 5, 2, 30, 1, 0, unset, unset)
+    state = abi.unpack_sched(bytes(buf))
+    assert (state.drain_ns, state.forced_ends, state.gputime_ns) == (None, None, 5)
 
 
 def test_sched_on_something_else_raises_oserror(tmp_path: Path) -> None:
@@ -284,3 +314,9 @@ def test_sched_on_something_else_raises_oserror(tmp_path: Path) -> None:
             abi.sched(f.fileno(), abi.SCHED_INFO, 0)
     assert e.value.errno == errno.ENOTTY and e.value.state is None
     assert isinstance(e.value, OSError)
+    with open(tmp_path / "g", "wb") as f:
+        with pytest.raises(abi.SchedError) as e:
+            abi.sched(f.fileno(), abi.SCHED_INFO, 0, size=abi.SCHED_SIZE_VER0)
+    assert e.value.errno == errno.ENOTTY and e.value.state is None
+    with pytest.raises(ValueError):
+        abi.sched(0, abi.SCHED_INFO, 0, size=72)

@@ -30,6 +30,7 @@ LINES = (
     "set 0 policy 3",
     "set 0 prio_ratio 80",
     "set 0 slice_us 10000",
+    "set 0 drain_us 100000",
     "add a 0:10:30:0",
     "add b 0:20:0:1",
     "bind a 7",

@@ -145,6 +145,12 @@ class FakeProcfs:
     def slice_us(self, gpu: int) -> int:
         return 10_000
 
+    def drain_us(self, gpu: int) -> int:
+        return 100_000
+
+    def forced_ends(self, gpu: int) -> int:
+        return 2
+
 
 def ctr(cid: str, env: dict[str, str] | None = None, **keys: str) -> ContainerInfo:
     annotations = {P + k.replace("_", "-"): v for k, v in keys.items()}
@@ -210,6 +216,7 @@ async def test_status_shows_target_and_used_over_the_last_minute(setup: Setup) -
     assert share["compute_rule"] == "policy 3 (fixed share): 30% of the GPU, never more"
     gpu0 = svc.status()["gpus"][0]
     assert (gpu0["policy"], gpu0["prio_ratio"], gpu0["slice_us"]) == (3, 80, 10_000)
+    assert (gpu0["drain_us"], gpu0["forced_ends"]) == (100_000, 2)
     assert svc.status()["gpus"][1]["policy"] is None  # nothing registered there: not read
     # The existing keys are all still there.
     assert {"memory_used", "memory_used_why", "processes", "core", "nvml_limit"} <= set(share)
@@ -413,7 +420,10 @@ def tree(tmp_path: Path) -> ProcfsKernelModule:
     (tmp_path / "0" / "c1").mkdir(parents=True)
     (tmp_path / "0" / "c1" / "gputime").write_text("123456789\n")
     (tmp_path / "0" / "slice_us").write_text("10000\n")
-    (tmp_path / "1" / "c1").mkdir(parents=True)  # an older module: no gputime, no slice_us
+    (tmp_path / "0" / "drain_us").write_text("100000\n")
+    (tmp_path / "0" / "forced_ends").write_text("3\n")
+    # An older module: no gputime, no slice_us, no drain_us nor forced_ends.
+    (tmp_path / "1" / "c1").mkdir(parents=True)
     return ProcfsKernelModule(tmp_path)
 
 
@@ -422,10 +432,20 @@ def test_procfs_reads_gputime_and_slice(tmp_path: Path) -> None:
     assert kmod.gputime(0, "c1") == 123456789
     assert kmod.slice_us(0) == 10_000
     assert kmod.gputime(1, "c1") is None and kmod.slice_us(1) is None
+    assert (kmod.drain_us(0), kmod.forced_ends(0)) == (100_000, 3)
+    assert kmod.drain_us(1) is None and kmod.forced_ends(1) is None
     with pytest.raises(NotRegistered):
         kmod.gputime(0, "c2")
     with pytest.raises(GpusNotDeclared):
         kmod.slice_us(3)
+    with pytest.raises(GpusNotDeclared):
+        kmod.drain_us(3)
+    with pytest.raises(GpusNotDeclared):
+        kmod.forced_ends(3)
+    (tmp_path / "0" / "forced_ends").write_text("-1\n")
+    with pytest.raises(KmodError) as e:
+        kmod.forced_ends(0)
+    assert e.value.errno == errno.EPROTO
     with pytest.raises(KmodError) as e:
         kmod.gputime(0, "../x")
     assert e.value.errno == errno.EINVAL
@@ -446,6 +466,8 @@ def test_procfs_readers_without_the_module(tmp_path: Path) -> None:
         kmod.gputime(0, "c1")
     with pytest.raises(ModuleNotLoaded):
         kmod.slice_us(0)
+    with pytest.raises(ModuleNotLoaded):
+        kmod.drain_us(0)
 
 
 async def test_module_gputime_over_the_real_procfs_client(tmp_path: Path) -> None:
@@ -467,7 +489,7 @@ async def test_module_gputime_over_the_real_procfs_client(tmp_path: Path) -> Non
         source.close()
     assert read.gputime[0, "c1"] == 123456789
     assert "older module" in str(read.gputime[1, "c1"])
-    assert read.gpus[0] == SchedState(2, 80, 16, 10_000)
+    assert read.gpus[0] == SchedState(2, 80, 16, 10_000, 100_000, 3)
     assert read.gpus[1] == SchedState()  # its state is not readable: unknown
 
 
@@ -542,7 +564,9 @@ def test_status_text_shows_target_next_to_used(capsys) -> None:
         "containers": ["a"],
         "policy": 3,
         "slice_us": 10_000,
+        "drain_us": 100_000,
         "prio_ratio": 80,
+        "forced_ends": 1,
     }
     alloc = {"pod": "ns/x", "priority": "normal", "guards": [], "unguarded": {}}
     _print_status(
@@ -557,7 +581,8 @@ def test_status_text_shows_target_next_to_used(capsys) -> None:
         }
     )
     out = capsys.readouterr().out
-    assert "policy 3 (fixed share), slice 10 ms, prio_ratio 80%" in out
+    gpu_line = "policy 3 (fixed share), slice 10 ms, drain 100 ms, prio_ratio 80%, 1 forced end\n"
+    assert gpu_line in out
     assert "a GPU 0: compute 30% target (policy 3 fixed share), 29.6% used (60 s)" in out
     assert "b GPU 0: compute 30% target (standalone), used unknown: standalone (...)" in out
     assert "old GPU 0: compute" not in out
