@@ -130,6 +130,8 @@ class Loads:
         path: str = "kernel",
         t0: int | None = None,
         uuids: str = UUID0,
+        kernel_us: int = KERNEL_US,
+        env: dict[str, str] | None = None,
     ) -> Load:
         t0 = t0 if t0 is not None else time.monotonic_ns() + int(LEAD_S * SEC)
         env = {
@@ -142,8 +144,9 @@ class Loads:
             "GPUSHARE_DEBUG": "1",
             "COMPUTE_LOAD_T0": str(t0),
             "COMPUTE_LOAD_TRACE_MS": str(TRACE_MS),
+            **(env or {}),
         }
-        argv = [str(LOAD), path, str(KERNEL_US), str(seconds)]
+        argv = [str(LOAD), path, str(kernel_us), str(seconds)]
         p = subprocess.Popen(
             argv,
             env=env,
