@@ -54,7 +54,7 @@ def test_weights_1_to_2_hold_with_512_kernels_queued(
     env = {**DEEP, "COMPUTE_LOAD_WINDOW": window}
     t0 = time.monotonic_ns() + int(LEAD_S * SEC)
     forced0 = forced_ends()
-    la, lb = loads.start(a, 8, t0=t0, env=env), loads.start(b, 8, t0=t0, env=env)
+    la, lb = loads.start(a, 8, t0=t0, extra_env=env), loads.start(b, 8, t0=t0, extra_env=env)
     got = module_shares(["da", "db"], t0 + 1 * SEC, t0 + 7 * SEC)
     ra, rb = la.result(), lb.result()
     forced = forced_ends() - forced0
@@ -79,7 +79,7 @@ def test_fixed_shares_hold_with_512_kernels_queued(container: MakeContainer, loa
     a = container("f20", "0:100:20")
     b = container("f50", "0:100:50")
     t0 = time.monotonic_ns() + int(LEAD_S * SEC)
-    la, lb = loads.start(a, 7, t0=t0, env=DEEP), loads.start(b, 7, t0=t0, env=DEEP)
+    la, lb = loads.start(a, 7, t0=t0, extra_env=DEEP), loads.start(b, 7, t0=t0, extra_env=DEEP)
     got = module_shares(["f20", "f50"], t0 + 1 * SEC, t0 + 6 * SEC)
     ra, rb = la.result(), lb.result()
     traced = [ld.window(r, 1.0, 6.0) for ld, r in ((la, ra), (lb, rb))]

@@ -131,7 +131,7 @@ class Loads:
         t0: int | None = None,
         uuids: str = UUID0,
         kernel_us: int = KERNEL_US,
-        env: dict[str, str] | None = None,
+        extra_env: dict[str, str] | None = None,
     ) -> Load:
         t0 = t0 if t0 is not None else time.monotonic_ns() + int(LEAD_S * SEC)
         env = {
@@ -144,7 +144,7 @@ class Loads:
             "GPUSHARE_DEBUG": "1",
             "COMPUTE_LOAD_T0": str(t0),
             "COMPUTE_LOAD_TRACE_MS": str(TRACE_MS),
-            **(env or {}),
+            **(extra_env or {}),
         }
         argv = [str(LOAD), path, str(kernel_us), str(seconds)]
         p = subprocess.Popen(
