@@ -199,6 +199,7 @@ def check_consistent(open_files: int = 0) -> None:
         assert 0 <= value(d / "policy") <= abi.POLICY_MAX
         assert abi.PRIO_RATIO_MIN <= value(d / "prio_ratio") <= abi.PRIO_RATIO_MAX
         assert abi.SLICE_US_MIN <= value(d / "slice_us") <= abi.SLICE_US_MAX
+        assert abi.DRAIN_US_MIN <= value(d / "drain_us") <= abi.DRAIN_US_MAX
         listed = {e.name for e in os.scandir(d) if e.is_dir()}
         assert listed == set(on), (g, listed, on)
         for cid, (_, mem, weight, hp) in on.items():
@@ -287,7 +288,8 @@ def test_fuzz_number_files_refuse_malformed_writes(cgroups: MakeCgroup) -> None:
     setup_registry()
     files = [p for p in writable_files() if p.name not in ("inst_ctl", "upgrade")]
     names = {p.name for p in files}
-    assert names == {"default_memsize", "max_inst", "policy", "prio_ratio", "slice_us"} | {
+    settings = {"default_memsize", "max_inst", "policy", "prio_ratio", "slice_us", "drain_us"}
+    assert names == settings | {
         "memsize",
         "weight",
         "highprio",
@@ -521,7 +523,7 @@ def writer(seed: int, uid: int | None, rounds: int, files: list[Path]) -> None:
             data = rng.choice(
                 [rng.choice(NOT_NUMBERS[:20]), b"%d" % rng.randrange(0, 120), random_bytes(rng)]
             )
-        if path.name in ("prio_ratio", "slice_us"):
+        if path.name in ("prio_ratio", "slice_us", "drain_us"):
             data = rng.choice(
                 [data, b"%d" % rng.randrange(20, 100), b"%d" % (rng.randrange(1, 50) * 1000)]
             )
@@ -613,20 +615,23 @@ def fuzz_struct(rng: random.Random, cmd: int, quotas: int, guard_addr: int) -> b
             *(rng.choice(u64) for _ in range(4)),
         )
     else:
-        flags = rng.choice([abi.SCHED_NOWAIT, abi.SCHED_NOWAIT, 0, 2, 0xFFFF_FFFF])
+        early = abi.SCHED_NOWAIT | abi.SCHED_EARLY
+        flags = rng.choice([abi.SCHED_NOWAIT, abi.SCHED_NOWAIT, 0, 2, early, 4, 0xFFFF_FFFF])
         body = struct.pack(
-            "=IIIQQQQIIII",
-            rng.choice([0, 1, 2, 3, 0xFFFF_FFFF]),
+            "=IIIQQQQIIIIQQ",
+            rng.choice([0, 1, 2, 3, 4, 0xFFFF_FFFF]),
             rng.choice(u32),
             flags,
             *(rng.choice(u64) for _ in range(4)),
             *(rng.choice(u32) for _ in range(4)),
+            *(rng.choice(u64) for _ in range(2)),
         )
     if rng.random() < 0.3:
         # A valid structure (a plausible op on GPU 0, without waiting) with
         # one byte changed.
         valid = bytearray(struct.pack("=I", size) + bytes(size - 4))
-        struct.pack_into("=III", valid, 4, rng.randrange(3), 0, 1 if cmd == abi.IOC_SCHED else 0)
+        op = rng.randrange(4 if cmd == abi.IOC_SCHED else 3)
+        struct.pack_into("=III", valid, 4, op, 0, 1 if cmd == abi.IOC_SCHED else 0)
         if cmd == abi.IOC_QUERY:
             struct.pack_into("=IIIQI", valid, 4, abi.ABI_VERSION, 0, abi.QUOTA.size, quotas, 16)
         elif cmd == abi.IOC_MEM:

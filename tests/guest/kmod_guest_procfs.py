@@ -44,6 +44,8 @@ GPU_FILES = {
     "nr_inst": 0o444,
     "orphaned_memsize": 0o444,
     "slice_us": 0o644,
+    "drain_us": 0o644,
+    "forced_ends": 0o444,
 }
 CTR_FILES = {
     "id": 0o444,
@@ -130,6 +132,8 @@ def test_gpu_directory() -> None:
         "nr_inst": 0,
         "orphaned_memsize": 0,
         "slice_us": 10000,
+        "drain_us": 100000,
+        "forced_ends": 0,
     }
     assert value(ROOT / "0/major") == 10
     assert read(CTL) == "gpu 0 17179869184\n"
@@ -142,6 +146,7 @@ def test_gpu_directory() -> None:
         ("policy", [0, 5, 1], [6, 100]),
         ("prio_ratio", [20, 99, 50], [0, 19, 100]),
         ("slice_us", [1000, 1000000, 20000], [0, 999, 1000001]),
+        ("drain_us", [1000, 10000000, 20000], [0, 999, 10000001, 2**32]),
     ],
 )
 def test_gpu_settings(name: str, good: list[int], bad: list[int]) -> None:
@@ -155,7 +160,15 @@ def test_gpu_settings(name: str, good: list[int], bad: list[int]) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["free_weight", "major", "total_memsize", "free_memsize", "nr_inst", "orphaned_memsize"],
+    [
+        "free_weight",
+        "major",
+        "total_memsize",
+        "free_memsize",
+        "nr_inst",
+        "orphaned_memsize",
+        "forced_ends",
+    ],
 )
 def test_gpu_read_only_files(name: str) -> None:
     ok("gpu 0 1000")
@@ -253,6 +266,8 @@ def test_inst_ctl_errors_change_nothing() -> None:
             "add . 0:1",
             "add max_inst 0:1",
             "add slice_us 0:1",
+            "add drain_us 0:1",
+            "add forced_ends 0:1",
             "add " + "a" * 65 + " 0:1",
             "add x 0:10 extra",
             "del",

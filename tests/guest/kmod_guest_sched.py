@@ -345,8 +345,8 @@ def test_errors_and_answers(container: MakeContainer, procs: Procs) -> None:
         for gpu in (1, 7, 16, 2**32 - 1):
             out[f"gpu{gpu}"] = sched_err(fd, abi.SCHED_INFO, gpu)[0]
             out[f"gpu{gpu}acq"] = sched_err(fd, abi.SCHED_ACQUIRE, gpu)[0]
-        out["op3"] = sched_raw(fd, abi.pack_sched(3, 0))
-        out["flags2"] = sched_raw(fd, abi.pack_sched(abi.SCHED_ACQUIRE, 0, flags=2))
+        out["op4"] = sched_raw(fd, abi.pack_sched(4, 0))
+        out["flags4"] = sched_raw(fd, abi.pack_sched(abi.SCHED_ACQUIRE, 0, flags=4))
         out["small"] = sched_raw(fd, abi.pack_sched(abi.SCHED_INFO, 0, size=63)[:63] + b"\0")
         big = abi.pack_sched(abi.SCHED_INFO, 0, size=abi.SCHED.size + 8)
         out["bigzero"] = sched_raw(fd, big)
@@ -373,7 +373,7 @@ def test_errors_and_answers(container: MakeContainer, procs: Procs) -> None:
     assert info.gputime_ns == 0 and info.out_flags == 0
     for gpu in (1, 7, 16, 2**32 - 1):
         assert out[f"gpu{gpu}"] == out[f"gpu{gpu}acq"] == errno.ENXIO
-    assert out["op3"] == out["flags2"] == out["small"] == errno.EINVAL
+    assert out["op4"] == out["flags4"] == out["small"] == errno.EINVAL
     assert out["bigzero"] == 0 and out["bigtail"] == errno.E2BIG == out["page"]
     err, state, asked = out["nowait"]
     state = abi.SchedState(*state)

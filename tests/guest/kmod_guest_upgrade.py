@@ -81,7 +81,8 @@ def kmod_upgrade(state_dir: Path, *extra: str) -> subprocess.CompletedProcess[st
 
 
 def gpu_settings(gpu: int) -> dict[str, int]:
-    names_ = ("max_inst", "policy", "prio_ratio", "slice_us", "total_memsize", "free_memsize")
+    names_ = ("max_inst", "policy", "prio_ratio", "slice_us", "drain_us")
+    names_ += ("total_memsize", "free_memsize")
     return {n: value(ROOT / str(gpu) / n) for n in names_ + ("free_weight", "nr_inst")}
 
 
@@ -139,6 +140,7 @@ def populate(container: MakeContainer) -> dict[str, Path]:
         ("0/max_inst", 5),
         ("1/slice_us", 2000),
         ("1/prio_ratio", 50),
+        ("1/drain_us", 5000),
     ):
         assert write(ROOT / path, f"{val}\n") == 0, path
     cgs = {
@@ -253,6 +255,7 @@ def test_export_freezes_and_abort_undoes_it(container: MakeContainer) -> None:
         ROOT / "default_memsize": "1",
         **{ROOT / "0" / n: v for n, v in (("policy", "1"), ("max_inst", "24"))},
         **{ROOT / "0" / n: v for n, v in (("prio_ratio", "50"), ("slice_us", "2000"))},
+        ROOT / "0" / "drain_us": "5000",
         **{ROOT / "0" / A / n: v for n, v in (("weight", "5"), ("highprio", "1"))},
         ROOT / "0" / A / "memsize": str(GIB + 1),
     }
