@@ -7,6 +7,7 @@ import math
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,3 +91,22 @@ def build_library(build: Path) -> Path:
     if proc.returncode != 0:
         raise RuntimeError(f"building libgpushare failed:\n{proc.stdout}\n{proc.stderr}")
     return build / "libgpushare.so"
+
+
+def has_torch_cuda() -> str:
+    """'' when PyTorch is installed and sees a GPU, else why not."""
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"cannot start {sys.executable}: {e}"
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        return f"PyTorch is not installed for {sys.executable} ({tail[:120]})"
+    if proc.stdout.strip() != "True":
+        return "PyTorch does not see a CUDA GPU (torch.cuda.is_available() is False)"
+    return ""

@@ -65,6 +65,7 @@ from gpu_common import (  # noqa: E402  (a script: its folder on the path first)
     NoGPU,
     build_library,
     find_gpu,
+    has_torch_cuda,
     markdown_table,
     percentile,
 )
@@ -385,25 +386,6 @@ class Bench:
     goals: list[Goal] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict)
-
-
-def has_torch_cuda() -> str:
-    """'' when PyTorch is installed and sees a GPU, else why not."""
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-    except (OSError, subprocess.SubprocessError) as e:
-        return f"cannot start {sys.executable}: {e}"
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
-        return f"PyTorch is not installed for {sys.executable} ({tail[:120]})"
-    if proc.stdout.strip() != "True":
-        return "PyTorch does not see a CUDA GPU (torch.cuda.is_available() is False)"
-    return ""
 
 
 def child_env(gpu: GPU, lib: Path | None, limit: int | None, debug: bool = False) -> dict[str, str]:

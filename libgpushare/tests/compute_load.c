@@ -21,18 +21,31 @@
  *             the per-thread default stream's variants, the _ptsz ones,
  *             launching on stream 0: the thread's default stream)
  *
- * Environment: COMPUTE_LOAD_T0 (CLOCK_MONOTONIC ns) starts the launches
- * then, after the set-up, so that several loads overlap exactly;
- * COMPUTE_LOAD_TRACE_MS samples the GPU time submitted every that many ms
- * ("trace"); COMPUTE_LOAD_GRAPH_NODES: kernels per graph (default 16).
+ * Environment:
+ *   COMPUTE_LOAD_T0          CLOCK_MONOTONIC ns: start the launches then,
+ *                            after the set-up, so that several loads overlap
+ *   COMPUTE_LOAD_TRACE_MS    sample the GPU time submitted every that many
+ *                            ms ("trace")
+ *   COMPUTE_LOAD_GRAPH_NODES kernels per graph (default 16): a graph launch
+ *                            is NODES * KERNEL_US of GPU time
+ *   COMPUTE_LOAD_IN_FLIGHT   the queue depth Q, in kernels (default 64)
+ *   COMPUTE_LOAD_WINDOW      1: a window application (below); unset or 0:
+ *                            a batch application
  *
- * At most IN_FLIGHT kernels are queued at a time (then the stream is
- * synchronised), as a real application bounds its queue.  The last line:
+ * The queue is bounded by Q kernels, as a real application bounds it.  A
+ * batch application launches until Q are queued, then synchronises the
+ * stream (the queue empties before it launches again).  A window
+ * application (PyTorch-like) keeps at most Q in flight: it records an
+ * event after each launch, in a ring, and before a launch that would put
+ * more than Q in flight it waits (cuEventSynchronize) for the oldest, so
+ * the queue never empties while it runs.  A graph launch counts its
+ * nodes; one launch always goes, however long.  The last line:
  *   RESULT {"gpu_ns": N, "wall_ns": N, "launches": N, ...}
  * gpu_ns: the kernel time the fake ran for this process (all of it has
  * completed: the load synchronises before it reports); wall_ns: from the
  * first launch to that synchronisation; launches: launch calls made;
- * first_ns: how long the first launch call took (a gate's first grant).
+ * first_ns: how long the first launch call took (a gate's first grant);
+ * in_flight, window: the queue depth Q and whether it was a window.
  */
 #include <dlfcn.h>
 #include <stdatomic.h>
@@ -45,7 +58,8 @@
 #include "cuda_abi.h"
 
 #define GRAPH_NODES 16		/* default */
-#define IN_FLIGHT 64
+#define IN_FLIGHT 64		/* default */
+#define MAX_IN_FLIGHT 65536
 #define MAX_TRACE 4096
 
 /* The driver entry points this program links (the fake's). */
@@ -54,6 +68,9 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
 CUresult cuCtxSetCurrent(CUcontext);
 CUresult cuStreamCreate(CUstream *, unsigned int);
 CUresult cuStreamSynchronize(CUstream);
+CUresult cuEventCreate(CUevent *, unsigned int);
+CUresult cuEventRecord(CUevent, CUstream);
+CUresult cuEventSynchronize(CUevent);
 CUresult cuStreamBeginCapture_v2(CUstream, int);
 CUresult cuStreamEndCapture(CUstream, CUgraph *);
 CUresult cuGraphCreate(CUgraph *, unsigned int);
@@ -82,6 +99,7 @@ static struct {
 	cuLaunchHostFunc_t host;
 	cuGraphLaunch_t graph;
 	CUresult (*sync)(CUstream);
+	CUresult (*record)(CUevent, CUstream);
 	CUresult (*begin_capture)(CUstream, int);
 	CUresult (*end_capture)(CUstream, CUgraph *);
 } api;
@@ -146,6 +164,8 @@ static void resolve(const char *how)
 	api.sync = (CUresult (*)(CUstream))entry(how, "cuStreamSynchronize",
 						 "cuStreamSynchronize",
 						 (void *)cuStreamSynchronize);
+	api.record = (CUresult (*)(CUevent, CUstream))entry(how, "cuEventRecord", "cuEventRecord",
+							      (void *)cuEventRecord);
 	api.begin_capture = (CUresult (*)(CUstream, int))entry(
 		how, "cuStreamBeginCapture", "cuStreamBeginCapture_v2",
 		(void *)cuStreamBeginCapture_v2);
@@ -168,6 +188,48 @@ static char kernel_code;	/* the fake runs any non-NULL function */
 #define KERNEL ((CUfunction)(void *)&kernel_code)
 
 static unsigned int graph_nodes = GRAPH_NODES;
+
+/* A window application's launches in flight: an event after each, in a ring. */
+static struct {
+	CUevent *ev;
+	unsigned int *kernels;		/* each launch's */
+	unsigned int cap, first, n;	/* the ring: capacity, oldest, launches */
+	uint64_t in_flight;		/* kernels */
+} win;
+
+static void window_setup(unsigned int depth)
+{
+	win.ev = calloc(depth, sizeof(*win.ev));
+	win.kernels = calloc(depth, sizeof(*win.kernels));
+	if (!win.ev || !win.kernels) {
+		fprintf(stderr, "compute_load: out of memory\n");
+		exit(1);
+	}
+	for (unsigned int i = 0; i < depth; i++)
+		check(cuEventCreate(&win.ev[i], CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+	win.cap = depth;
+}
+
+/* Before a launch of @k kernels: wait for the oldest until it fits in @depth. */
+static void window_wait(uint64_t k, uint64_t depth)
+{
+	while (win.n && (win.in_flight + k > depth || win.n == win.cap)) {
+		check(cuEventSynchronize(win.ev[win.first]), "cuEventSynchronize");
+		win.in_flight -= win.kernels[win.first];
+		win.first = (win.first + 1) % win.cap;
+		win.n--;
+	}
+}
+
+/* After a launch of @k kernels on @s. */
+static void window_push(CUstream s, unsigned int k)
+{
+	unsigned int i = (win.first + win.n) % win.cap;
+	check(api.record(win.ev[i], s), "cuEventRecord");
+	win.kernels[i] = k;
+	win.n++;
+	win.in_flight += k;
+}
 
 static CUgraphExec make_graph(const char *path, CUstream s, unsigned int us)
 {
@@ -227,6 +289,15 @@ int main(int argc, char **argv)
 	const char *gn = getenv("COMPUTE_LOAD_GRAPH_NODES");
 	if (gn && atoi(gn) > 0)
 		graph_nodes = (unsigned int)atoi(gn);
+	const char *qs = getenv("COMPUTE_LOAD_IN_FLIGHT"), *ws = getenv("COMPUTE_LOAD_WINDOW");
+	unsigned int depth = qs && *qs ? (unsigned int)strtoul(qs, NULL, 10) : IN_FLIGHT;
+	int window = ws && *ws && strcmp(ws, "0");
+	if (!depth || depth > MAX_IN_FLIGHT) {
+		fprintf(stderr, "compute_load: COMPUTE_LOAD_IN_FLIGHT: 1..%d\n", MAX_IN_FLIGHT);
+		return 2;
+	}
+	if (window)
+		window_setup(depth);
 	int graph = !strcmp(path, "graph") || !strcmp(path, "capture");
 	unsigned int per_launch = graph ? graph_nodes : 1;	/* kernels */
 	CUgraphExec exec = graph ? make_graph(path, s, us) : NULL;
@@ -252,6 +323,8 @@ int main(int argc, char **argv)
 	uint64_t launches = 0, queued = 0, last = busy0, first = 0;
 	while (now_ns() - start < run_ns) {
 		CUresult r;
+		if (window)
+			window_wait(per_launch, depth);
 		if (!strcmp(path, "kernel") || host)
 			r = api.launch(KERNEL, us, 1, 1, 32, 1, 1, 0, s, NULL, NULL);
 		else if (!strcmp(path, "ex"))
@@ -268,8 +341,9 @@ int main(int argc, char **argv)
 		if (host)
 			check(api.host(s, host_fn, (void *)(uintptr_t)launches), "cuLaunchHostFunc");
 		launches++;
-		queued += per_launch;
-		if (queued >= IN_FLIGHT) {
+		if (window) {
+			window_push(s, per_launch);
+		} else if ((queued += per_launch) >= depth) {
 			check(api.sync(s), "cuStreamSynchronize");
 			queued = 0;
 		}
@@ -286,12 +360,13 @@ int main(int argc, char **argv)
 
 	printf("RESULT {\"path\": \"%s\", \"lookup\": \"%s\", \"gpu_ns\": %llu, "
 	       "\"wall_ns\": %llu, \"launches\": %llu, \"kernels\": %llu, "
-	       "\"start_ns\": %llu, \"first_ns\": %llu, \"host_ran\": %llu, \"host_disorder\": %d, \"trace\": [",
+	       "\"start_ns\": %llu, \"first_ns\": %llu, \"host_ran\": %llu, \"host_disorder\": %d, "
+	       "\"in_flight\": %u, \"window\": %d, \"trace\": [",
 	       path, how, (unsigned long long)gpu, (unsigned long long)wall,
 	       (unsigned long long)launches, (unsigned long long)(launches * per_launch),
 	       (unsigned long long)start, (unsigned long long)first,
 	       (unsigned long long)atomic_load(&host_ran),
-	       atomic_load(&host_disorder));
+	       atomic_load(&host_disorder), depth, window);
 	for (unsigned int i = 0; i < ntrace; i++)
 		printf("%s%llu", i ? ", " : "", (unsigned long long)trace[i]);
 	printf("]}\n");

@@ -228,6 +228,11 @@ class Compute:
     tmp: Path
 
     @property
+    def hostile(self) -> Path:
+        """tests/hostile_sched.c: a tenant driving GPUSHARE_IOC_SCHED itself."""
+        return self.build.dir / "tests" / "hostile_sched"
+
+    @property
     def ctl_path(self) -> Path:
         return self.tmp / "ctl"
 
@@ -268,8 +273,11 @@ class Compute:
         lookup: str = "direct",
         t0: int | None = None,
         trace_ms: int | None = None,
+        program: Path | None = None,
     ) -> subprocess.Popen[str]:
-        """Start one load; @t0 (time.monotonic_ns()) makes several overlap."""
+        """Start one load; @t0 (time.monotonic_ns()) makes several overlap.
+        @program: another workload taking compute_load's first arguments
+        (default compute_load)."""
         full = {
             k: v
             for k, v in os.environ.items()
@@ -283,7 +291,9 @@ class Compute:
         if trace_ms is not None:
             full["COMPUTE_LOAD_TRACE_MS"] = str(trace_ms)
         full.update(env)
-        argv = [str(self.load), path, str(kernel_us), str(seconds), str(device), lookup]
+        argv = [str(program or self.load), path, str(kernel_us), str(seconds), str(device), lookup]
+        if program is not None:
+            argv = argv[:4]
         return subprocess.Popen(
             argv, env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
@@ -314,11 +324,13 @@ class Compute:
 
 @pytest.fixture(scope="session")
 def compute_bins(build: Build) -> tuple[Path, Path]:
-    """The stand-in and the workload, built into the session's build."""
+    """The stand-in and the workload (and tests/hostile_sched.c, a hostile
+    tenant: Compute.hostile), built into the session's build."""
     gsdev = build.fake_dir / "fake_gsdev.so"
     load = build.dir / "tests" / "compute_load"
+    hostile = build.dir / "tests" / "hostile_sched"
     proc = subprocess.run(
-        ["make", "-C", str(LIBDIR), f"BUILD={build.dir}", str(gsdev), str(load)],
+        ["make", "-C", str(LIBDIR), f"BUILD={build.dir}", str(gsdev), str(load), str(hostile)],
         capture_output=True,
         text=True,
         timeout=300,
