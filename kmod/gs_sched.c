@@ -342,6 +342,8 @@ static bool gs_expire(struct gs_sched *s, u64 now)
 	f->slice = s->slice;
 	f->end = end;
 	f->cursor = end;
+	f->busy = end;
+	f->ent = s->holder;
 	gs_end_slice(s, end);
 	return true;
 }
@@ -537,6 +539,9 @@ void gs_sched_del(struct gs_sched *s, struct gs_sched_ent *e, u64 now)
 	for (i = 0; i < GS_SCHED_HIST; i++)
 		if (s->hist[i].ent == e)
 			s->hist[i].ent = NULL;
+	for (i = 0; i < GS_SCHED_FORCED; i++)
+		if (s->forced[i].ent == e)
+			s->forced[i].ent = NULL;
 	for (i = 0, j = 0; i < s->nents; i++)
 		if (s->ents[i] != e)
 			s->ents[j++] = s->ents[i];
@@ -750,6 +755,33 @@ enum gs_sched_answer gs_sched_acquire(struct gs_sched *s,
 	}
 }
 
+/*
+ * A late release's charge beyond its holds: what it reported (@extra), but
+ * at least, by the module's clock, the time from slice @f's forced end to
+ * now (drain_ns at most), so that a report of 0 does not make a late tail
+ * free; only releasing before the work ends escapes it.  That time starts
+ * after the late work of other entities charged so far (up to their
+ * busy, never past the clock when charged): on a serial GPU this
+ * client's work queued behind it, and it was charged to them.
+ */
+static u64 gs_late_floor(const struct gs_sched *s,
+			 const struct gs_sched_forced *f, u64 extra, u64 now)
+{
+	u64 from = f->busy > f->cursor ? f->busy : f->cursor, to;
+	u32 i;
+
+	for (i = 0; i < GS_SCHED_FORCED; i++) {
+		const struct gs_sched_forced *o = &s->forced[i];
+
+		if (o->ent && o->ent != f->ent && o->busy > from &&
+		    o->end < now)
+			from = o->busy;
+	}
+	to = gs_add(f->end, s->drain_ns);
+	to = to < now ? to : now;
+	return gs_sub0(to, from) > extra ? to - from : extra;
+}
+
 /* Is @c in the slice in progress (its entity holds the GPU)? */
 static inline bool gs_holding(const struct gs_sched *s,
 			      const struct gs_sched_client *c)
@@ -845,6 +877,8 @@ bool gs_sched_release(struct gs_sched *s, struct gs_sched_client *c,
 	 * meanwhile get their time back.
 	 */
 	extra = gs_sub0(used_ns, c->covered);
+	if (f)
+		extra = gs_late_floor(s, f, extra, now);
 	if (extra) {
 		taken = gs_charge(s, e, extra, false);
 		if (f) {
@@ -858,6 +892,8 @@ bool gs_sched_release(struct gs_sched *s, struct gs_sched_client *c,
 			to = gs_add(from, taken);
 			if (to > now)
 				to = now;
+			if (to > f->busy)
+				f->busy = to;
 			gs_refund(s, from, to);
 		}
 	}

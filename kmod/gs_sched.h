@@ -138,6 +138,8 @@ struct gs_sched_forced {
 	u64 slice;
 	u64 end;
 	u64 cursor;		/* late work reported up to here */
+	u64 busy;		/* ... and, by the clock, ran up to here */
+	const struct gs_sched_ent *ent;
 };
 
 /* Recent holds, refunded where late work of others filled them. */
