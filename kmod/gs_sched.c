@@ -713,6 +713,16 @@ enum gs_sched_answer gs_sched_acquire(struct gs_sched *s,
 
 	gs_wait(c);
 	if (s->holder) {
+		/*
+		 * A free slice is free only while nobody else wants the GPU
+		 * (a waiter that was between its release and its next ask
+		 * when it was granted): from now on it is charged.
+		 */
+		if (s->hold_free) {
+			gs_charge_hold(s, s->hold_start, now);
+			s->hold_start = now;
+			s->hold_free = false;
+		}
 		*until = now < s->hold_until ? s->hold_until : s->hold_grace;
 		return GS_SCHED_WAIT;
 	}

@@ -1168,6 +1168,42 @@ static void test_refund_conservation(void)
 	       (long long)worst);
 }
 
+/*
+ * A free slice (a high-priority entity alone) is free only while nobody
+ * else wants the GPU: a normal container that was between its release and
+ * its next ask when the slice was granted makes the rest of it charged.
+ * Found when the stand-in's waiters began to wake at once (a futex, as the
+ * module's wait queue): the high-priority container then took 63-67 % at
+ * prio_ratio 60.
+ */
+static void test_free_slice(void)
+{
+	struct gs_sched_client ch, cn;
+	struct gs_sched *s = &sim.s;
+	struct gs_sched_ent *h, *n;
+	u64 t0 = 1 * SEC, slice = 10 * MS, until;
+	s64 before;
+
+	sim_init(2, slice);
+	h = &sim.ctr[add_ctr(50, 1)].e;
+	n = &sim.ctr[add_ctr(50, 0)].e;
+	gs_sched_attach(s, &ch, h, 0);
+	gs_sched_attach(s, &cn, n, 0);
+	gs_sched_set_prio_ratio(s, 60, t0);
+	/* n released a moment ago and has not asked yet: h alone, free. */
+	CHECK(gs_sched_acquire(s, &ch, t0, &until) == GS_SCHED_GRANT);
+	CHECK(s->hold_free);
+	before = h->tokens;
+	CHECK(gs_sched_acquire(s, &cn, t0 + 1 * MS, &until) == GS_SCHED_WAIT);
+	CHECK(!s->hold_free && h->used_ns == 1 * MS && h->tokens >= before);
+	/* From then on h pays: 9 ms, less its 6 ms accrued over the slice. */
+	CHECK(gs_sched_release(s, &ch, 0, t0 + slice));
+	CHECK(h->used_ns == slice);
+	CHECK(h->tokens == before + (s64)(6 * MS) - (s64)(9 * MS));
+	printf("free slice: charged from the other's ask, %lld ns of tokens left\n",
+	       (long long)h->tokens);
+}
+
 int main(void)
 {
 	test_fair_share();
@@ -1188,6 +1224,7 @@ int main(void)
 	test_extend();
 	test_renew();
 	test_refund_conservation();
+	test_free_slice();
 	printf("%d passed, %d failed\n", passed, failed);
 	return failed ? 1 : 0;
 }

@@ -26,8 +26,10 @@
  *   FAKEGS_ABI        the ABI version it answers as (default the header's;
  *                     3: a module of before EXTEND, EARLY and drain_ns)
  *
- * SCHED: a blocked ACQUIRE polls the core every POLL_NS (the module sleeps
- * on a wait queue; a poll is simpler here); the schedule's process-shared
+ * SCHED: a blocked ACQUIRE sleeps on a futex in the schedule (the module's
+ * wait queue) until another process's op kicks it or the retry time the
+ * core gave comes, and asks again at least every POLL_NS; the schedule's
+ * process-shared
  * mutex is robust, so a process killed inside it stalls nobody.  The core
  * keeps pointers between its structures, so the schedule is mapped at one
  * fixed address in every process.  A file's clients detach when it is
@@ -47,6 +49,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,6 +57,9 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <linux/futex.h>
+#include <limits.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -222,7 +228,7 @@ static int query(struct gpushare_query *q)
 /* ---- the compute schedule (GPUSHARE_IOC_SCHED) ---- */
 
 #define MAX_CONTAINERS 32
-#define POLL_NS 250000ull			/* a blocked ACQUIRE asks again */
+#define POLL_NS 2000000ull			/* a blocked ACQUIRE asks again */
 #define SCHED_MAGIC 0x67737363u
 #define SCHED_ADDR ((void *)0x6e5700000000ull)	/* the same in every process */
 
@@ -240,6 +246,7 @@ struct sched_state {
 	struct gs_sched gpu[GPUSHARE_MAX_GPUS];
 	uint32_t ncont;
 	struct fcontainer cont[MAX_CONTAINERS];
+	_Atomic uint32_t gen;		/* moves at every change: a futex */
 };
 
 static struct sched_state *ss;
@@ -306,6 +313,22 @@ static void sched_lock(void)
 static void sched_unlock(void)
 {
 	pthread_mutex_unlock(&ss->mu);
+}
+
+/* Something changed: the waiters ask again (the module's kick). */
+static void sched_kick(void)
+{
+	atomic_fetch_add(&ss->gen, 1);
+	syscall(SYS_futex, &ss->gen, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Sleep until @t (CLOCK_MONOTONIC ns) or a kick after generation @seen. */
+static void sched_sleep(uint32_t seen, uint64_t now, uint64_t t)
+{
+	struct timespec ts = { (time_t)((t - now) / 1000000000u),
+			       (long)((t - now) % 1000000000u) };
+
+	syscall(SYS_futex, &ss->gen, FUTEX_WAIT, seen, &ts, NULL, 0);
 }
 
 /* Under the lock: @name's slot, made if new; NULL when full. */
@@ -436,13 +459,12 @@ static int sched(int file, struct gpushare_sched *a)
 				err = EAGAIN;
 				break;
 			}
+			uint32_t seen = atomic_load(&ss->gen);
 			sched_unlock();
 			uint64_t t = until < now + POLL_NS ? until : now + POLL_NS;
 			if (t < now + 20000)
 				t = now + 20000;
-			struct timespec ts = { (time_t)(t / 1000000000u),
-					       (long)(t % 1000000000u) };
-			clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
+			sched_sleep(seen, now, t);
 			now = now_ns();
 			sched_lock();
 			ctl_apply(now);
@@ -452,6 +474,8 @@ static int sched(int file, struct gpushare_sched *a)
 	} else if (a->op == GPUSHARE_SCHED_RELEASE && c->ent) {
 		gs_sched_release(s, c, a->used_ns, now);
 	}
+	if (a->op != GPUSHARE_SCHED_INFO && a->op != GPUSHARE_SCHED_EXTEND)
+		sched_kick();
 	a->until = until;
 	a->slice_ns = s->slice_ns;
 	a->gputime_ns = gs_sched_used(s, e, now);
@@ -475,6 +499,7 @@ static void sched_close(int file)
 	for (int g = 0; g < GPUSHARE_MAX_GPUS; g++)
 		if (clients[file - 1][g].ent)
 			gs_sched_detach(&ss->gpu[g], &clients[file - 1][g], now_ns());
+	sched_kick();
 	sched_unlock();
 }
 
