@@ -68,6 +68,21 @@ void gs_pace_probe_cancel(struct gs_pace *p)
 		p->pending--;
 }
 
+int gs_pace_tail_slot(struct gs_pace *p)
+{
+	unsigned int slot;
+
+	if (p->pending >= GS_PACE_PENDING)
+		return -1;
+	slot = (p->first + p->pending) % GS_PACE_SLOTS;
+	/* After every counted launch: it ends when the queue does. */
+	p->probe[slot] = (struct gs_pace_probe){
+		.n = atomic_load_explicit(&p->launches, memory_order_relaxed),
+		.backlogged = p->pending > 0 };
+	p->pending++;
+	return (int)slot;
+}
+
 int gs_pace_oldest(const struct gs_pace *p)
 {
 	return p->pending ? (int)p->first : -1;
@@ -85,17 +100,23 @@ static struct gs_pace_probe pop(struct gs_pace *p)
 void gs_pace_probe_done(struct gs_pace *p, uint64_t now, uint64_t elapsed_ns)
 {
 	struct gs_pace_probe pr;
-	uint64_t chat, since, v;
+	uint64_t chat, since, v, sample = 0;
 
 	if (!p->pending)
 		return;
 	pr = pop(p);
 	chat = atomic_load_explicit(&p->chat, memory_order_relaxed);
-	/* The GPU was busy from the last probe to this one: a fair sample. */
-	if (p->have_last && pr.backlogged && elapsed_ns && pr.n > p->last_n) {
-		uint64_t sample = elapsed_ns / (pr.n - p->last_n);
-
+	if (p->have_last && elapsed_ns && pr.n > p->last_n) {
+		sample = elapsed_ns / (pr.n - p->last_n);
 		sample = sample ? sample : 1;
+	}
+	/*
+	 * A fair sample when the GPU was busy from the last probe to this
+	 * one.  Else idle time may have inflated it: an upper bound, which
+	 * can only bring an over-estimate down (an over-estimate keeps the
+	 * queue too short ever to give a backlogged sample again).
+	 */
+	if (sample && (pr.backlogged || (chat && sample < chat))) {
 		chat = chat ? (chat + sample) / 2 : sample;
 		atomic_store_explicit(&p->chat, chat, memory_order_relaxed);
 	} else if (!chat && p->boot < BOOT_MAX) {

@@ -12,14 +12,20 @@
  * (the gate then renews early, or drains and gives the GPU back), unless
  * nothing is queued: a launch longer than a slice still runs, once.
  * chat is learnt from probes: an event recorded every quarter slice of
- * estimated work (while chat is unknown, after 1, 2, 4 ... 64 launches).  Two probes' elapsed time over the launches between
- * them is a sample only when the second was recorded while the first was
- * still pending (the GPU was busy all along: idle time would inflate the
- * estimate, and an over-estimate starves a lone process), and a probe's
- * completion re-anchors vfin on the GPU's real progress.  At most
- * GS_PACE_PENDING probes are pending: a further one waits for the oldest
- * (the gate polls it, never past the grant's end), which caps the run-ahead
- * by the GPU's progress even when chat is wrong.
+ * estimated work (while chat is unknown, after 1, 2, 4 ... 64 launches).
+ * Two probes' elapsed time over the launches between them is a sample
+ * only when the second was recorded while the first was still pending
+ * (the GPU was busy all along: idle time would inflate the estimate, and
+ * an over-estimate starves a lone process); otherwise it is an upper
+ * bound, used only to bring an over-estimate down.  When the pacer stops
+ * with no probe pending, the gate records one at the queue's tail
+ * (gs_pace_tail_slot()): its wait then ends when the queue really does,
+ * and the tail times the last launches even when the queue was too short
+ * for a backlogged sample.  A probe's completion re-anchors vfin on the
+ * GPU's real progress.  At most GS_PACE_PENDING probes are pending: a
+ * further one waits for the oldest (the gate polls it, never past the
+ * grant's end), which caps the run-ahead by the GPU's progress even when
+ * chat is wrong.
  *
  * The estimate changes throughput and latency, never a share: shares come
  * from the scheduler charging holds.  An under-estimate lengthens the
@@ -77,6 +83,15 @@ int gs_pace_probe_slot(struct gs_pace *p);
 
 /* The probe just given a slot could not be recorded: forget it. */
 void gs_pace_probe_cancel(struct gs_pace *p);
+
+/*
+ * At a STOP with no probe pending: the slot of a probe recorded after every
+ * counted launch (the queue's tail; no launch goes with it), -1 if none is
+ * free.  Waiting on it ends when the queue really ends, and it times the
+ * launches since the last probe, so an over-estimated chat (which keeps the
+ * queue too short to ever give a backlogged sample) comes down.
+ */
+int gs_pace_tail_slot(struct gs_pace *p);
 
 /* The oldest pending probe's slot, -1 if none. */
 int gs_pace_oldest(const struct gs_pace *p);
