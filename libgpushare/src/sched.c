@@ -986,6 +986,8 @@ static bool paced_launch(struct gate *g, int dev, CUstream s)
 			renewed = false;
 			continue;
 		}
+		if (!g->in_slice)
+			return true;	/* a native grant: nothing to pace */
 		enum gs_pace_verdict v = gs_pace_launch(&g->pace, now, until);
 		if (v == GS_PACE_STOP && g->have_events) {
 			probes_poll(g);		/* the GPU may be further on */
@@ -1132,7 +1134,8 @@ CUresult gs_sched_gate(int dev, CUstream s, bool per_thread)
 		return CUDA_SUCCESS;
 	uint64_t now = mono_ns();
 	if (now < until) {
-		if (g->paced) {
+		/* Paced in a slice (a native grant has nothing to pace). */
+		if (g->paced && atomic_load_explicit(&g->in_slice, memory_order_relaxed)) {
 			enum gs_pace_verdict v = gs_pace_launch(&g->pace, now, until);
 			if (v == GS_PACE_STOP)
 				return slow(g, dev, s);

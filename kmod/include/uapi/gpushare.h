@@ -168,8 +168,9 @@ struct gpushare_mem {
  * drain), and its hold, charged by the module's clock, goes on until it
  * releases.  While it drains it sends EXTEND every few milliseconds: each
  * pushes the slice's forced end to a grace from now, never beyond
- * drain_ns past the slice's end (EAGAIN: not in a slice, or nothing left
- * to extend; until is the forced end).  A process that stops sending
+ * drain_ns past the slice's end; until is the forced end then (EAGAIN,
+ * until 0: the process is not in its container's slice in progress, or
+ * the policy is 5).  A process that stops sending
  * loses the GPU a grace after its last heartbeat.  ACQUIRE with
  * GPUSHARE_SCHED_EARLY, by a process in its container's slice before the
  * slice's end: the hold so far is charged and a new slice starts now if
