@@ -910,6 +910,22 @@ static void probe_record(struct gate *g, CUstream s)
 		gs_pace_probe_cancel(&g->pace);
 }
 
+/*
+ * Stopped with no probe pending: one at the queue's tail, so that waiting
+ * for the queue ends when it really does, and an over-estimated chat
+ * (which keeps the queue too short for a backlogged sample) comes down.
+ */
+static void probe_tail(struct gate *g, CUstream s)
+{
+	int slot;
+
+	if (gs_pace_oldest(&g->pace) >= 0 || capturing(s))
+		return;
+	slot = gs_pace_tail_slot(&g->pace);
+	if (slot >= 0 && drv.event_record(g->probe[slot], drv_stream(s)) != CUDA_SUCCESS)
+		gs_pace_probe_cancel(&g->pace);
+}
+
 /* The slice's work is done (@used ns of GPU time): give the GPU back. */
 static void give_back(struct gate *g, int dev, uint64_t used)
 {
@@ -923,8 +939,11 @@ static void give_back(struct gate *g, int dev, uint64_t used)
 	if (g->paced) {
 		if (g->have_events)
 			probes_poll(g);
-		gs_pace_drained(&g->pace, mono_ns());
-		g->probe_last = -1;
+		/* A drain that gave up leaves the queue (and its probes) as is. */
+		if (!g->nlate) {
+			gs_pace_drained(&g->pace, mono_ns());
+			g->probe_last = -1;
+		}
 	}
 }
 
@@ -992,6 +1011,8 @@ static bool paced_launch(struct gate *g, int dev, CUstream s)
 		if (v == GS_PACE_STOP && g->have_events) {
 			probes_poll(g);		/* the GPU may be further on */
 			v = gs_pace_launch(&g->pace, now, until);
+			if (v == GS_PACE_STOP)
+				probe_tail(g, s);
 		}
 		if (v == GS_PACE_PROBE)
 			probe_record(g, s);
