@@ -16,11 +16,16 @@ exception).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.guest.kmod_guest_sched_interposer import (
+    FAKE_DIR,
     LEAD_S,
+    LIB,
+    LOAD,
     SEC,
     SLICE_US,
     Loads,
@@ -32,6 +37,19 @@ from tests.guest.kmod_support import ROOT, MakeContainer, ok, value, write
 pytestmark = pytest.mark.usefixtures("kmod")
 
 DEEP = {"COMPUTE_LOAD_IN_FLIGHT": "512"}
+
+
+@pytest.fixture
+def loads(tmp_path: Path) -> Iterator[Loads]:
+    """The interposer's side (test_kmod.py builds it; missing fails) and
+    the loads of a test, killed at its end."""
+    for p in (LIB, FAKE_DIR / "libcuda.so.1", LOAD):
+        assert p.is_file(), f"{p} is missing: run through tests/guest/test_kmod.py"
+    lds = Loads(tmp_path)
+    try:
+        yield lds
+    finally:
+        lds.close()
 
 
 def forced_ends() -> int:
