@@ -33,6 +33,11 @@
  * accept any image and name (bench/launch_loop.c loads its empty kernel).  fakecuda_busy_ns() (not CUDA) is this
  * process's kernel time submitted so far, for the tests' workload.
  *
+ * With a shared file, each process also keeps a record there (fake_gpu.h)
+ * of its contexts, its memory and the kernel time the device executed for
+ * it (each kernel's [start, end), so work queued but not run yet is not
+ * counted): the fake NVML's process list and per-process utilisation.
+ *
  * Device i has the UUID bytes fa ce 00 .. 00 i, which NVML and
  * GPUSHARE_GPU_UUIDS write as "GPU-face0000-0000-0000-0000-0000000000ii"
  * (ii: i in two lowercase hex digits), e.g. device 1 is
@@ -58,6 +63,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -69,6 +75,7 @@
 #include <unistd.h>
 
 #include "../../src/cuda_abi.h"
+#include "fake_gpu.h"
 
 #define API __attribute__((visibility("default")))
 #define MAX_DEV 8
@@ -104,6 +111,8 @@ static struct alloc *allocs;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void gpu_setup(void);
+static void mem_note(int dev);
+static void ctx_note(int dev);
 
 __attribute__((constructor)) static void fake_setup(void)
 {
@@ -139,7 +148,15 @@ static int take(int dev, size_t bytes)
 		if (bytes > devmem || old > devmem - bytes)
 			return -1;
 	} while (!atomic_compare_exchange_weak(&used[dev], &old, old + bytes));
+	mem_note(dev);
 	return 0;
+}
+
+/* Give back @bytes of device @dev's memory. */
+static void unuse(int dev, size_t bytes)
+{
+	atomic_fetch_sub(&used[dev], bytes);
+	mem_note(dev);
 }
 
 static void *host_map(size_t bytes)
@@ -165,7 +182,7 @@ static CUresult mem_alloc(CUdeviceptr *dptr, size_t bytes, int dev)
 		if (p)
 			munmap(p, bytes);
 		free(a);
-		atomic_fetch_sub(&used[dev], bytes);
+		unuse(dev, bytes);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
 	a->ptr = (uintptr_t)p;
@@ -195,7 +212,7 @@ static CUresult mem_free(CUdeviceptr dptr)
 	if (!a)
 		return CUDA_ERROR_INVALID_VALUE;
 	munmap((void *)a->ptr, a->bytes);
-	atomic_fetch_sub(&used[a->dev], a->bytes);
+	unuse(a->dev, a->bytes);
 	free(a);
 	return CUDA_SUCCESS;
 }
@@ -313,6 +330,7 @@ API CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice d)
 	if (!ctx)
 		return CUDA_ERROR_INVALID_VALUE;
 	*ctx = &primary[d];
+	ctx_note(d);
 	return CUDA_SUCCESS;
 }
 
@@ -335,6 +353,7 @@ API CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice d)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	c->dev = d;
 	*ctx = current = c;
+	ctx_note(d);
 	return CUDA_SUCCESS;
 }
 
@@ -471,11 +490,8 @@ enum {
 	ERR_CAPTURED_EVENT = 907,
 };
 
-/* What every process naming the same FAKECUDA_GPU_STATE shares. */
-struct gpu_shared {
-	_Atomic uint64_t busy_until[MAX_DEV];	/* the device's last kernel ends */
-	_Atomic uint64_t busy_ns[MAX_DEV];	/* kernel time it ran, in all */
-};
+/* struct gpu_shared (fake_gpu.h): what every process naming the file shares. */
+_Static_assert(MAX_DEV == FG_MAX_DEV, "one device count");
 static struct gpu_shared private_gpu, *gpu = &private_gpu;
 static uint64_t ns_per_block = 1000;
 
@@ -583,14 +599,91 @@ static int stream_dev(CUstream s)
 	return st ? st->dev : -1;
 }
 
-/* Queue a kernel of @ns on @st: it runs when the stream and device are free. */
+/*
+ * This process's record in the shared file (fake_gpu.h), for the fake
+ * NVML; NULL when the GPU is private (nobody else can read it).  Claimed
+ * at first use (again in a forked child): a free record, or one of a
+ * process that has exited.
+ */
+static struct fg_proc *me;
+static pid_t me_pid;
+static pthread_mutex_t me_lock = PTHREAD_MUTEX_INITIALIZER;	/* its writers */
+
+static struct fg_proc *record(void)
+{
+	pid_t pid = getpid();
+
+	if (gpu == &private_gpu)
+		return NULL;
+	if (me && me_pid == pid)
+		return me;
+	me = NULL;
+	for (int i = 0; i < FG_PROCS && !me; i++) {
+		struct fg_proc *p = &gpu->procs[i];
+		int32_t old = atomic_load(&p->pid);
+		if (old == pid || ((old == 0 || (kill(old, 0) && errno == ESRCH)) &&
+				   atomic_compare_exchange_strong(&p->pid, &old, pid)))
+			me = p;
+	}
+	if (!me)
+		return NULL;	/* full: this process is not seen */
+	me_pid = pid;
+	atomic_store(&me->ctx, 0);
+	for (int d = 0; d < FG_MAX_DEV; d++) {
+		struct fg_runs *r = &me->dev[d];
+		atomic_fetch_add(&r->seq, 1);
+		atomic_store(&me->mem[d], atomic_load(&used[d]));
+		atomic_store(&r->n, 0);
+		atomic_store(&r->done, 0);
+		atomic_fetch_add(&r->seq, 1);
+	}
+	return me;
+}
+
+/* Device @dev's memory in use changed: tell the record. */
+static void mem_note(int dev)
+{
+	pthread_mutex_lock(&me_lock);
+	struct fg_proc *p = record();
+	if (p)
+		atomic_store(&p->mem[dev], atomic_load(&used[dev]));
+	pthread_mutex_unlock(&me_lock);
+}
+
+/* A context on @dev: NVML lists the process there. */
+static void ctx_note(int dev)
+{
+	pthread_mutex_lock(&me_lock);
+	struct fg_proc *p = record();
+	if (p)
+		atomic_fetch_or(&p->ctx, 1u << dev);
+	pthread_mutex_unlock(&me_lock);
+}
+
+/*
+ * Queue a kernel of @ns on @st: it runs when the stream and device are
+ * free.  Shared, the record says when it runs (under the record's lock,
+ * so that its runs are in the device's order).
+ */
 static void gpu_run(struct CUstream_st *st, uint64_t ns)
 {
-	uint64_t t = max64(now_ns(), atomic_load(&st->end)), start;
+	uint64_t now = now_ns(), t = max64(now, atomic_load(&st->end)), start;
 	uint64_t busy = atomic_load(&gpu->busy_until[st->dev]);
+	struct fg_proc *p = NULL;
+
+	if (gpu != &private_gpu && ns) {
+		pthread_mutex_lock(&me_lock);
+		p = record();
+		if (!p)
+			pthread_mutex_unlock(&me_lock);
+	}
 	do {
 		start = max64(busy, t);
 	} while (!atomic_compare_exchange_weak(&gpu->busy_until[st->dev], &busy, start + ns));
+	if (p) {
+		fg_record(&p->dev[st->dev], start, start + ns, now);
+		pthread_mutex_unlock(&me_lock);
+	}
 	atomic_max64(&st->end, start + ns);
 	atomic_max64(&proc_end[st->dev], start + ns);
 	atomic_fetch_add(&gpu->busy_ns[st->dev], ns);
@@ -1395,7 +1488,7 @@ API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t bytes,
 		free(v);
 		if (fd >= 0)
 			close(fd);
-		atomic_fetch_sub(&used[dev], bytes);
+		unuse(dev, bytes);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
 	v->fd = fd;
@@ -1413,7 +1506,7 @@ static void vmm_put(struct vmm *v)
 	if (!v->released || v->maps)
 		return;
 	close(v->fd);
-	atomic_fetch_sub(&used[v->dev], v->bytes);
+	unuse(v->dev, v->bytes);
 	free(v);
 }
 
@@ -1552,7 +1645,7 @@ static CUresult array_new(void **mem, size_t *out, size_t bytes, int *devp)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	*mem = host_map(bytes);
 	if (!*mem) {
-		atomic_fetch_sub(&used[dev], bytes);
+		unuse(dev, bytes);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
 	*out = bytes;
@@ -1602,7 +1695,7 @@ API CUresult cuArrayDestroy(CUarray a)
 	if (!a)
 		return CUDA_ERROR_INVALID_HANDLE;
 	munmap(a->mem, a->bytes);
-	atomic_fetch_sub(&used[a->dev], a->bytes);
+	unuse(a->dev, a->bytes);
 	free(a);
 	return CUDA_SUCCESS;
 }
@@ -1636,7 +1729,7 @@ API CUresult cuMipmappedArrayDestroy(CUmipmappedArray m)
 	if (!m)
 		return CUDA_ERROR_INVALID_HANDLE;
 	munmap(m->mem, m->bytes);
-	atomic_fetch_sub(&used[m->dev], m->bytes);
+	unuse(m->dev, m->bytes);
 	free(m);
 	return CUDA_SUCCESS;
 }

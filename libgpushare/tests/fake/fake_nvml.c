@@ -19,7 +19,24 @@
  * nvmlDeviceGetHandleByIndex(_v2), nvmlDeviceGetHandleByUUID,
  * nvmlDeviceGetUUID, nvmlDeviceGetName, nvmlDeviceGetMemoryInfo(_v2) and
  * the r615 pair nvmlDeviceSetMemoryLimits_v1 / nvmlDeviceGetMemoryLimits_v1
- * (one soft and hard limit per device, the namespace ignored).
+ * (one soft and hard limit per device, the namespace ignored), and the
+ * processes: nvmlDeviceGetComputeRunningProcesses (v1, _v2, _v3) and
+ * nvmlDeviceGetProcessUtilization (fake_nvml_procs.c), from the records the
+ * fake CUDA driver keeps in the simulated GPU's shared file (fake_gpu.h; without
+ * FAKECUDA_GPU_STATE no process is seen):
+ *
+ *   FAKENVML_SAMPLE_US   the driver's sampling period (default 166667: 1/6 s)
+ *   FAKENVML_PID_OFFSET  added to every pid reported, as a host sees the
+ *                        processes of a container's PID namespace
+ *
+ * As the real driver: a process is listed on a device where it made a
+ * context (and is alive), with the bytes it allocated there; utilisation
+ * samples are taken at the end of every period (CLOCK_MONOTONIC multiples
+ * of it), one per process with a non-zero smUtil (integer percent of the
+ * period, truncated, of the kernel time the device *executed* for it then),
+ * time-stamped in CLOCK_REALTIME microseconds; the driver's buffer holds
+ * the last 1.5 s of them; only samples newer than lastSeenTimeStamp are
+ * returned, and none is NVML_ERROR_NOT_FOUND.
  *
  * Linked with -Bsymbolic: its own calls never reach an interposer's
  * exports of the same names.
@@ -32,26 +49,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define API __attribute__((visibility("default")))
-#define MAX_DEV 8
+#include "fake_nvml.h"
+
 #define FAKE_RESERVED_DEFAULT (64ull << 20)
-
-typedef int nvmlReturn_t;
-
-#define NVML_SUCCESS 0
-#define NVML_ERROR_UNINITIALIZED 1
-#define NVML_ERROR_INVALID_ARGUMENT 2
-#define NVML_ERROR_NOT_SUPPORTED 3
-#define NVML_ERROR_NOT_FOUND 6
-#define NVML_ERROR_INSUFFICIENT_SIZE 7
-#define NVML_ERROR_ARGUMENT_VERSION_MISMATCH 25
-#define NVML_ERROR_UNKNOWN 999
-
-struct nvmlDevice_st {
-	char uuid[48];
-	unsigned long long soft_limit, hard_limit;
-};
-typedef struct nvmlDevice_st *nvmlDevice_t;
 
 typedef struct {
 	unsigned long long total, free, used;
@@ -75,12 +75,12 @@ typedef struct {
 	unsigned long long softLimit, hardLimit, currentUsed;
 } nvmlGetMemoryLimits_v1_t;
 
-static struct nvmlDevice_st devices[MAX_DEV];
+struct nvmlDevice_st devices[MAX_DEV];
 static int ndev = 2;
 static unsigned long long devmem = 8ull << 30;
 static unsigned long long reserved = FAKE_RESERVED_DEFAULT;
 static int init_count;
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
 __attribute__((constructor)) static void fake_setup(void)
 {
@@ -109,7 +109,7 @@ __attribute__((constructor)) static void fake_setup(void)
 	}
 }
 
-static int initialized(void)
+int initialized(void)
 {
 	int n;
 
@@ -120,7 +120,7 @@ static int initialized(void)
 }
 
 /* A handle this library gave out, or NULL. */
-static struct nvmlDevice_st *dev_of(nvmlDevice_t d)
+struct nvmlDevice_st *dev_of(nvmlDevice_t d)
 {
 	for (int i = 0; i < ndev; i++)
 		if (d == &devices[i])
