@@ -59,10 +59,14 @@ static inline u64 gs_grace(const struct gs_sched *s)
 	return GS_SCHED_GRACE(s);
 }
 
-/* The deepest debt: a second and a few slices, whatever was reported. */
+/*
+ * The deepest debt: a second, a few slices and the longest drain, whatever
+ * was reported (a hold can last a slice and drain_ns: below the floor its
+ * excess would go uncharged).
+ */
 static inline s64 gs_floor(const struct gs_sched *s)
 {
-	return -(s64)(GS_SCHED_SAVE_NS + 4 * s->slice_ns);
+	return -(s64)(GS_SCHED_SAVE_NS + 4 * s->slice_ns + s->drain_ns);
 }
 
 static inline bool gs_native(const struct gs_sched *s)
@@ -187,6 +191,13 @@ static void gs_charge_hold(struct gs_sched *s, u64 start, u64 stop)
 	if (stop <= start)
 		return;
 	gs_charge(s, s->holder, stop - start, s->hold_free);
+	/* A renewed hold goes on in its entry (renewals do not flush it). */
+	h = &s->hist[(s->hist_next + GS_SCHED_HIST - 1) % GS_SCHED_HIST];
+	if (s->hist_next && h->ent == s->holder && h->free == s->hold_free &&
+	    h->stop == start) {
+		h->stop = stop;
+		return;
+	}
 	h = &s->hist[s->hist_next++ % GS_SCHED_HIST];
 	*h = (struct gs_sched_hold){
 		.ent = s->holder,
@@ -592,11 +603,24 @@ void gs_sched_set_max_inst(struct gs_sched *s, u32 max_inst, u64 now)
 	gs_rates(s);
 }
 
-void gs_sched_set_slice(struct gs_sched *s, u64 slice_ns, u64 now)
+/* After the floor moved (and, @cap, the savings were cut to a slice). */
+static void gs_clamp_tokens(struct gs_sched *s, bool cap)
 {
-	s64 floor, cap;
+	s64 floor = gs_floor(s);
 	u32 i;
 
+	for (i = 0; i < s->nents; i++) {
+		struct gs_sched_ent *e = s->ents[i];
+
+		if (e->tokens < floor)
+			e->tokens = floor;
+		if (cap && e->tokens > (s64)s->slice_ns)
+			e->tokens = (s64)s->slice_ns;
+	}
+}
+
+void gs_sched_set_slice(struct gs_sched *s, u64 slice_ns, u64 now)
+{
 	gs_advance(s, now);
 	if (!slice_ns)
 		slice_ns = GS_SCHED_SLICE_NS;
@@ -605,16 +629,7 @@ void gs_sched_set_slice(struct gs_sched *s, u64 slice_ns, u64 now)
 	if (slice_ns > GS_SLICE_MAX_NS)
 		slice_ns = GS_SLICE_MAX_NS;
 	s->slice_ns = slice_ns;
-	floor = gs_floor(s);
-	cap = (s64)slice_ns;
-	for (i = 0; i < s->nents; i++) {
-		struct gs_sched_ent *e = s->ents[i];
-
-		if (e->tokens < floor)
-			e->tokens = floor;
-		if (e->tokens > cap)
-			e->tokens = cap;
-	}
+	gs_clamp_tokens(s, true);
 }
 
 void gs_sched_set_drain(struct gs_sched *s, u64 drain_ns, u64 now)
@@ -627,6 +642,7 @@ void gs_sched_set_drain(struct gs_sched *s, u64 drain_ns, u64 now)
 	if (drain_ns > GS_DRAIN_MAX_NS)
 		drain_ns = GS_DRAIN_MAX_NS;
 	s->drain_ns = drain_ns;
+	gs_clamp_tokens(s, false);
 }
 
 void gs_sched_set_weight(struct gs_sched *s, struct gs_sched_ent *e,
@@ -671,6 +687,107 @@ bool gs_sched_detach(struct gs_sched *s, struct gs_sched_client *c, u64 now)
 	return changed;
 }
 
+/*
+ * A late release's charge beyond its holds: what it reported (@extra), but
+ * at least, by the module's clock, the time from slice @f's forced end to
+ * now (drain_ns at most), so that a report of 0 does not make a late tail
+ * free (a late client's next ACQUIRE leaves its slice the same way); only
+ * releasing before the work ends escapes it.  That time starts after the
+ * late work of other entities charged so far that it falls in (their
+ * [end, busy), never past the clock when charged): on a serial GPU this
+ * client's work queued behind it, and it was charged to them.
+ */
+static u64 gs_late_floor(const struct gs_sched *s,
+			 const struct gs_sched_forced *f, u64 extra, u64 now)
+{
+	u64 from = f->busy > f->cursor ? f->busy : f->cursor, to;
+	bool moved = true;
+	u32 i, n;
+
+	/* Past every other late window [end, busy) it starts in (chained). */
+	for (n = 0; moved && n < GS_SCHED_FORCED; n++) {
+		moved = false;
+		for (i = 0; i < GS_SCHED_FORCED; i++) {
+			const struct gs_sched_forced *o = &s->forced[i];
+
+			if (o->ent && o->ent != f->ent && o->end <= from &&
+			    o->busy > from) {
+				from = o->busy;
+				moved = true;
+			}
+		}
+	}
+	to = gs_add(f->end, s->drain_ns);
+	to = to < now ? to : now;
+	return gs_sub0(to, from) > extra ? to - from : extra;
+}
+
+/* Is @c in the slice in progress (its entity holds the GPU)? */
+static inline bool gs_holding(const struct gs_sched *s,
+			      const struct gs_sched_client *c)
+{
+	return c->ent && s->holder == c->ent && c->slice == s->slice;
+}
+
+/*
+ * @c leaves the slice it is in (@c->slice set), having reported @used_ns
+ * since its last report; true when the GPU changed hands or became free.
+ */
+static bool gs_leave(struct gs_sched *s, struct gs_sched_client *c,
+		     u64 used_ns, u64 now)
+{
+	struct gs_sched_ent *e = c->ent;
+	struct gs_sched_forced *f = NULL;
+	bool changed = false;
+	u64 extra, from, to, taken;
+
+	if (used_ns > now - c->since)
+		used_ns = now - c->since;
+
+	if (c->slice == s->slice && s->holder == e) {
+		/* The hold covers its work since it joined. */
+		c->covered = gs_add(c->covered, now - c->granted);
+		if (e->in_slice)
+			e->in_slice--;
+		if (!e->in_slice) {
+			gs_end_slice(s, now);
+			changed = true;
+		}
+	} else {
+		f = gs_forced(s, c->slice);
+		gs_leave_late(s, c);
+	}
+	/*
+	 * What ran past the holds is charged on top (all of it if the end
+	 * of its slice is no longer known); the holders it kept off the GPU
+	 * meanwhile get their time back.
+	 */
+	extra = gs_sub0(used_ns, c->covered);
+	if (f)
+		extra = gs_late_floor(s, f, extra, now);
+	if (extra) {
+		taken = gs_charge(s, e, extra, false);
+		if (f) {
+			/*
+			 * The refund window starts where the slice's late work
+			 * reported so far ends, and is no longer than the
+			 * tokens this charge took, nor past now.
+			 */
+			from = f->cursor > f->end ? f->cursor : f->end;
+			f->cursor = gs_add(from, extra);
+			to = gs_add(from, taken);
+			if (to > now)
+				to = now;
+			if (to > f->busy)
+				f->busy = to;
+			gs_refund(s, from, to);
+		}
+	}
+	c->slice = 0;
+	c->covered = 0;
+	return changed;
+}
+
 enum gs_sched_answer gs_sched_acquire(struct gs_sched *s,
 				      struct gs_sched_client *c,
 				      u64 now, u64 *until)
@@ -680,6 +797,13 @@ enum gs_sched_answer gs_sched_acquire(struct gs_sched *s,
 
 	now = gs_advance(s, now);
 	gs_expire(s, now);
+	/*
+	 * A late client (its slice was taken away) asking again leaves that
+	 * slice as a release of 0 would: its tail is charged by the clock, as
+	 * it is for a release (else asking instead of releasing escapes it).
+	 */
+	if (e && c->slice && !gs_holding(s, c))
+		gs_leave(s, c, 0, now);
 	/* Native, or a process of no container: nothing to schedule. */
 	if (gs_native(s) || !e) {
 		if (e)
@@ -765,40 +889,6 @@ enum gs_sched_answer gs_sched_acquire(struct gs_sched *s,
 	}
 }
 
-/*
- * A late release's charge beyond its holds: what it reported (@extra), but
- * at least, by the module's clock, the time from slice @f's forced end to
- * now (drain_ns at most), so that a report of 0 does not make a late tail
- * free; only releasing before the work ends escapes it.  That time starts
- * after the late work of other entities charged so far (up to their
- * busy, never past the clock when charged): on a serial GPU this
- * client's work queued behind it, and it was charged to them.
- */
-static u64 gs_late_floor(const struct gs_sched *s,
-			 const struct gs_sched_forced *f, u64 extra, u64 now)
-{
-	u64 from = f->busy > f->cursor ? f->busy : f->cursor, to;
-	u32 i;
-
-	for (i = 0; i < GS_SCHED_FORCED; i++) {
-		const struct gs_sched_forced *o = &s->forced[i];
-
-		if (o->ent && o->ent != f->ent && o->busy > from &&
-		    o->end < now)
-			from = o->busy;
-	}
-	to = gs_add(f->end, s->drain_ns);
-	to = to < now ? to : now;
-	return gs_sub0(to, from) > extra ? to - from : extra;
-}
-
-/* Is @c in the slice in progress (its entity holds the GPU)? */
-static inline bool gs_holding(const struct gs_sched *s,
-			      const struct gs_sched_client *c)
-{
-	return c->ent && s->holder == c->ent && c->slice == s->slice;
-}
-
 enum gs_sched_answer gs_sched_renew(struct gs_sched *s,
 				    struct gs_sched_client *c,
 				    u64 now, u64 *until)
@@ -848,9 +938,7 @@ bool gs_sched_release(struct gs_sched *s, struct gs_sched_client *c,
 		      u64 used_ns, u64 now)
 {
 	struct gs_sched_ent *e = c->ent;
-	struct gs_sched_forced *f = NULL;
 	bool changed, waited = c->waiting;
-	u64 extra, from, to, taken;
 
 	if (!e)
 		return false;
@@ -863,52 +951,8 @@ bool gs_sched_release(struct gs_sched *s, struct gs_sched_client *c,
 	 */
 	if (waited && !e->waiting && !gs_live(s, now))
 		changed = true;
-	if (!c->slice)
-		return changed;
-	if (used_ns > now - c->since)
-		used_ns = now - c->since;
-
-	if (c->slice == s->slice && s->holder == e) {
-		/* The hold covers its work since it joined. */
-		c->covered = gs_add(c->covered, now - c->granted);
-		if (e->in_slice)
-			e->in_slice--;
-		if (!e->in_slice) {
-			gs_end_slice(s, now);
-			changed = true;
-		}
-	} else {
-		f = gs_forced(s, c->slice);
-		gs_leave_late(s, c);
-	}
-	/*
-	 * What ran past the holds is charged on top (all of it if the end
-	 * of its slice is no longer known); the holders it kept off the GPU
-	 * meanwhile get their time back.
-	 */
-	extra = gs_sub0(used_ns, c->covered);
-	if (f)
-		extra = gs_late_floor(s, f, extra, now);
-	if (extra) {
-		taken = gs_charge(s, e, extra, false);
-		if (f) {
-			/*
-			 * The refund window starts where the slice's late work
-			 * reported so far ends, and is no longer than the
-			 * tokens this charge took, nor past now.
-			 */
-			from = f->cursor > f->end ? f->cursor : f->end;
-			f->cursor = gs_add(from, extra);
-			to = gs_add(from, taken);
-			if (to > now)
-				to = now;
-			if (to > f->busy)
-				f->busy = to;
-			gs_refund(s, from, to);
-		}
-	}
-	c->slice = 0;
-	c->covered = 0;
+	if (c->slice && gs_leave(s, c, used_ns, now))
+		changed = true;
 	return changed;
 }
 

@@ -1,8 +1,13 @@
 // SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
 /*
- * S10: the gate of 94b5eb2 (no pacer, no heartbeat) on this core executes
- * what it did on 94b5eb2's core, and gives the fake GPU's figures (weights
- * 1:2 at 64 queued: 1:1.508 at 340 us, 1:1.000 at 600 us).
+ * S10: the gate of 94b5eb2 (no pacer, no heartbeat: an ABI 3 library on an
+ * ABI 4 module) still works on this core and is no worse than on 94b5eb2's
+ * core: each container within 2 points of what it got there, or nearer
+ * its target.  Not bit for bit: this core charges a late tail by the clock
+ * (a report of 0 is not free), which moves the cells whose slices end by
+ * force.  Where nothing is late it executes exactly what it did, and it
+ * gives the fake GPU's figures (weights 1:2 at 64 queued: 1:1.508 at
+ * 340 us, 1:1.000 at 600 us).
  *
  * The table (test_deep_legacy.h) has each cell's executed GPU time per
  * container, ns, with the old gate, 1 s of warm-up and 10 s measured, as
@@ -52,15 +57,32 @@ double deep_legacy_share(int conf, enum sim_gpu gpu, u32 q,
 }
 
 /*
- * Finding F5: 36fa6aa's floor on a late release (at least the time from the
- * forced end to the release, drain_ns at most) changes what the old gate
- * gets wherever its slices end by force: these cells are not as before.
+ * Finding F5: on a time-sliced GPU two entities' late work runs at once,
+ * and the late charge's exclusion of others' late windows (right on a
+ * serial GPU, where a waiter's work queues behind them) undercharges the
+ * later one: the old gate's 10:90 at 64 queued gives 18.9/81.1 here,
+ * 15.7/84.3 on 94b5eb2 (both far from 10/90; a paced gate is never late).
  */
 static bool f5(const struct legacy_cell *l)
 {
-	return (l->conf == 4 && l->d == 20 * MS) ||
-	       (l->conf == 6 && l->d == 50 * US) ||
-	       (l->conf == 2 && l->q == 64);
+	return l->conf == 2 && l->gpu == GPU_TS && l->q == 64;
+}
+
+/* Each share within 2 points of 94b5eb2's, or nearer its target. */
+static bool no_worse(const struct legacy_cell *l, const struct deep_res *r)
+{
+	const struct deep_conf *conf = &deep_confs[l->conf];
+	double old;
+	int j;
+
+	for (j = 0; j < conf->n; j++) {
+		old = 100.0 * l->gpu_ns[j] / (10 * SEC);
+		if (deep_abs(r->share[j] - old) > 2 &&
+		    deep_abs(r->share[j] - conf->want[j]) >
+		    deep_abs(old - conf->want[j]))
+			return false;
+	}
+	return true;
 }
 
 static void print_row(const struct legacy_cell *l)
@@ -94,9 +116,9 @@ static void check_row(const struct legacy_cell *l, const struct sim_cfg *c,
 	       same == 3 ? "as on" : "NOT as on", l->gpu_ns[0] / 1e8,
 	       l->gpu_ns[1] / 1e8, l->gpu_ns[2] / 1e8);
 	if (f5(l))
-		XFAIL(same == 3, "F5", "S10 %s %s", name, deep_cell(c));
+		XFAIL(no_worse(l, r), "F5", "S10 %s %s", name, deep_cell(c));
 	else
-		CHECK(same == 3, "S10 %s %s", name, deep_cell(c));
+		CHECK(no_worse(l, r), "S10 %s %s", name, deep_cell(c));
 	/* The fake GPU's (and the study's) weights 1:2 at 64 queued. */
 	if (l->conf || l->q != 64 || l->switch_ns)
 		return;

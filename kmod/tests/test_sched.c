@@ -1204,6 +1204,52 @@ static void test_free_slice(void)
 	       (long long)h->tokens);
 }
 
+/*
+ * A late client that asks again instead of releasing leaves its old slice
+ * as a release of 0 would: its tail is charged by the clock (the hostile
+ * review's "reacq": a 10 % tenant took 17.4 % by never releasing).  And a
+ * drain_us past the debt floor's second does not let a heartbeating hold
+ * go uncharged: the floor takes drain_ns in.
+ */
+static void test_late_reacquire(void)
+{
+	struct gs_sched_client ca, cb;
+	struct gs_sched *s = &sim.s;
+	u64 t0 = 1 * SEC, slice = 10 * MS, grace, until, end;
+
+	extend_setup(&ca, &cb, slice);
+	grace = GS_SCHED_GRACE(s);
+	CHECK(gs_sched_acquire(s, &ca, t0, &until) == GS_SCHED_GRANT);
+	CHECK(gs_sched_acquire(s, &cb, t0 + 1 * MS, &until) == GS_SCHED_WAIT);
+	end = t0 + slice + grace;
+	CHECK(gs_sched_acquire(s, &cb, end, &until) == GS_SCHED_GRANT);
+	CHECK(sim.ctr[0].e.used_ns == slice + grace);
+	/* 40 ms later a asks again, never having released. */
+	CHECK(gs_sched_acquire(s, &ca, end + 40 * MS, &until) ==
+	      GS_SCHED_WAIT);
+	CHECK(sim.ctr[0].e.used_ns == slice + grace + 40 * MS);
+	CHECK(ca.slice == 0 && ca.waiting);
+
+	/* The floor takes the drain bound in. */
+	sim_init(3, slice);
+	gs_sched_set_drain(s, 5000ull * MS, 0);
+	CHECK(s->drain_ns == 5000ull * MS);
+	add_ctr(10, 0);
+	sim.ctr[0].e.tokens = 0;
+	gs_sched_attach(s, &ca, &sim.ctr[0].e, 0);
+	CHECK(gs_sched_acquire(s, &ca, t0, &until) == GS_SCHED_GRANT);
+	CHECK(gs_sched_extend(s, &ca, t0 + slice, &until));
+	for (end = t0 + slice; end < t0 + slice + 4900 * MS; end += 2 * MS)
+		gs_sched_extend(s, &ca, end, &until);
+	CHECK(gs_sched_release(s, &ca, 0, end));
+	CHECK(sim.ctr[0].e.tokens <= -(s64)(4 * SEC));
+	gs_sched_set_drain(s, 100 * MS, end);
+	CHECK(sim.ctr[0].e.tokens >= -(s64)(GS_SCHED_SAVE_NS + 4 * slice +
+					    100 * MS));
+	printf("late reacquire: charged its 40 ms tail; a 4.9 s drain: %lld ms of debt\n",
+	       (long long)(sim.ctr[0].e.tokens / (s64)MS));
+}
+
 int main(void)
 {
 	test_fair_share();
@@ -1225,6 +1271,7 @@ int main(void)
 	test_renew();
 	test_refund_conservation();
 	test_free_slice();
+	test_late_reacquire();
 	printf("%d passed, %d failed\n", passed, failed);
 	return failed ? 1 : 0;
 }
