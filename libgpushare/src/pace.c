@@ -10,21 +10,23 @@ static uint64_t spacing(const struct gs_pace *p, uint64_t chat)
 	uint64_t n;
 
 	if (!chat)
-		return p->boot;
-	n = p->slice_ns / 4 / chat;
+		return atomic_load_explicit(&p->boot, memory_order_relaxed);
+	n = atomic_load_explicit(&p->slice_ns, memory_order_relaxed) / 4 / chat;
 	return n ? n : 1;
 }
 
 void gs_pace_init(struct gs_pace *p, uint64_t slice_ns, uint64_t now)
 {
-	*p = (struct gs_pace){ .slice_ns = slice_ns, .boot = 1 };
+	*p = (struct gs_pace){ 0 };
+	atomic_store(&p->slice_ns, slice_ns);
+	atomic_store(&p->boot, 1);
 	atomic_store(&p->vfin, now);
 	atomic_store(&p->next_probe, 1);
 }
 
 void gs_pace_set_slice(struct gs_pace *p, uint64_t slice_ns)
 {
-	p->slice_ns = slice_ns;
+	atomic_store_explicit(&p->slice_ns, slice_ns, memory_order_relaxed);
 }
 
 enum gs_pace_verdict gs_pace_launch(struct gs_pace *p, uint64_t now, uint64_t until)
@@ -119,8 +121,11 @@ void gs_pace_probe_done(struct gs_pace *p, uint64_t now, uint64_t elapsed_ns)
 	if (sample && (pr.backlogged || (chat && sample < chat))) {
 		chat = chat ? (chat + sample) / 2 : sample;
 		atomic_store_explicit(&p->chat, chat, memory_order_relaxed);
-	} else if (!chat && p->boot < BOOT_MAX) {
-		p->boot *= 2;	/* not busy yet: probe less often */
+	} else if (!chat && atomic_load_explicit(&p->boot, memory_order_relaxed) < BOOT_MAX) {
+		/* Not busy yet: probe less often. */
+		atomic_store_explicit(&p->boot, 2 * atomic_load_explicit(&p->boot,
+									 memory_order_relaxed),
+				      memory_order_relaxed);
 	}
 	p->have_last = true;
 	p->last_n = pr.n;

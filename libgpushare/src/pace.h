@@ -60,8 +60,9 @@ struct gs_pace {
 	_Atomic uint64_t chat;		/* estimated GPU ns per launch, 0: unknown */
 	_Atomic uint64_t launches;	/* counted launches */
 	_Atomic uint64_t next_probe;	/* launch count due for a probe */
-	uint64_t slice_ns;
-	uint64_t boot;			/* launches between probes while chat is unknown */
+	/* Written under the caller's lock, read by gs_pace_launch(): atomic. */
+	_Atomic uint64_t slice_ns;
+	_Atomic uint64_t boot;		/* launches between probes while chat is unknown */
 	/* Under the caller's lock: probes in record order, oldest first. */
 	struct gs_pace_probe probe[GS_PACE_SLOTS];
 	unsigned int first, pending;	/* ring of pending probes */

@@ -61,6 +61,7 @@ __asm__(".symver pthread_condattr_setclock,pthread_condattr_setclock@" GS_GLIBC_
 #define MAX_DEVICES 64
 #define MAX_STREAMS 8		/* streams timed per slice; more: drain the context */
 #define NEVER UINT64_MAX	/* a grant that never ends: the device is not gated */
+#define STANDALONE_DRAIN_NS 1000000000ull	/* standalone's drain bound */
 
 /* The TLS model of a library loaded at start (preloaded): no lookup call. */
 #define TLS __thread __attribute__((tls_model("initial-exec")))
@@ -105,6 +106,7 @@ struct gate {
 	 * is kept alive by heartbeats, up to drain_ns.
 	 */
 	bool paced;
+	bool held;			/* drains are heartbeats, up to drain_ns */
 	uint64_t drain_ns;
 	struct gs_pace pace;
 	CUevent probe[GS_PACE_SLOTS];	/* the pacer's probes, by its slots */
@@ -537,7 +539,7 @@ static bool drain(struct gate *g, uint64_t bound, bool keep, uint64_t *used_out)
 			break;
 		uint64_t now = mono_ns();
 		/* Paced: the drain is part of the hold, kept alive while it runs. */
-		if (g->paced && now >= beat) {
+		if (g->held && now >= beat) {
 			heartbeat(g);
 			beat = now + g->slice_ns / 8;
 		}
@@ -731,24 +733,6 @@ static void standalone_acquire(struct gate *g)
 	}
 }
 
-/*
- * Paced standalone: renew without draining, as the module does (@early:
- * before the grant's end).  Refused, the process drains and releases.
- */
-static bool standalone_renew(struct gate *g, bool early)
-{
-	u64 now = mono_ns(), until;
-	enum gs_sched_answer a = early ?
-		gs_sched_renew(&g->core, &g->client, now, &until) :
-		gs_sched_acquire(&g->core, &g->client, now, &until);
-
-	if (a != GS_SCHED_GRANT)
-		return false;
-	atomic_store(&g->until, until);
-	rel_kick();
-	return true;
-}
-
 /* GPUSHARE_CORE_LIMIT for @dev: by its UUID's place, or by ordinal. */
 static uint32_t standalone_limit(int dev)
 {
@@ -765,16 +749,24 @@ static uint32_t standalone_limit(int dev)
 	return 0;
 }
 
-/* Pacing, when asked for and the scheduler has a drain bound (ABI 4). */
-static void pace_setup(struct gate *g, uint64_t drain_ns)
+/*
+ * Held drains (heartbeats, up to drain_ns) when the scheduler has a drain
+ * bound (ABI 4, or standalone's own core); pacing too in module mode,
+ * where the holder is alone on the GPU.  Standalone is not paced: its
+ * neighbours' kernels run between its probes (the GPU is not its own),
+ * which inflates the cost estimate until the process starves itself.
+ */
+static void pace_setup(struct gate *g, uint64_t drain_ns, bool pacer)
 {
-	g->paced = pace_on && drain_ns > 0;
+	g->held = pace_on && drain_ns > 0;
+	g->paced = g->held && pacer;
 	g->drain_ns = drain_ns;
 	g->probe_last = -1;
 	gs_pace_init(&g->pace, g->slice_ns, mono_ns());
 	if (debug)
 		fprintf(stderr, "gpushare: pid %d: CUDA device %d %s\n", (int)getpid(),
-			(int)(g - gates), g->paced ? "paced" : "not paced (old module or GPUSHARE_SCHED_PACE=0)");
+			(int)(g - gates), g->paced ? "paced" : g->held ? "drains held, not paced" :
+			"not paced (old module or GPUSHARE_SCHED_PACE=0)");
 }
 
 /* The first slow path on @dev: how it is gated. */
@@ -787,7 +779,7 @@ static void setup(struct gate *g, int dev)
 			g->how = HOW_MODULE;
 			g->slice_ns = q.slice_ns;
 			/* ABI 4 answers drain_ns; an older module leaves it 0. */
-			pace_setup(g, q.drain_ns);
+			pace_setup(g, q.drain_ns, true);
 			return;
 		}
 		int err = errno;
@@ -810,6 +802,11 @@ static void setup(struct gate *g, int dev)
 	uint64_t now = mono_ns();
 	gs_sched_init(&g->core, now);
 	gs_sched_set_policy(&g->core, 3, now);
+	/*
+	 * Its own core: a long drain stalls nobody else, so it may be long
+	 * (a second) and every queue shorter than that is charged exactly.
+	 */
+	gs_sched_set_drain(&g->core, STANDALONE_DRAIN_NS, now);
 	if (gs_sched_add(&g->core, &g->ent, limit, 0, now)) {
 		pass(g);
 		return;
@@ -817,7 +814,7 @@ static void setup(struct gate *g, int dev)
 	gs_sched_attach(&g->core, &g->client, &g->ent, now);
 	gs_feedback_init(&g->fb, dev, limit, now);
 	g->slice_ns = g->core.slice_ns;
-	pace_setup(g, g->core.drain_ns);
+	pace_setup(g, g->core.drain_ns, false);
 	g->how = HOW_STANDALONE;
 }
 
@@ -843,7 +840,7 @@ static void reconnect(struct gate *g, int dev)
 			"the container is registered\n", dev);
 		g->how = HOW_MODULE;
 		g->slice_ns = q.slice_ns;
-		pace_setup(g, q.drain_ns);
+		pace_setup(g, q.drain_ns, true);
 		g->in_slice = false;
 		atomic_store(&g->until, 0);
 	} else if (not_ours(errno)) {
@@ -950,7 +947,7 @@ static void give_back(struct gate *g, int dev, uint64_t used)
 /* A drain's bound: paced, drain_ns (kept alive by heartbeats); else a slice. */
 static uint64_t drain_bound(const struct gate *g)
 {
-	return g->paced ? g->drain_ns : g->slice_ns;
+	return g->held ? g->drain_ns : g->slice_ns;
 }
 
 /*
@@ -973,8 +970,12 @@ static void exchange(struct gate *g, int dev, bool early)
 		bool on_time = early || mono_ns() < until + g->slice_ns / 4;
 		if (module && on_time && module_renew(g, dev, early))
 			return;
-		if (!module && g->paced && on_time && standalone_renew(g, early))
-			return;
+		/*
+		 * Closed until the next grant: every launch waits on the mutex
+		 * (an early stop drains before the grant's end, and launches
+		 * of other threads must not slip in behind the drain).
+		 */
+		atomic_store(&g->until, 0);
 		uint64_t used = 0;
 		drain(g, drain_bound(g), true, &used);
 		give_back(g, dev, used);
@@ -1046,7 +1047,7 @@ static void release_idle(struct gate *g, int dev)
 		return;
 	}
 	uint64_t used = 0;
-	if (!drain(g, g->paced ? g->drain_ns : g->slice_ns / 4, g->paced, &used)) {
+	if (!drain(g, g->held ? g->drain_ns : g->slice_ns / 4, g->held, &used)) {
 		/* Still working, not idle: look again a slice later. */
 		g->rel_retry = mono_ns() + g->slice_ns;
 		return;
@@ -1063,8 +1064,9 @@ static void *releaser(void *arg)
 		int due = -1;
 		for (int i = 0; i < MAX_DEVICES; i++) {
 			struct gate *g = &gates[i];
-			if (!atomic_load(&g->in_slice) || atomic_load(&g->rel_skip))
-				continue;
+			if (!atomic_load(&g->in_slice) || atomic_load(&g->rel_skip) ||
+			    !atomic_load(&g->until))
+				continue;	/* closed: the slow path is draining */
 			uint64_t t = atomic_load(&g->until) + rel_delay(g);
 			if (t < g->rel_retry)
 				t = g->rel_retry;
