@@ -490,10 +490,14 @@ static int sched(int file, struct gpushare_sched *a)
 	return err ? (errno = err, -1) : 0;
 }
 
-/* The file's clients leave the schedule, as the module's file release. */
+/*
+ * The file's clients leave the schedule, as the module's file release: in
+ * the process that opened it only (the module releases a file at its last
+ * close; a forked child's copy of it, closed or at exit, is not that).
+ */
 static void sched_close(int file)
 {
-	if (!ss)
+	if (!ss || !st || st->opener[file - 1] != (int32_t)getpid())
 		return;
 	sched_lock();
 	for (int g = 0; g < GPUSHARE_MAX_GPUS; g++)
