@@ -29,6 +29,8 @@
  *   COMPUTE_LOAD_GRAPH_NODES kernels per graph (default 16): a graph launch
  *                            is NODES * KERNEL_US of GPU time
  *   COMPUTE_LOAD_IN_FLIGHT   the queue depth Q, in kernels (default 64)
+ *   COMPUTE_LOAD_STREAMS     path kernel: launch round robin on that many
+ *                            streams (default 1, at most 16)
  *   COMPUTE_LOAD_WINDOW      1: a window application (below); unset or 0:
  *                            a batch application
  *
@@ -298,6 +300,15 @@ int main(int argc, char **argv)
 	}
 	if (window)
 		window_setup(depth);
+	const char *ns = getenv("COMPUTE_LOAD_STREAMS");
+	unsigned int nstreams = ns && *ns ? (unsigned int)strtoul(ns, NULL, 10) : 1;
+	CUstream streams[16] = { s };
+	if (!nstreams || nstreams > 16) {
+		fprintf(stderr, "compute_load: COMPUTE_LOAD_STREAMS: 1..16\n");
+		return 2;
+	}
+	for (unsigned int i = 1; i < nstreams; i++)
+		check(cuStreamCreate(&streams[i], 0), "cuStreamCreate");
 	int graph = !strcmp(path, "graph") || !strcmp(path, "capture");
 	unsigned int per_launch = graph ? graph_nodes : 1;	/* kernels */
 	CUgraphExec exec = graph ? make_graph(path, s, us) : NULL;
@@ -325,6 +336,8 @@ int main(int argc, char **argv)
 		CUresult r;
 		if (window)
 			window_wait(per_launch, depth);
+		if (!strcmp(path, "kernel"))
+			s = streams[launches % nstreams];
 		if (!strcmp(path, "kernel") || host)
 			r = api.launch(KERNEL, us, 1, 1, 32, 1, 1, 0, s, NULL, NULL);
 		else if (!strcmp(path, "ex"))
@@ -344,7 +357,8 @@ int main(int argc, char **argv)
 		if (window) {
 			window_push(s, per_launch);
 		} else if ((queued += per_launch) >= depth) {
-			check(api.sync(s), "cuStreamSynchronize");
+			for (unsigned int i = 0; i < nstreams; i++)
+				check(api.sync(streams[i]), "cuStreamSynchronize");
 			queued = 0;
 		}
 		if (trace_ns && now_ns() >= next_trace && ntrace < MAX_TRACE) {
@@ -354,7 +368,8 @@ int main(int argc, char **argv)
 			next_trace += trace_ns;
 		}
 	}
-	check(api.sync(s), "cuStreamSynchronize");
+	for (unsigned int i = 0; i < nstreams; i++)
+		check(api.sync(streams[i]), "cuStreamSynchronize");
 	uint64_t wall = now_ns() - start;
 	uint64_t gpu = fakecuda_busy_ns() - busy0;
 

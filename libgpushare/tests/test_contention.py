@@ -1,7 +1,8 @@
 """Compute shares under contention, module mode on the /dev/gpushare
 stand-in (the real scheduler core): deep queues (up to 512 kernels in
 flight), graphs longer than a slice, several containers, several processes
-in one container, every launch path, and a module of the previous ABI.
+in one container, several streams in one process, every launch path, and a
+module of the previous ABI.
 
 The workload is tests/compute_load.c through libgpushare.so, as in
 test_compute.py; COMPUTE_LOAD_IN_FLIGHT is its queue depth Q, and
@@ -213,6 +214,21 @@ def test_two_processes_of_one_container_share_its_weight(compute: Compute) -> No
     both = {"gpu_ns": a1["gpu_ns"] + a2["gpu_ns"], "share": a1["share"] + a2["share"]}
     both |= {"path": "a, two processes"}
     check_pair("two processes of a vs one of b", both, b, BUSY_FLOOR)
+
+
+@pytest.mark.parametrize("streams", [4, 12])
+def test_several_streams_of_one_process_hold_their_weights(compute: Compute, streams: int) -> None:
+    # Each process launches round robin on 4 streams (each timed by its own
+    # events) or 12 (more than the gate times: its drain synchronises the
+    # context), 64 queued 340 us kernels, a window application.
+    multi = {"COMPUTE_LOAD_STREAMS": str(streams), **depth(64, window=True)}
+    a, b = compute.run(
+        *(
+            {"env": {**compute.container(n, w), **multi}, "kernel_us": 340, "seconds": 3}
+            for n, w in (("a", 30), ("b", 60))
+        )
+    )
+    check_pair(f"{streams} streams each", a, b, BUSY_FLOOR)
 
 
 def test_every_launch_path_holds_its_share_under_deep_queues(compute: Compute) -> None:
