@@ -1,5 +1,7 @@
-"""What the real-GPU benches (gpu_memory.py, gpu_compute.py) share: finding
-GPU 0 with nvidia-smi, building libgpushare.so, and their tables."""
+"""What the real-GPU benches (gpu_memory.py, gpu_compute.py,
+gpu_contention.py) share: finding GPU 0 with nvidia-smi (and PyTorch
+seeing it), building libgpushare.so into a build folder, and their
+tables."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,3 +114,31 @@ def has_torch_cuda() -> str:
     if proc.stdout.strip() != "True":
         return "PyTorch does not see a CUDA GPU (torch.cuda.is_available() is False)"
     return ""
+
+
+def torch_gpu(script: str, no_gpu: str, no_torch: str) -> GPU | None:
+    """GPU 0 when there is one and PyTorch sees a GPU; else None, having said
+    why on stderr ("script: no NVIDIA GPU: ...; no_gpu", "script: ...;
+    no_torch")."""
+    try:
+        gpu = find_gpu()
+    except NoGPU as e:
+        print(f"{script}: no NVIDIA GPU: {e}; {no_gpu}", file=sys.stderr)
+        return None
+    if why := has_torch_cuda():
+        print(f"{script}: {why}; {no_torch}", file=sys.stderr)
+        return None
+    return gpu
+
+
+def in_build(script: str, build: Path | None, run: Callable[[Path], int]) -> int:
+    """run(the build folder): build (--build), else a temporary one; 2 when
+    it raises RuntimeError (said on stderr as "script: ...")."""
+    try:
+        if build:
+            return run(build.resolve())
+        with tempfile.TemporaryDirectory(prefix="gpushare-bench-") as tmp:
+            return run(Path(tmp))
+    except RuntimeError as e:
+        print(f"{script}: {e}", file=sys.stderr)
+        return 2

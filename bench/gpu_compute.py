@@ -62,12 +62,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_common import (  # noqa: E402  (a script: its folder on the path first)
     GPU,
     ROOT,
-    NoGPU,
     build_library,
-    find_gpu,
-    has_torch_cuda,
+    in_build,
     markdown_table,
     percentile,
+    torch_gpu,
 )
 from report_common import document  # noqa: E402
 
@@ -802,22 +801,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2 if e.code else 0
     if args.child:
         return run_child_main(args.child)
-    try:
-        gpu = find_gpu()
-    except NoGPU as e:
-        print(f"gpu_compute.py: no NVIDIA GPU: {e}; this benchmark needs one", file=sys.stderr)
+    gpu = torch_gpu(
+        "gpu_compute.py", "this benchmark needs one", "this benchmark needs PyTorch with CUDA"
+    )
+    if gpu is None:
         return 2
-    if why := has_torch_cuda():
-        print(f"gpu_compute.py: {why}; this benchmark needs PyTorch with CUDA", file=sys.stderr)
-        return 2
-    try:
-        if args.build:
-            return report(args, gpu, args.build.resolve())
-        with tempfile.TemporaryDirectory(prefix="gpushare-bench-") as tmp:
-            return report(args, gpu, Path(tmp))
-    except RuntimeError as e:
-        print(f"gpu_compute.py: {e}", file=sys.stderr)
-        return 2
+    return in_build("gpu_compute.py", args.build, lambda build: report(args, gpu, build))
 
 
 if __name__ == "__main__":

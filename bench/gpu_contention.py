@@ -49,11 +49,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_common import (  # noqa: E402
     GPU,
     ROOT,
-    NoGPU,
     build_library,
-    find_gpu,
-    has_torch_cuda,
+    in_build,
     markdown_table,
+    torch_gpu,
 )
 from gpu_contention_children import (  # noqa: E402
     RESULT,
@@ -373,24 +372,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         return child_main(args.child)
     if args.fake:
-        gpu = GPU(0, FAKE_UUID, "fake GPU", 8 << 30)
+        gpu: GPU | None = GPU(0, FAKE_UUID, "fake GPU", 8 << 30)
     else:
-        try:
-            gpu = find_gpu()
-        except NoGPU as e:
-            print(f"gpu_contention.py: no NVIDIA GPU: {e}; use --fake without one", file=sys.stderr)
-            return 2
-        if why := has_torch_cuda():
-            print(f"gpu_contention.py: {why}; this benchmark needs PyTorch", file=sys.stderr)
-            return 2
-    try:
-        if args.build:
-            return run(args, gpu, args.build.resolve())
-        with tempfile.TemporaryDirectory(prefix="gpushare-bench-") as tmp:
-            return run(args, gpu, Path(tmp))
-    except RuntimeError as e:
-        print(f"gpu_contention.py: {e}", file=sys.stderr)
+        gpu = torch_gpu(
+            "gpu_contention.py", "use --fake without one", "this benchmark needs PyTorch"
+        )
+    if gpu is None:
         return 2
+    return in_build("gpu_contention.py", args.build, lambda out: run(args, gpu, out))
 
 
 if __name__ == "__main__":

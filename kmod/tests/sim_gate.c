@@ -127,11 +127,13 @@ static bool probe(struct sim_proc *p)
 	return true;
 }
 
-static bool new_launch(struct sim_proc *p)
+/*
+ * The states both gates share (G_FIT only the new gate's): a blocking
+ * ACQUIRE, a drain, the wait for the queue to fit, the releaser holding
+ * the lock.  True once in a grant (p->gst G_OUT); false: the thread waits.
+ */
+static bool gate_ready(struct sim_proc *p)
 {
-	enum gs_pace_verdict v;
-	u64 u;
-
 	for (;;) {
 		switch (p->gst) {
 		case G_ACQ:
@@ -143,13 +145,6 @@ static bool new_launch(struct sim_proc *p)
 				return false;
 			p->gst = G_ACQ;
 			continue;
-		case G_PROBE:
-			if (sim.now < p->until)
-				return probe(p);
-			/* At the grant's end: the launch goes, unprobed. */
-			p->gst = G_OUT;
-			launched(p);
-			return true;
 		case G_FIT:
 			sim_reap(p);
 			break;
@@ -162,10 +157,40 @@ static bool new_launch(struct sim_proc *p)
 			break;
 		}
 		p->gst = G_OUT;
-		if (!p->in_slice) {
-			p->gst = G_ACQ;
-			continue;
+		if (p->in_slice)
+			return true;
+		p->gst = G_ACQ;
+	}
+}
+
+/* Past until, within a grace of it: a NOWAIT renewal; true when granted. */
+static bool renew_late(struct sim_proc *p)
+{
+	u64 u;
+
+	if (sim.now >= p->until + sim_grace() || !sim_acquire(p, &u))
+		return false;
+	p->until = u;
+	gate_arm(p);
+	return true;
+}
+
+static bool new_launch(struct sim_proc *p)
+{
+	enum gs_pace_verdict v;
+	u64 u;
+
+	for (;;) {
+		if (p->gst == G_PROBE) {
+			if (sim.now < p->until)
+				return probe(p);
+			/* At the grant's end: the launch goes, unprobed. */
+			p->gst = G_OUT;
+			launched(p);
+			return true;
 		}
+		if (!gate_ready(p))
+			return false;
 		if (sim.now < p->until) {
 			v = gs_pace_launch(&p->pace, sim.now, p->until);
 			if (v == GS_PACE_STOP) {
@@ -193,12 +218,8 @@ static bool new_launch(struct sim_proc *p)
 			continue;
 		}
 		/* The grant is over. */
-		if (!p->hogging && sim.now < p->until + sim_grace() &&
-		    sim_acquire(p, &u)) {
-			p->until = u;
-			gate_arm(p);
+		if (!p->hogging && renew_late(p))
 			continue;
-		}
 		if (!hog(p))
 			stop(p);
 	}
@@ -206,41 +227,15 @@ static bool new_launch(struct sim_proc *p)
 
 static bool legacy_launch(struct sim_proc *p)
 {
-	u64 u;
-
 	for (;;) {
-		switch (p->gst) {
-		case G_ACQ:
-			if (!acquire_blocking(p))
-				return false;
-			break;
-		case G_DRAIN:
-			if (!sim_drain_poll(p, true, &p->app_wake))
-				return false;
-			p->gst = G_ACQ;
-			continue;
-		default:
-			if (p->rel_drain) {
-				p->gst = G_LOCKED;
-				p->app_wake = NEVER;
-				return false;
-			}
-			break;
-		}
-		p->gst = G_OUT;
-		if (!p->in_slice) {
-			p->gst = G_ACQ;
-			continue;
-		}
+		if (!gate_ready(p))
+			return false;
 		if (sim.now < p->until) {
 			launched(p);
 			return true;
 		}
-		if (sim.now < p->until + sim_grace() && sim_acquire(p, &u)) {
-			p->until = u;
-			gate_arm(p);
+		if (renew_late(p))
 			continue;
-		}
 		if (p->evil == EVIL_EARLY) {
 			stop(p);
 			continue;

@@ -41,7 +41,6 @@
 #endif
 #include <dlfcn.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,12 +54,7 @@
 #include "interpose.h"
 #include "ledger.h"
 #include "sched_gate.h"
-
-/* The loader's C library calls, bound to their old versions as in sched.c. */
-#if defined(GS_GLIBC_BASE)
-__asm__(".symver pthread_create,pthread_create@" GS_GLIBC_BASE);
-__asm__(".symver pthread_sigmask,pthread_sigmask@" GS_GLIBC_BASE);
-#endif
+#include "thread.h"
 
 typedef int nvmlReturn_t;
 typedef struct nvmlDevice_st *nvmlDevice_t;
@@ -164,18 +158,8 @@ int gs_fb_source_ready(void)
 	int s = NV_NONE;
 
 	if (atomic_compare_exchange_strong(&nv_state, &s, NV_LOADING)) {
-		pthread_attr_t a;
-		pthread_t t;
-		sigset_t all, old;
-		/* Signals go to the application's threads, never to this one. */
-		sigfillset(&all);
-		pthread_sigmask(SIG_SETMASK, &all, &old);
-		pthread_attr_init(&a);
-		pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-		if (pthread_create(&t, &a, loader, NULL))
+		if (gs_thread_start(loader, NULL, 0))
 			atomic_store(&nv_state, NV_FAILED);
-		pthread_attr_destroy(&a);
-		pthread_sigmask(SIG_SETMASK, &old, NULL);
 		s = atomic_load(&nv_state);
 	}
 	return s == NV_OK ? 1 : s == NV_FAILED ? -1 : 0;

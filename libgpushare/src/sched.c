@@ -40,6 +40,7 @@
 #include "pace.h"
 #include "ledger.h"
 #include "sched_gate.h"
+#include "thread.h"
 
 /*
  * The releaser's C library calls, bound to their versions before 2.34 as
@@ -569,20 +570,8 @@ static void *releaser(void *arg);
 static void rel_kick(void)
 {
 	pthread_mutex_lock(&rel_mu);
-	if (!rel_started) {
-		pthread_attr_t a;
-		pthread_t t;
-		sigset_t all, old;
-		/* Signals go to the application's threads, never to this one. */
-		sigfillset(&all);
-		pthread_sigmask(SIG_SETMASK, &all, &old);
-		pthread_attr_init(&a);
-		pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-		pthread_attr_setstacksize(&a, 256 * 1024);
-		rel_started = pthread_create(&t, &a, releaser, NULL) == 0;
-		pthread_attr_destroy(&a);
-		pthread_sigmask(SIG_SETMASK, &old, NULL);
-	}
+	if (!rel_started)
+		rel_started = gs_thread_start(releaser, NULL, 256 * 1024) == 0;
 	pthread_cond_signal(&rel_cv);
 	pthread_mutex_unlock(&rel_mu);
 }

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import collections
 import errno
-import json
 import os
 import random
 import select
@@ -29,8 +28,20 @@ from pathlib import Path
 import pytest
 
 from nri_gpushare.kmod import abi
-from tests.guest.kmod_race_support import fork, mark, need_two_cpus, poll, wait_all
-from tests.guest.kmod_support import DEV, NOBODY, ROOT, ctl, enter, ok, refcount, registered, write
+from tests.guest.kmod_race_support import (
+    Tally,
+    Workers,
+    add_bound,
+    add_counted,
+    del_counted,
+    gputimes,
+    granted_now,
+    label,
+    mark,
+    need_two_cpus,
+    open_dev,
+)
+from tests.guest.kmod_support import NOBODY, ROOT, ok, refcount, registered, write
 
 pytestmark = pytest.mark.usefixtures("kmod")
 
@@ -42,10 +53,6 @@ U64_MAX = (1 << 64) - 1
 SLICES_US = ("1000", "2000", "5000", "20000")
 DRAINS_US = (str(abi.DRAIN_US_MIN), "2000", "20000", str(abi.DRAIN_US_DEFAULT))
 MakeCgroup = Callable[[str], Path]
-
-
-def label(err: int) -> str:
-    return errno.errorcode.get(err, "OK") if err else "OK"
 
 
 def spec(rng: random.Random) -> str:
@@ -78,14 +85,8 @@ def worker(seed: int, stop_fd: int, stats_fd: int) -> int:
     rng = random.Random(seed)
     signal.signal(signal.SIGALRM, lambda *_: None)  # interrupts, no restart
     fd: int | None = None
-    bad = 0
-    counts: collections.Counter[str] = collections.Counter()
+    tally = Tally(f"drain worker {os.getpid()} (seed {seed})")
     forced: dict[int, int] = {}
-
-    def wrong(message: str) -> None:
-        nonlocal bad
-        bad += 1
-        os.write(2, f"drain worker {os.getpid()} (seed {seed}): {message}\n".encode())
 
     def call(op: int, gpu: int, flags: int = 0, used: int = 0) -> int:
         size = rng.choice([abi.SCHED_SIZE_VER0, abi.SCHED.size])
@@ -100,32 +101,29 @@ def worker(seed: int, stop_fd: int, stats_fd: int) -> int:
             signal.setitimer(signal.ITIMER_REAL, 0)
         name = ("info", "acquire", "release", "extend")[op]
         name += "-early" if flags & abi.SCHED_EARLY else "-nowait" if flags else ""
-        counts[f"{name} {label(err)}"] += 1
+        tally.counts[f"{name} {label(err)}"] += 1
         allowed = {0, errno.ENOENT}
         if op == abi.SCHED_EXTEND or flags:
             allowed.add(errno.EAGAIN)
         elif op == abi.SCHED_ACQUIRE:
             allowed.add(errno.EINTR)
         if err not in allowed:
-            wrong(f"{name} on GPU {gpu}: {label(err)}")
+            tally.wrong(f"{name} on GPU {gpu}: {label(err)}")
         if state is None:
             if err != errno.ENOENT or os.getuid() != 0:
-                wrong(f"{name}: no answer with {label(err)}")
+                tally.wrong(f"{name}: no answer with {label(err)}")
             return err
         if (why := problem(state, size, forced, gpu)) is not None:
-            wrong(f"{name}: {why}")
+            tally.wrong(f"{name}: {why}")
         granted = err == 0 and op in (abi.SCHED_ACQUIRE, abi.SCHED_EXTEND)
         if granted and state.policy != 5 and state.until <= before:
-            wrong(f"{name}: until {state.until} is not after {before}")
+            tally.wrong(f"{name}: until {state.until} is not after {before}")
         return err
 
     while not select.select([stop_fd], [], [], 0)[0]:
         if fd is None:
-            try:
-                fd = os.open(DEV, os.O_RDWR | os.O_CLOEXEC)
-            except FileNotFoundError:
-                counts["open ENOENT"] += 1  # its container is deleted just now
-                time.sleep(0.01)
+            fd = open_dev(tally, 0.01)
+            if fd is None:
                 continue
         gpu, r = rng.randrange(2), rng.random()
         if r < 0.25:
@@ -154,27 +152,14 @@ def worker(seed: int, stop_fd: int, stats_fd: int) -> int:
         else:
             os.close(fd)
             fd = None
-            counts["close"] += 1
+            tally.counts["close"] += 1
             continue
         if err == errno.ENOENT and rng.random() < 0.5:
             os.close(fd)
             fd = None
     if fd is not None:
         os.close(fd)
-    os.write(stats_fd, (json.dumps(counts) + "\n").encode())
-    return min(bad, 99)
-
-
-def spawn(cg: Path, uid: int | None, seed: int, pipes: tuple[int, int, int, int]) -> int:
-    stop_r, stop_w, stats_r, stats_w = pipes
-
-    def run() -> int:
-        os.close(stop_w)
-        os.close(stats_r)
-        enter(cg, uid)
-        return worker(seed, stop_r, stats_w)
-
-    return fork(run)
+    return tally.send(stats_fd)
 
 
 def read_gpu_files(last: dict[int, int]) -> int:
@@ -184,34 +169,10 @@ def read_gpu_files(last: dict[int, int]) -> int:
         ends = int((ROOT / f"{g}/forced_ends").read_text())
         assert ends >= last.get(g, 0), (g, ends, last)
         last[g] = ends
-        for cid in IDS:
-            try:
-                assert int((ROOT / f"{g}/{cid}/gputime").read_text()) < 1 << 62
-                n += 1
-            except OSError as e:
-                assert e.errno in (errno.ENOENT, errno.EIO), e
+        times = gputimes(g, IDS)
+        assert all(t < 1 << 62 for t in times), (g, times)
+        n += len(times)
     return n
-
-
-def granted_now(cg: Path, gpu: int) -> int:
-    """A blocking ACQUIRE (given 5 s), an EXTEND and a RELEASE in a process
-    of cg; 0 or the first errno."""
-
-    def run() -> int:
-        enter(cg, None)
-        signal.signal(signal.SIGALRM, lambda *_: None)
-        fd = os.open(DEV, os.O_RDWR | os.O_CLOEXEC)
-        signal.setitimer(signal.ITIMER_REAL, 5.0)
-        try:
-            abi.sched(fd, abi.SCHED_ACQUIRE, gpu)
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            abi.sched(fd, abi.SCHED_EXTEND, gpu)
-            abi.sched(fd, abi.SCHED_RELEASE, gpu, 1)
-        except OSError as e:
-            return e.errno or 1
-        return 0
-
-    return wait_all([fork(run)])[0]
 
 
 def test_drain_paths_race_settings_del_add_and_kills(cgroups: MakeCgroup) -> None:
@@ -221,47 +182,28 @@ def test_drain_paths_race_settings_del_add_and_kills(cgroups: MakeCgroup) -> Non
     ok("gpu 1 100000")
     cgs = {cid: cgroups(f"gs-{cid}") for cid in IDS}
     for cid in IDS:
-        ok(f"add {cid} {spec(rng)}")
-        ok(f"bind {cid} /gs-{cid}")
+        add_bound(cid, spec(rng))
     for g in (0, 1):
         assert write(ROOT / f"{g}/slice_us", "2000") == 0
         assert write(ROOT / f"{g}/drain_us", "2000") == 0
-    stop_r, stop_w = os.pipe()
-    stats_r, stats_w = os.pipe()
-    pipes = (stop_r, stop_w, stats_r, stats_w)
-    live: dict[int, tuple[str, int | None]] = {}
-    stopped: set[int] = set()
-    seeds = iter(range(SEED * 1000, SEED * 1000 + 1000))
+    workers = Workers(worker, cgs, SEED)
     for cid in IDS:
         for uid in (None, NOBODY):
-            live[spawn(cgs[cid], uid, next(seeds), pipes)] = (cid, uid)
-    mark(f"drain race: {len(live)} workers, seed {SEED}")
+            workers.spawn(cid, uid)
+    mark(f"drain race: {len(workers.live)} workers, seed {SEED}")
     ops: collections.Counter[str] = collections.Counter()
     last: dict[int, int] = {}
     for step in range(CONTROL_OPS):
-        for pid in list(live):
-            code = poll(pid)
-            assert code is None, f"worker {pid} exited with {code} (see its stderr)"
+        workers.check()
         if step % KILL_EVERY == KILL_EVERY - 1:
-            pid = rng.choice(sorted(live))
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            stopped.discard(pid)
-            victim, uid = live.pop(pid)
-            live[spawn(cgs[victim], uid, next(seeds), pipes)] = (victim, uid)
+            workers.kill(rng)
             ops["SIGKILL"] += 1
             continue
         cid, g, r = rng.choice(IDS), rng.randrange(2), rng.random()
         if r < 0.08:
-            err = ctl(f"del {cid}")
-            assert err in (0, errno.ENOENT)
-            ops[f"del {label(err)}"] += 1
+            del_counted(cid, ops)
         elif r < 0.18:
-            err = ctl(f"add {cid} {spec(rng)}")
-            assert err in (0, errno.EEXIST, errno.ENOSPC)
-            if err == 0:
-                ok(f"bind {cid} /gs-{cid}")
-            ops[f"add {label(err)}"] += 1
+            add_counted(cid, spec(rng), ops)
         elif r < 0.38:
             assert write(ROOT / f"{g}/drain_us", rng.choice(DRAINS_US)) == 0
             ops["drain_us"] += 1
@@ -272,28 +214,11 @@ def test_drain_paths_race_settings_del_add_and_kills(cgroups: MakeCgroup) -> Non
             assert write(ROOT / f"{g}/policy", rng.choice(["1", "2", "2", "5"])) == 0
             ops["policy"] += 1
         elif r < 0.66:
-            pid = rng.choice(sorted(live))
-            if pid in stopped:
-                os.kill(pid, signal.SIGCONT)
-                stopped.discard(pid)
-                ops["SIGCONT"] += 1
-            else:
-                os.kill(pid, signal.SIGSTOP)
-                stopped.add(pid)
-                ops["SIGSTOP"] += 1
+            ops[workers.stop_or_continue(rng)] += 1
         else:
             ops["gpu files read"] += read_gpu_files(last)
         time.sleep(0.01)
-    for pid in stopped:
-        os.kill(pid, signal.SIGCONT)
-    os.close(stop_w)
-    codes = wait_all(live)
-    os.close(stop_r)
-    os.close(stats_w)
-    seen: collections.Counter[str] = collections.Counter()
-    with os.fdopen(stats_r) as f:
-        for line in f:
-            seen.update(json.loads(line))
+    codes, seen = workers.finish()
     mark(f"drain race done: workers {dict(seen)}, test {dict(ops)}, forced ends {last}")
     assert codes == [0] * len(codes), "a worker got a wrong answer (see its stderr)"
 
@@ -304,11 +229,10 @@ def test_drain_paths_race_settings_del_add_and_kills(cgroups: MakeCgroup) -> Non
         assert write(ROOT / f"{g}/drain_us", str(abi.DRAIN_US_DEFAULT)) == 0
     for cid in IDS:
         if cid not in registered():
-            ok(f"add {cid} {spec(rng)}")
-            ok(f"bind {cid} /gs-{cid}")
+            add_bound(cid, spec(rng))
     for cid in IDS:
         for g in (0, 1):
-            assert granted_now(cgs[cid], g) == 0, (cid, g)
+            assert granted_now(cgs[cid], g, extend=True) == 0, (cid, g)
     assert read_gpu_files(last) == 2 * len(IDS)
     assert refcount() == len(registered())
     for outcome in ("extend OK", "extend EAGAIN", "acquire-early EAGAIN"):

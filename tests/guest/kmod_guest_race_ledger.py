@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import collections
 import errno
-import json
 import os
 import random
 import select
-import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,13 +25,24 @@ import pytest
 
 from nri_gpushare.kmod import abi
 from nri_gpushare.kmod.procfs import parse_meminfo
-from tests.guest.kmod_race_support import fork, mark, need_two_cpus, poll, wait_all
+from tests.guest.kmod_race_support import (
+    Tally,
+    Workers,
+    add_bound,
+    add_counted,
+    del_counted,
+    fork,
+    label,
+    mark,
+    need_two_cpus,
+    open_dev,
+    wait_all,
+)
 from tests.guest.kmod_support import (
     DEV,
     NOBODY,
     ROOT,
     ctl,
-    enter,
     load,
     loaded,
     ok,
@@ -61,11 +70,6 @@ KILL_EVERY = 100  # control operations
 MakeCgroup = Callable[[str], Path]
 
 
-def label(err: int) -> str:
-    """An answer's name in the tallies: "OK" or the errno's, as in "del ENOENT"."""
-    return errno.errorcode.get(err, "OK") if err else "OK"
-
-
 def worker(seed: int, stop_fd: int, stats_fd: int) -> int:
     """Reserve, release, read and close at random on /dev/gpushare until
     stop_fd reads EOF; every answer is checked against this process's own
@@ -74,20 +78,11 @@ def worker(seed: int, stop_fd: int, stats_fd: int) -> int:
     rng = random.Random(seed)
     fd: int | None = None
     mine = {0: 0, 1: 0}
-    bad = 0
-    seen: collections.Counter[str] = collections.Counter()
-
-    def wrong(message: str) -> None:
-        nonlocal bad
-        bad += 1
-        os.write(2, f"worker {os.getpid()} (seed {seed}): {message}\n".encode())
-
+    tally = Tally(f"worker {os.getpid()} (seed {seed})")
     while not select.select([stop_fd], [], [], 0)[0]:
         if fd is None:
-            try:
-                fd = os.open(DEV, os.O_RDWR | os.O_CLOEXEC)
-            except FileNotFoundError:
-                seen["open ENOENT"] += 1  # its container is deleted just now
+            fd = open_dev(tally)
+            if fd is None:
                 continue
             mine = {0: 0, 1: 0}
         gpu = rng.randrange(2)
@@ -101,7 +96,7 @@ def worker(seed: int, stop_fd: int, stats_fd: int) -> int:
         else:
             os.close(fd)
             fd = None
-            seen["close"] += 1
+            tally.counts["close"] += 1
             continue
         try:
             state: abi.MemState | None = abi.mem(fd, op, gpu, n)
@@ -109,48 +104,34 @@ def worker(seed: int, stop_fd: int, stats_fd: int) -> int:
         except abi.MemError as e:
             err, state = e.errno or -1, e.state
         name = {abi.MEM_RESERVE: "reserve", abi.MEM_RELEASE: "release"}.get(op, "info")
-        seen[f"{name} {label(err)}"] += 1
+        tally.counts[f"{name} {label(err)}"] += 1
         allowed = {0, errno.ENOENT} | ({errno.EDQUOT} if op == abi.MEM_RESERVE else set())
         if err not in allowed:
-            wrong(f"{name} {n} on GPU {gpu}: {errno.errorcode.get(err, err)}")
+            tally.wrong(f"{name} {n} on GPU {gpu}: {errno.errorcode.get(err, err)}")
         if err == 0 and op == abi.MEM_RESERVE:
             mine[gpu] += n
         elif err == 0 and op == abi.MEM_RELEASE:
             mine[gpu] -= n
         if state is None:
             if err != errno.ENOENT:
-                wrong(f"{name}: no state with {errno.errorcode.get(err, err)}")
+                tally.wrong(f"{name}: no state with {errno.errorcode.get(err, err)}")
             if any(mine.values()):
-                wrong(f"{name}: a file that holds bytes acts for no container")
+                tally.wrong(f"{name}: a file that holds bytes acts for no container")
         else:
             if state.mine != mine[gpu] or state.mine > state.used:
-                wrong(f"{name} {n} on GPU {gpu}: mine {state.mine}, counted {mine[gpu]}")
+                tally.wrong(f"{name} {n} on GPU {gpu}: mine {state.mine}, counted {mine[gpu]}")
             if state.quota and state.used > state.quota:
-                wrong(f"{name}: used {state.used} over the quota {state.quota}")
+                tally.wrong(f"{name}: used {state.used} over the quota {state.quota}")
             # quota 0: the container was deleted; only a release still works.
             deleted = err == errno.ENOENT or (err == 0 and op == abi.MEM_RELEASE)
             if (state.quota == 0 and not deleted) or (err == errno.ENOENT and state.quota):
-                wrong(f"{name}: quota {state.quota} with {errno.errorcode.get(err, err)}")
+                tally.wrong(f"{name}: quota {state.quota} with {errno.errorcode.get(err, err)}")
         if err == errno.ENOENT and rng.random() < 0.5:
             os.close(fd)  # give the deleted container's bytes back
             fd = None
     if fd is not None:
         os.close(fd)
-    os.write(stats_fd, (json.dumps(seen) + "\n").encode())
-    return min(bad, 99)
-
-
-def spawn(cg: Path, uid: int | None, seed: int, pipes: tuple[int, int, int, int]) -> int:
-    """A worker in cgroup cg as uid; pipes: stop and stats, read and write ends."""
-    stop_r, stop_w, stats_r, stats_w = pipes
-
-    def run() -> int:
-        os.close(stop_w)  # the test's alone, so that its close means stop
-        os.close(stats_r)
-        enter(cg, uid)
-        return worker(seed, stop_r, stats_w)
-
-    return fork(run)
+    return tally.send(stats_fd)
 
 
 def check_meminfo(cid: str, gpu: int) -> bool:
@@ -173,46 +154,27 @@ def test_reservations_race_del_add_close_and_kills(cgroups: MakeCgroup) -> None:
         ok(f"gpu {g} {total}")
     cgs = {cid: cgroups(f"gs-{cid}") for cid in IDS}
     for cid in IDS:
-        ok(f"add {cid} {SPEC}")
-        ok(f"bind {cid} /gs-{cid}")
-    stop_r, stop_w = os.pipe()
-    stats_r, stats_w = os.pipe()
-    pipes = (stop_r, stop_w, stats_r, stats_w)
-    live: dict[int, tuple[str, int | None]] = {}
-    seeds = iter(range(SEED * 1000, SEED * 1000 + 1000))
+        add_bound(cid, SPEC)
+    workers = Workers(worker, cgs, SEED)
     for cid in IDS:
         for i in range(WORKERS_PER_ID):
-            uid = NOBODY if i % 2 else None
-            live[spawn(cgs[cid], uid, next(seeds), pipes)] = (cid, uid)
-    mark(f"ledger race: {len(live)} workers, seed {SEED}")
+            workers.spawn(cid, NOBODY if i % 2 else None)
+    mark(f"ledger race: {len(workers.live)} workers, seed {SEED}")
     ops: collections.Counter[str] = collections.Counter()
     orphaned_seen = kills = 0
     for step in range(CONTROL_OPS):
-        for pid in list(live):
-            code = poll(pid)  # a worker that failed early
-            assert code is None, f"worker {pid} exited with {code} (see its stderr)"
+        workers.check()
         if step % KILL_EVERY == KILL_EVERY - 1:
-            pid = rng.choice(sorted(live))
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            victim, uid = live.pop(pid)
-            live[spawn(cgs[victim], uid, next(seeds), pipes)] = (victim, uid)
+            workers.kill(rng)
             kills += 1
             continue
         cid = rng.choice(IDS)
         r = rng.random()
         if r < 0.15:
-            err = ctl(f"del {cid}")
-            assert err in (0, errno.ENOENT)
-            if err == 0:
+            if del_counted(cid, ops) == 0:
                 orphaned_seen = max(orphaned_seen, value(ROOT / "0/orphaned_memsize"))
-            ops[f"del {label(err)}"] += 1
         elif r < 0.35:
-            err = ctl(f"add {cid} {SPEC}")
-            assert err in (0, errno.EEXIST, errno.ENOSPC)
-            if err == 0:
-                ok(f"bind {cid} /gs-{cid}")
-            ops[f"add {label(err)}"] += 1
+            add_counted(cid, SPEC, ops)
         elif r < 0.55:
             gpu = rng.randrange(2)
             err = write(ROOT / f"{gpu}/{cid}/memsize", str(rng.choice(MEMSIZES)))
@@ -235,14 +197,7 @@ def test_reservations_race_del_add_close_and_kills(cgroups: MakeCgroup) -> None:
                 total = value(ROOT / f"{g}/total_memsize")
                 free = value(ROOT / f"{g}/free_memsize")
                 assert free + value(ROOT / f"{g}/orphaned_memsize") <= total
-    os.close(stop_w)
-    codes = wait_all(live)
-    os.close(stop_r)
-    os.close(stats_w)
-    with os.fdopen(stats_r) as f:
-        seen: collections.Counter[str] = collections.Counter()
-        for line in f:
-            seen.update(json.loads(line))
+    codes, seen = workers.finish()
     summary = f"workers {dict(seen)}, test {dict(ops)}, {kills} kills, orphaned {orphaned_seen}"
     mark(f"ledger race done: {summary}")
     assert codes == [0] * len(codes), "a worker got a wrong answer (see its stderr)"

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import collections
 import errno
-import json
 import os
 import random
 import select
@@ -30,12 +29,26 @@ from pathlib import Path
 import pytest
 
 from nri_gpushare.kmod import abi
-from tests.guest.kmod_race_support import fork, mark, need_two_cpus, poll, wait_all, walk
+from tests.guest.kmod_race_support import (
+    Tally,
+    Workers,
+    add_bound,
+    add_counted,
+    del_counted,
+    fork,
+    gputimes,
+    granted_now,
+    label,
+    mark,
+    need_two_cpus,
+    open_dev,
+    wait_all,
+    walk,
+)
 from tests.guest.kmod_support import (
     DEV,
     NOBODY,
     ROOT,
-    ctl,
     enter,
     load,
     loaded,
@@ -56,10 +69,6 @@ KILL_EVERY = 60  # control operations
 MakeCgroup = Callable[[str], Path]
 U64_MAX = (1 << 64) - 1
 SLICES_US = (1000, 2000, 5000, 20000)
-
-
-def label(err: int) -> str:
-    return errno.errorcode.get(err, "OK") if err else "OK"
 
 
 def spec(rng: random.Random) -> str:
@@ -89,21 +98,11 @@ def worker(seed: int, stop_fd: int, stats_fd: int) -> int:
     rng = random.Random(seed)
     signal.signal(signal.SIGALRM, lambda *_: None)  # interrupts, no restart
     fd: int | None = None
-    bad = 0
-    seen: collections.Counter[str] = collections.Counter()
-
-    def wrong(message: str) -> None:
-        nonlocal bad
-        bad += 1
-        os.write(2, f"sched worker {os.getpid()} (seed {seed}): {message}\n".encode())
-
+    tally = Tally(f"sched worker {os.getpid()} (seed {seed})")
     while not select.select([stop_fd], [], [], 0)[0]:
         if fd is None:
-            try:
-                fd = os.open(DEV, os.O_RDWR | os.O_CLOEXEC)
-            except FileNotFoundError:
-                seen["open ENOENT"] += 1  # its container is deleted just now
-                time.sleep(0.01)
+            fd = open_dev(tally, 0.01)
+            if fd is None:
                 continue
         gpu = rng.randrange(2)
         r = rng.random()
@@ -125,7 +124,7 @@ def worker(seed: int, stop_fd: int, stats_fd: int) -> int:
         else:
             os.close(fd)
             fd = None
-            seen["close"] += 1
+            tally.counts["close"] += 1
             continue
         before = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         try:
@@ -138,75 +137,34 @@ def worker(seed: int, stop_fd: int, stats_fd: int) -> int:
         name = {abi.SCHED_ACQUIRE: "acquire", abi.SCHED_RELEASE: "release"}.get(op, "info")
         if flags:
             name += "-nowait"
-        seen[f"{name} {label(err)}"] += 1
+        tally.counts[f"{name} {label(err)}"] += 1
         allowed = {0, errno.ENOENT}
         if op == abi.SCHED_ACQUIRE:
             allowed |= {errno.EAGAIN} if flags else {errno.EINTR}
         if err not in allowed:
-            wrong(f"{name} on GPU {gpu}: {label(err)}")
+            tally.wrong(f"{name} on GPU {gpu}: {label(err)}")
         if state is None:
             # Only root's descriptor opened in a cgroup whose container was
             # deleted acts for none (and so has nothing to answer).
             if err != errno.ENOENT or os.getuid() != 0:
-                wrong(f"{name}: no answer with {label(err)}")
+                tally.wrong(f"{name}: no answer with {label(err)}")
         else:
             problem = check_state(state)
             if problem:
-                wrong(f"{name}: {problem}")
+                tally.wrong(f"{name}: {problem}")
             if op == abi.SCHED_ACQUIRE and err in (0, errno.EAGAIN) and state.until <= before:
-                wrong(f"{name}: until {state.until} is not after {before}")
+                tally.wrong(f"{name}: until {state.until} is not after {before}")
         if err == errno.ENOENT and rng.random() < 0.5:
             os.close(fd)
             fd = None
     if fd is not None:
         os.close(fd)
-    os.write(stats_fd, (json.dumps(seen) + "\n").encode())
-    return min(bad, 99)
-
-
-def spawn(cg: Path, uid: int | None, seed: int, pipes: tuple[int, int, int, int]) -> int:
-    stop_r, stop_w, stats_r, stats_w = pipes
-
-    def run() -> int:
-        os.close(stop_w)
-        os.close(stats_r)
-        enter(cg, uid)
-        return worker(seed, stop_r, stats_w)
-
-    return fork(run)
+    return tally.send(stats_fd)
 
 
 def read_gputimes() -> int:
     """Every container's gputime on every GPU that is there now; files read."""
-    n = 0
-    for g in (0, 1):
-        for cid in IDS:
-            try:
-                int((ROOT / f"{g}/{cid}/gputime").read_text())
-                n += 1
-            except OSError as e:
-                assert e.errno in (errno.ENOENT, errno.EIO), e
-    return n
-
-
-def granted_now(cg: Path, gpu: int) -> int:
-    """In a process of cg: a blocking ACQUIRE (given 5 s) then RELEASE; 0
-    or the errno."""
-
-    def run() -> int:
-        enter(cg, None)
-        signal.signal(signal.SIGALRM, lambda *_: None)
-        fd = os.open(DEV, os.O_RDWR | os.O_CLOEXEC)
-        signal.setitimer(signal.ITIMER_REAL, 5.0)
-        try:
-            abi.sched(fd, abi.SCHED_ACQUIRE, gpu)
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            abi.sched(fd, abi.SCHED_RELEASE, gpu, 1)
-        except OSError as e:
-            return e.errno or 1
-        return 0
-
-    return wait_all([fork(run)])[0]
+    return sum(len(gputimes(g, IDS)) for g in (0, 1))
 
 
 def test_scheduler_races_settings_del_add_close_and_kills(cgroups: MakeCgroup) -> None:
@@ -216,48 +174,28 @@ def test_scheduler_races_settings_del_add_close_and_kills(cgroups: MakeCgroup) -
     ok("gpu 1 100000")
     cgs = {cid: cgroups(f"gs-{cid}") for cid in IDS}
     for cid in IDS:
-        ok(f"add {cid} {spec(rng)}")
-        ok(f"bind {cid} /gs-{cid}")
+        add_bound(cid, spec(rng))
     for g in (0, 1):
         assert write(ROOT / f"{g}/slice_us", "2000") == 0
-    stop_r, stop_w = os.pipe()
-    stats_r, stats_w = os.pipe()
-    pipes = (stop_r, stop_w, stats_r, stats_w)
-    live: dict[int, tuple[str, int | None]] = {}
-    stopped: set[int] = set()
-    seeds = iter(range(SEED * 1000, SEED * 1000 + 1000))
+    workers = Workers(worker, cgs, SEED)
     for cid in IDS:
         for i in range(WORKERS_PER_ID):
-            uid = NOBODY if i % 2 else None
-            live[spawn(cgs[cid], uid, next(seeds), pipes)] = (cid, uid)
-    mark(f"sched race: {len(live)} workers, seed {SEED}")
+            workers.spawn(cid, NOBODY if i % 2 else None)
+    mark(f"sched race: {len(workers.live)} workers, seed {SEED}")
     ops: collections.Counter[str] = collections.Counter()
     kills = 0
     for step in range(CONTROL_OPS):
-        for pid in list(live):
-            code = poll(pid)
-            assert code is None, f"worker {pid} exited with {code} (see its stderr)"
+        workers.check()
         if step % KILL_EVERY == KILL_EVERY - 1:
-            pid = rng.choice(sorted(live))
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            stopped.discard(pid)
-            victim, uid = live.pop(pid)
-            live[spawn(cgs[victim], uid, next(seeds), pipes)] = (victim, uid)
+            workers.kill(rng)
             kills += 1
             continue
         cid, g = rng.choice(IDS), rng.randrange(2)
         r = rng.random()
         if r < 0.08:
-            err = ctl(f"del {cid}")
-            assert err in (0, errno.ENOENT)
-            ops[f"del {label(err)}"] += 1
+            del_counted(cid, ops)
         elif r < 0.18:
-            err = ctl(f"add {cid} {spec(rng)}")
-            assert err in (0, errno.EEXIST, errno.ENOSPC)
-            if err == 0:
-                ok(f"bind {cid} /gs-{cid}")
-            ops[f"add {label(err)}"] += 1
+            add_counted(cid, spec(rng), ops)
         elif r < 0.3:
             err = write(ROOT / f"{g}/policy", str(rng.randrange(6)))
             assert err == 0, os.strerror(err)
@@ -283,29 +221,12 @@ def test_scheduler_races_settings_del_add_close_and_kills(cgroups: MakeCgroup) -
             assert err in (0, errno.ENOENT, errno.EIO), os.strerror(err)
             ops[f"highprio {label(err)}"] += 1
         elif r < 0.78:
-            pid = rng.choice(sorted(live))
-            if pid in stopped:
-                os.kill(pid, signal.SIGCONT)
-                stopped.discard(pid)
-                ops["SIGCONT"] += 1
-            else:
-                os.kill(pid, signal.SIGSTOP)
-                stopped.add(pid)
-                ops["SIGSTOP"] += 1
+            ops[workers.stop_or_continue(rng)] += 1
         else:
             ops["gputime read"] += read_gputimes()
             ops["files read"] += walk(ROOT)
         time.sleep(0.01)
-    for pid in stopped:
-        os.kill(pid, signal.SIGCONT)
-    os.close(stop_w)
-    codes = wait_all(live)
-    os.close(stop_r)
-    os.close(stats_w)
-    with os.fdopen(stats_r) as f:
-        seen: collections.Counter[str] = collections.Counter()
-        for line in f:
-            seen.update(json.loads(line))
+    codes, seen = workers.finish()
     mark(f"sched race done: workers {dict(seen)}, test {dict(ops)}, {kills} kills")
     assert codes == [0] * len(codes), "a worker got a wrong answer (see its stderr)"
 
@@ -315,8 +236,7 @@ def test_scheduler_races_settings_del_add_close_and_kills(cgroups: MakeCgroup) -
         assert write(ROOT / f"{g}/max_inst", "25") == 0
     for cid in IDS:
         if cid not in registered():
-            ok(f"add {cid} {spec(rng)}")
-            ok(f"bind {cid} /gs-{cid}")
+            add_bound(cid, spec(rng))
     for cid in IDS:
         for g in (0, 1):
             assert granted_now(cgs[cid], g) == 0, (cid, g)
