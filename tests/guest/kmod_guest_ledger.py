@@ -384,7 +384,7 @@ def test_extensible_structure_and_bad_requests(cgroups: MakeCgroup) -> None:
     ok("del x")
 
 
-def test_query_reports_abi_version_3(cgroups: MakeCgroup) -> None:
+def test_query_reports_abi_version_4(cgroups: MakeCgroup) -> None:
     ok("gpu 0 1000")
     cg = container(cgroups, "v", "0:1000")
 
@@ -398,7 +398,7 @@ def test_query_reports_abi_version_3(cgroups: MakeCgroup) -> None:
             os.close(fd)
         return abi.QUERY.unpack_from(buf)[1]
 
-    assert in_child(version, cgroup=cg) == 3 == abi.ABI_VERSION
+    assert in_child(version, cgroup=cg) == 4 == abi.ABI_VERSION
     ok("del v")
 
 
