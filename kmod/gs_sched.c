@@ -730,6 +730,29 @@ static inline bool gs_holding(const struct gs_sched *s,
 }
 
 /*
+ * @c's entity holds the GPU: the hold so far is charged, and a new slice
+ * starts now for @c if it is still the entity's turn (true, the grant's
+ * end in *@until); else *@until is the slice's forced end.
+ */
+static bool gs_renew_turn(struct gs_sched *s, struct gs_sched_client *c,
+			  u64 now, u64 *until)
+{
+	struct gs_sched_ent *e = c->ent;
+	bool free;
+
+	gs_charge_hold(s, s->hold_start, now);
+	s->hold_start = now;
+	if (gs_pick(s, e, &free) != e) {
+		*until = s->hold_grace;
+		return false;
+	}
+	gs_grant_slice(s, e, free, now);
+	gs_join(s, c, now);
+	*until = s->hold_until;
+	return true;
+}
+
+/*
  * @c leaves the slice it is in (@c->slice set), having reported @used_ns
  * since its last report; true when the GPU changed hands or became free.
  */
@@ -744,7 +767,7 @@ static bool gs_leave(struct gs_sched *s, struct gs_sched_client *c,
 	if (used_ns > now - c->since)
 		used_ns = now - c->since;
 
-	if (c->slice == s->slice && s->holder == e) {
+	if (gs_holding(s, c)) {
 		/* The hold covers its work since it joined. */
 		c->covered = gs_add(c->covered, now - c->granted);
 		if (e->in_slice)
@@ -820,18 +843,10 @@ enum gs_sched_answer gs_sched_acquire(struct gs_sched *s,
 			return GS_SCHED_GRANT;
 		}
 		/* The slice is over: renew it if it is still e's turn. */
-		gs_charge_hold(s, s->hold_start, now);
-		s->hold_start = now;
-		p = gs_pick(s, e, &free);
-		if (p == e) {
-			gs_grant_slice(s, e, free, now);
-			gs_join(s, c, now);
-			*until = s->hold_until;
+		if (gs_renew_turn(s, c, now, until))
 			return GS_SCHED_GRANT;
-		}
 		/* e keeps the GPU until its clients release or the grace ends. */
 		gs_wait(c);
-		*until = s->hold_grace;
 		return GS_SCHED_WAIT;
 	}
 
@@ -893,26 +908,14 @@ enum gs_sched_answer gs_sched_renew(struct gs_sched *s,
 				    struct gs_sched_client *c,
 				    u64 now, u64 *until)
 {
-	struct gs_sched_ent *e = c->ent;
-	bool free;
-
 	now = gs_advance(s, now);
 	gs_expire(s, now);
-	if (gs_native(s) || !e || !gs_holding(s, c) || now >= s->hold_until) {
+	if (gs_native(s) || !gs_holding(s, c) || now >= s->hold_until) {
 		*until = s->holder ? s->hold_grace : now;
 		return GS_SCHED_WAIT;
 	}
-	/* As at the slice's end: charged so far, then whose turn it is. */
-	gs_charge_hold(s, s->hold_start, now);
-	s->hold_start = now;
-	if (gs_pick(s, e, &free) != e) {
-		*until = s->hold_grace;
-		return GS_SCHED_WAIT;
-	}
-	gs_grant_slice(s, e, free, now);
-	gs_join(s, c, now);
-	*until = s->hold_until;
-	return GS_SCHED_GRANT;
+	/* As at the slice's end, but no waiter if refused. */
+	return gs_renew_turn(s, c, now, until) ? GS_SCHED_GRANT : GS_SCHED_WAIT;
 }
 
 bool gs_sched_extend(struct gs_sched *s, struct gs_sched_client *c, u64 now,
