@@ -53,33 +53,9 @@
 #include "feedback.h"
 #include "interpose.h"
 #include "ledger.h"
+#include "nvml_abi.h"
 #include "sched_gate.h"
 #include "thread.h"
-
-typedef int nvmlReturn_t;
-typedef struct nvmlDevice_st *nvmlDevice_t;
-
-#define NVML_SUCCESS 0
-#define NVML_ERROR_NOT_FOUND 6
-#define NVML_ERROR_INSUFFICIENT_SIZE 7
-#define NVML_VALUE_NOT_AVAILABLE (~0ull)
-
-typedef struct {
-	unsigned int pid;
-	unsigned long long timeStamp;
-	unsigned int smUtil, memUtil, encUtil, decUtil;
-} nvml_sample_t;
-
-typedef struct {			/* nvmlProcessInfo_v1_t */
-	unsigned int pid;
-	unsigned long long usedGpuMemory;
-} nvml_proc_v1_t;
-
-typedef struct {			/* nvmlProcessInfo_t of _v2 and _v3 */
-	unsigned int pid;
-	unsigned long long usedGpuMemory;
-	unsigned int gpuInstanceId, computeInstanceId;
-} nvml_proc_v2_t;
 
 #define PROC_PID_INIT_INO 0xEFFFFFFCu	/* the initial PID namespace's inode */
 #define PROBE_BYTES (32ull << 20)

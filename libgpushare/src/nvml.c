@@ -25,35 +25,7 @@
 
 #include "interpose.h"
 #include "ledger.h"
-
-/* The few NVML types we need (nvml.h is not shipped with the driver). */
-typedef int nvmlReturn_t;
-typedef struct nvmlDevice_st *nvmlDevice_t;
-
-#define NVML_SUCCESS 0
-#define NVML_ERROR_INVALID_ARGUMENT 2
-#define NVML_ERROR_FUNCTION_NOT_FOUND 13
-#define NVML_ERROR_ARGUMENT_VERSION_MISMATCH 25
-#define NVML_ERROR_UNKNOWN 999
-
-#define NVML_DEVICE_UUID_V2_BUFFER_SIZE 96
-
-typedef struct {
-	unsigned long long total;
-	unsigned long long free;
-	unsigned long long used;
-} nvmlMemory_t;
-
-typedef struct {
-	unsigned int version;
-	unsigned long long total;
-	unsigned long long reserved;
-	unsigned long long free;
-	unsigned long long used;
-} nvmlMemory_v2_t;
-
-/* NVML's versioned-struct tag: size in the low 24 bits, version above. */
-#define nvmlMemory_v2 ((unsigned int)(sizeof(nvmlMemory_v2_t) | (2u << 24)))
+#include "nvml_abi.h"
 
 typedef nvmlReturn_t (*get_memory_fn)(nvmlDevice_t, nvmlMemory_t *);
 typedef nvmlReturn_t (*get_memory_v2_fn)(nvmlDevice_t, nvmlMemory_v2_t *);
