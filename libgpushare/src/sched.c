@@ -172,6 +172,12 @@ static void sleep_until(uint64_t t)
 		;
 }
 
+/* A polling wait's step: 0.1 ms from @now, never past @end (> @now). */
+static void poll_nap(uint64_t now, uint64_t end)
+{
+	sleep_until(end - now < 100000 ? end : now + 100000);
+}
+
 /*
  * The releaser: one thread per process, started at the first slice of a
  * gated device, that gives a slice back when its grant has ended and no
@@ -552,7 +558,7 @@ static bool drain(struct gate *g, uint64_t bound, bool keep, uint64_t *used_out)
 					keep_late(g, i);
 			break;
 		}
-		sleep_until(now + (deadline - now < 100000 ? deadline - now : 100000));
+		poll_nap(now, deadline);
 	}
 	if (whole && drv.ctx_sync)
 		drv.ctx_sync();
@@ -889,7 +895,7 @@ static void probe_record(struct gate *g, CUstream s)
 		uint64_t now = mono_ns(), until = atomic_load(&g->until);
 		if (now >= until)
 			return;
-		sleep_until(now + (until - now < 100000 ? until - now : 100000));
+		poll_nap(now, until);
 		probes_poll(g);
 	}
 	if (drv.event_record(g->probe[slot], drv_stream(s)) != CUDA_SUCCESS)
@@ -1010,7 +1016,7 @@ static bool paced_launch(struct gate *g, int dev, CUstream s)
 			return true;
 		if (renewed) {
 			/* Renewed, but the queue is still longer: let it run. */
-			sleep_until(now + (until - now < 100000 ? until - now : 100000));
+			poll_nap(now, until);
 			continue;
 		}
 		exchange(g, dev, true);
