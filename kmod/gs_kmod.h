@@ -53,7 +53,7 @@
  *   drops it and sleeps on the GPU's sched_wq until sched_gen changes
  *   (every change that may let a waiter in bumps it and wakes the queue)
  *   or its retry time comes.
- * - gs_upgrade (see gs_main.c) is written under gs_cfg_lock, gs_lock and
+ * - gs_upgrade (see gs_upgrade.c) is written under gs_cfg_lock, gs_lock and
  *   gs_mem_lock together, so any of them is enough to read it: commands
  *   read it under gs_cfg_lock, setting writes under gs_lock, and open()
  *   of /dev/gpushare under gs_mem_lock, which also covers gs_nfiles, the
@@ -166,11 +166,26 @@ extern u64 gs_default_mem;
 extern enum gs_upgrade_state gs_upgrade;
 extern unsigned int gs_nfiles;
 
+/* gs_main.c */
 struct gs_ctr *gs_find(const char *id);
+void gs_ctr_put(struct gs_ctr *ctr);
+
+/* gs_registry.c: the commands, under gs_cfg_lock */
+int gs_exec(struct gs_cmd *cmd);
+int gs_declare_gpu(const struct gs_cmd *cmd);
+int gs_add_ctr(const struct gs_cmd *cmd);
+int gs_del_ctr(const char *id);
+void gs_sched_kick(struct gs_gpu *gpu);
+
+/* gs_bind.c */
 struct gs_ctr *gs_find_task(struct cgroup **cgrpp);
 struct cgroup *gs_bound(const struct gs_ctr *ctr);
-void gs_ctr_put(struct gs_ctr *ctr);
-int gs_exec(struct gs_cmd *cmd);
+int gs_bind(struct gs_cmd *cmd);
+struct cgroup *gs_set_binding(struct gs_ctr *ctr, struct cgroup *cgrp);
+bool gs_reap(void);
+void gs_reap_stop(void);
+
+/* gs_upgrade.c */
 void gs_dump(struct seq_file *m);
 void gs_dump_state(struct seq_file *m);
 int gs_upgrade_write(char *buf, size_t len);
@@ -180,8 +195,6 @@ void gs_proc_exit(void);
 int gs_proc_add_gpu(struct gs_gpu *gpu);
 int gs_proc_add_share(struct gs_share *share);
 int gs_proc_set(struct gs_gpu *gpu, enum gs_setting setting, u64 val);
-
-void gs_sched_kick(struct gs_gpu *gpu);
 
 int gs_dev_init(void);
 void gs_dev_exit(void);
