@@ -49,12 +49,12 @@
 #include <unistd.h>
 
 #include "cuda_abi.h"
+#include "cuda_driver.h"
 #include "env.h"
 #include "feedback.h"
 #include "interpose.h"
 #include "ledger.h"
 #include "nvml_abi.h"
-#include "sched_gate.h"
 #include "thread.h"
 
 #define PROC_PID_INIT_INO 0xEFFFFFFCu	/* the initial PID namespace's inode */

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * What the interposer's parts share about symbol lookup.  cuda.c wraps
- * dlsym (the one wrapper: a second definition would clash); NVML's part
- * gets its say through gs_nvml_dlsym.
+ * What the interposer's parts share about symbol lookup.  cuda_lookup.c
+ * wraps dlsym (the one wrapper: a second definition would clash); NVML's
+ * part gets its say through gs_nvml_dlsym.
  */
 #ifndef GPUSHARE_INTERPOSE_H
 #define GPUSHARE_INTERPOSE_H

@@ -39,6 +39,7 @@
 #include "feedback.h"
 #include "pace.h"
 #include "ledger.h"
+#include "cuda_driver.h"
 #include "sched_gate.h"
 #include "thread.h"
 

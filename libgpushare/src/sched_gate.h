@@ -43,10 +43,4 @@
  */
 CUresult gs_sched_gate(int ordinal, CUstream stream, bool per_thread);
 
-/* From cuda.c: the real driver's entry point @name (NULL if none). */
-void *gs_driver_sym(const char *name);
-
-/* From cuda.c: tell the ledger @ordinal's UUID (once; reads it from the driver). */
-void gs_cuda_attach(int ordinal);
-
 #endif /* GPUSHARE_SCHED_GATE_H */
