@@ -195,6 +195,8 @@ void gs_proc_exit(void);
 int gs_proc_add_gpu(struct gs_gpu *gpu);
 int gs_proc_add_share(struct gs_share *share);
 int gs_proc_set(struct gs_gpu *gpu, enum gs_setting setting, u64 val);
+int gs_may_write(struct file *file);
+int gs_proc_add_ctl(struct proc_dir_entry *root);
 
 int gs_dev_init(void);
 void gs_dev_exit(void);
