@@ -8,6 +8,7 @@
  *    quotas are in the container's GPU order, which is GPUSHARE_GPU_UUIDS's
  *    order, so CUDA device -> UUID -> position -> the module's GPU index.
  *    The quota is the module's (the environment's numbers are not used).
+ *    The file and its ioctls: ledger_dev.c.
  *  - standalone: GPUSHARE_MEMORY_LIMIT, counted in this process.
  *  - off: GPUSHARE_ISOLATION=none, nothing configured, or a malformed
  *    environment (said once on stderr), when the module has no
@@ -27,19 +28,18 @@
  * it.  Standalone, the child counts from zero, as any new process does.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <uapi/gpushare.h>
 
 #include "env.h"
 #include "ledger.h"
+#include "ledger_dev.h"
 
 #define MAX_ORDINALS 64
 #define SLOT_UNKNOWN (-1)	/* not attached yet */
@@ -49,12 +49,9 @@
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static bool ready;			/* backend chosen */
 static enum gs_ledger_mode mode;
-static int fd = -1;			/* /dev/gpushare, module mode */
 static struct gs_config cfg;		/* the environment */
 static int nslots;			/* GPUs with a quota, by position */
 static uint64_t quota[GS_MAX_GPUS];
-static uint32_t module_gpu[GS_MAX_GPUS];	/* the module's GPU index */
-static uint32_t weight[GS_MAX_GPUS];	/* module mode: compute weight */
 static uint64_t used[GS_MAX_GPUS];	/* standalone: this process's use */
 static int slot_of[MAX_ORDINALS];	/* ordinal -> position, or SLOT_* */
 static char uuid_of[MAX_ORDINALS][GS_UUID_MAX];	/* attached ordinals */
@@ -64,9 +61,7 @@ static uint64_t said_refused;		/* ordinals whose refusal was said */
 static void child_after_fork(void)
 {
 	pthread_mutex_init(&lock, NULL);
-	if (fd >= 0)
-		close(fd);	/* the parent's file: its reservations */
-	fd = -1;
+	gs_dev_forget();
 	ready = false;
 	memset(used, 0, sizeof(used));
 	said_refused = 0;
@@ -77,51 +72,6 @@ __attribute__((constructor)) static void ledger_setup(void)
 	for (int i = 0; i < MAX_ORDINALS; i++)
 		slot_of[i] = SLOT_UNKNOWN;
 	pthread_atfork(NULL, NULL, child_after_fork);
-}
-
-static int mem_op(uint32_t op, int slot, uint64_t bytes, struct gpushare_mem *m)
-{
-	memset(m, 0, sizeof(*m));
-	m->size = sizeof(*m);
-	m->op = op;
-	m->gpu = module_gpu[slot];
-	m->bytes = bytes;
-	return ioctl(fd, GPUSHARE_IOC_MEM, m);
-}
-
-/* Module mode when the device answers with the container's quotas. */
-static bool try_module(void)
-{
-	struct gpushare_quota q[GS_MAX_GPUS];
-	struct gpushare_query query;
-	struct gpushare_mem m;
-
-	fd = open("/dev/" GPUSHARE_DEV_NAME, O_RDWR | O_CLOEXEC);
-	if (fd < 0)
-		return false;
-	memset(q, 0, sizeof(q));
-	memset(&query, 0, sizeof(query));
-	query.size = sizeof(query);
-	query.abi_version = GPUSHARE_ABI_VERSION;
-	query.quota_size = sizeof(q[0]);
-	query.quotas = (uint64_t)(uintptr_t)q;
-	query.quota_cap = GS_MAX_GPUS;
-	if (ioctl(fd, GPUSHARE_IOC_QUERY, &query) || query.count == 0)
-		goto fail;
-	nslots = (int)query.count;
-	for (int i = 0; i < nslots; i++) {
-		quota[i] = q[i].memsize;
-		module_gpu[i] = q[i].gpu;
-		weight[i] = q[i].weight;
-	}
-	if (mem_op(GPUSHARE_MEM_INFO, 0, 0, &m))	/* a module without the ledger */
-		goto fail;
-	return true;
-fail:
-	close(fd);
-	fd = -1;
-	nslots = 0;
-	return false;
 }
 
 /* @uuid's position in GPUSHARE_GPU_UUIDS, or SLOT_NONE. */
@@ -144,8 +94,8 @@ static void choose(void)
 	debug = getenv("GPUSHARE_DEBUG") != NULL;
 	int bad = gs_config_parse(&cfg, getenv("GPUSHARE_GPU_UUIDS"),
 				  getenv("GPUSHARE_MEMORY_LIMIT"), getenv("GPUSHARE_ISOLATION"));
-	nslots = 0;
-	if (try_module()) {
+	nslots = gs_dev_connect(quota);
+	if (nslots) {
 		/*
 		 * The container is registered: its quotas are the module's, and
 		 * the environment, which any process of the container can
@@ -283,7 +233,7 @@ static bool view_slot(int s, uint64_t *q, uint64_t *u)
 	pthread_mutex_unlock(&lock);
 	if (m == GS_LEDGER_MODULE) {
 		struct gpushare_mem mem;
-		if (mem_op(GPUSHARE_MEM_INFO, s, 0, &mem))
+		if (gs_dev_mem(GPUSHARE_MEM_INFO, s, 0, &mem))
 			return false;
 		*q = mem.quota;
 		*u = mem.used;
@@ -354,7 +304,7 @@ int gs_ledger_reserve(int ordinal, uint64_t bytes)
 	pthread_mutex_unlock(&lock);
 	if (s < 0 || !bytes || mode != GS_LEDGER_MODULE)
 		return ret;
-	if (mem_op(GPUSHARE_MEM_RESERVE, s, bytes, &m) == 0)
+	if (gs_dev_mem(GPUSHARE_MEM_RESERVE, s, bytes, &m) == 0)
 		return 0;
 	/*
 	 * EDQUOT; ENXIO (no quota on a GPU the registration named when we
@@ -362,7 +312,7 @@ int gs_ledger_reserve(int ordinal, uint64_t bytes)
 	 * ledger cannot be asked (container gone): refuse.
 	 */
 	if (debug && errno != EDQUOT)
-		fprintf(stderr, "gpushare: reserve on GPU %u: %s\n", module_gpu[s],
+		fprintf(stderr, "gpushare: reserve on GPU %u: %s\n", gs_dev_gpu(s),
 			strerror(errno));
 	return -1;
 }
@@ -377,7 +327,7 @@ void gs_ledger_release(int ordinal, uint64_t bytes)
 		used[s] -= bytes < used[s] ? bytes : used[s];
 	pthread_mutex_unlock(&lock);
 	if (s >= 0 && bytes && mode == GS_LEDGER_MODULE)
-		mem_op(GPUSHARE_MEM_RELEASE, s, bytes, &m);
+		gs_dev_mem(GPUSHARE_MEM_RELEASE, s, bytes, &m);
 }
 
 bool gs_ledger_uuid(int ordinal, char out[GS_UUID_MAX])
@@ -402,7 +352,7 @@ int gs_ledger_weights(uint32_t *out, int max)
 	int n = mode == GS_LEDGER_MODULE ? nslots : 0;
 	if (n > max)
 		n = max;
-	memcpy(out, weight, (size_t)n * sizeof(*out));
+	gs_dev_weights(out, n);
 	pthread_mutex_unlock(&lock);
 	return n;
 }
@@ -413,37 +363,11 @@ int gs_ledger_reopen(void)
 
 	pthread_mutex_lock(&lock);
 	choose();
-	if (mode == GS_LEDGER_MODULE) {
-		int old = fd, n = nslots;
-		uint64_t q[GS_MAX_GPUS];
-		uint32_t g[GS_MAX_GPUS], w[GS_MAX_GPUS];
-		memcpy(q, quota, sizeof(q));
-		memcpy(g, module_gpu, sizeof(g));
-		memcpy(w, weight, sizeof(w));
-		fd = -1;
-		if (try_module()) {
-			/*
-			 * The new file takes the old one's number (closing the
-			 * old file), so that a call that read the number before
-			 * cannot reach a file opened meanwhile by something else.
-			 */
-			if (old >= 0 && dup3(fd, old, O_CLOEXEC) == old) {
-				close(fd);
-				fd = old;
-			} else if (old >= 0) {
-				close(old);
-			}
-			for (int i = 0; i < MAX_ORDINALS; i++)
-				if (slot_of[i] != SLOT_UNKNOWN)
-					slot_of[i] = find_uuid(uuid_of[i]);
-			ret = 0;
-		} else {
-			fd = old;	/* still the deleted registration's: ENOENT */
-			nslots = n;
-			memcpy(quota, q, sizeof(q));
-			memcpy(module_gpu, g, sizeof(g));
-			memcpy(weight, w, sizeof(w));
-		}
+	if (mode == GS_LEDGER_MODULE && gs_dev_reconnect(quota, &nslots) == 0) {
+		for (int i = 0; i < MAX_ORDINALS; i++)
+			if (slot_of[i] != SLOT_UNKNOWN)
+				slot_of[i] = find_uuid(uuid_of[i]);
+		ret = 0;
 	}
 	pthread_mutex_unlock(&lock);
 	return ret;
@@ -454,7 +378,7 @@ int gs_ledger_sched(int ordinal, struct gpushare_sched *sc)
 	pthread_mutex_lock(&lock);
 	int s = slot_locked(ordinal);
 	bool module = mode == GS_LEDGER_MODULE;
-	int f = fd;
+	int f = gs_dev_fd();
 	pthread_mutex_unlock(&lock);
 	if (!module) {
 		errno = ENOSYS;
@@ -464,7 +388,5 @@ int gs_ledger_sched(int ordinal, struct gpushare_sched *sc)
 		errno = ENODEV;
 		return -1;
 	}
-	sc->size = sizeof(*sc);
-	sc->gpu = module_gpu[s];
-	return ioctl(f, GPUSHARE_IOC_SCHED, sc);
+	return gs_dev_sched(f, s, sc);
 }
