@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from grpclib.exceptions import GRPCError  # noqa: E402
 from report_common import percentile, write_json  # noqa: E402
 
-from nri_gpushare.share.units import parse_size  # noqa: E402
+from nri_gpushare.units import parse_size  # noqa: E402
 from tests.integration.plugin import PluginProcess, gpu_inventory  # noqa: E402
 from tests.testbed.containerd import Containerd  # noqa: E402
 from tests.testbed.cri import CriClient  # noqa: E402

@@ -99,7 +99,7 @@ def main() -> int:
             lean = work / "gpushare-runc-lean"
             lean.write_text(
                 f"#!/bin/sh\nGPUSHARE_API_SOCKET={plugin.api_socket} PYTHONPATH={ROOT} "
-                f'exec {sys.executable} -S -m nri_gpushare.runc_wrapper "$@"\n'
+                f'exec {sys.executable} -S -m nri_gpushare.local.runc_wrapper "$@"\n'
             )
             lean.chmod(0o755)
             runc = shutil.which("runc") or "/usr/sbin/runc"

@@ -44,11 +44,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 from null_plugin import NullPlugin  # noqa: E402
 from report_common import percentile, write_json  # noqa: E402
 
-from nri_gpushare import daemon  # noqa: E402
-from nri_gpushare.api import lite, nri  # noqa: E402
 from nri_gpushare.config import load_config  # noqa: E402
-from nri_gpushare.decisions import configure_logging  # noqa: E402
-from nri_gpushare.stub import Stub  # noqa: E402
+from nri_gpushare.daemon import main as daemon  # noqa: E402
+from nri_gpushare.nri.api import lite, nri  # noqa: E402
+from nri_gpushare.nri.stub import Stub  # noqa: E402
+from nri_gpushare.share.decisions import configure_logging  # noqa: E402
 
 SAMPLE = ROOT / "tests" / "unit" / "data" / "create_container_request.bin"
 CONFIG = """

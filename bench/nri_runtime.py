@@ -44,10 +44,10 @@ from dataclasses import dataclass, field
 
 import betterproto
 
-from nri_gpushare.api import fields as F
-from nri_gpushare.api import nri
-from nri_gpushare.wire import PLUGIN_CONN, RUNTIME_CONN, Code, MuxConnection, TtrpcError, pb
-from nri_gpushare.wire.ttrpc import MAX_SEND_MESSAGE, Request
+from nri_gpushare.nri.api import fields as F
+from nri_gpushare.nri.api import nri
+from nri_gpushare.nri.wire import PLUGIN_CONN, RUNTIME_CONN, Code, MuxConnection, TtrpcError, pb
+from nri_gpushare.nri.wire.ttrpc import MAX_SEND_MESSAGE, Request
 
 PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
 RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"

@@ -24,9 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nri_gpushare.api.lite import ContainerView, PodSandboxView  # noqa: E402
-from nri_gpushare.daemon import _summary  # noqa: E402
-from nri_gpushare.stub import Plugin, Stub  # noqa: E402
+from nri_gpushare.daemon.main import _summary  # noqa: E402
+from nri_gpushare.nri.api.lite import ContainerView, PodSandboxView  # noqa: E402
+from nri_gpushare.nri.stub import Plugin, Stub  # noqa: E402
 
 
 class NullPlugin(Plugin):

@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from nri_runtime import NriRuntime  # noqa: E402
 from report_common import percentile, write_json  # noqa: E402
 
-from nri_gpushare.api import nri  # noqa: E402
+from nri_gpushare.nri.api import nri  # noqa: E402
 from tests.integration.plugin import PluginProcess  # noqa: E402
 
 SAMPLE = ROOT / "tests" / "unit" / "data" / "create_container_request.bin"

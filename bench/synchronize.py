@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from nri_runtime import NriRuntime  # noqa: E402
 from report_common import write_json  # noqa: E402
 
-from nri_gpushare.api import nri  # noqa: E402
+from nri_gpushare.nri.api import nri  # noqa: E402
 from tests.integration.plugin import PluginProcess  # noqa: E402
 
 DEFAULT_SIZES = "1000/5000,2000/10000,4000/20000"

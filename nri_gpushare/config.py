@@ -14,8 +14,8 @@ from typing import Any, NoReturn
 
 import yaml
 
-from nri_gpushare.k8s import DEFAULT_DEVICE_PLUGIN_DIR
 from nri_gpushare.kmod.abi import MAX_GPUS
+from nri_gpushare.names import DEFAULT_DEVICE_PLUGIN_DIR
 from nri_gpushare.share.model import (
     ETC_LD_SO_PRELOAD,
     LIBRARY_MISSING_ACTIONS,
@@ -27,7 +27,7 @@ from nri_gpushare.share.model import (
     InterposerPolicy,
     SourcePolicy,
 )
-from nri_gpushare.share.units import parse_size
+from nri_gpushare.units import parse_size
 
 DEFAULT_SOCKET = "/var/run/nri/nri.sock"
 DEFAULT_STATUS_SOCKET = "/run/nri-gpushare/status.sock"

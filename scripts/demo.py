@@ -79,7 +79,7 @@ async def demo() -> None:
             status_cmd = [
                 sys.executable,
                 "-m",
-                "nri_gpushare.cli",
+                "nri_gpushare.cli.main",
                 "status",
                 "--status-socket",
                 plugin.status_socket,
@@ -90,7 +90,7 @@ async def demo() -> None:
             smi_cmd = [
                 sys.executable,
                 "-m",
-                "nri_gpushare.smi",
+                "nri_gpushare.cli.smi",
                 "--status-socket",
                 plugin.status_socket,
             ]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates the containerd gRPC client bindings (nri_gpushare/containerd/
+# Regenerates the containerd gRPC client bindings (nri_gpushare/host/containerd/
 # generated/) from containerd's own protos as shipped in Debian trixie's
 # golang-github-containerd-containerd-dev (extracted into .cache/trixie by
 # scripts/install-prereqs.sh).  Only what the client needs: the containers,
@@ -9,7 +9,7 @@
 # protoc and the venv's betterproto 2.0.0b7 plugin (formatting with the pinned
 # black and isort, so the output is byte-identical on regeneration).
 # Usage: scripts/gen-containerd.sh [OUTPUT_DIR]
-# (default nri_gpushare/containerd/generated; the unit test generates into a
+# (default nri_gpushare/host/containerd/generated; the unit test generates into a
 # temporary directory and compares).  The google/protobuf/*.proto imports come
 # from trixie's libprotobuf-dev, extracted alongside.  Override with
 # $CONTAINERD_PROTO_ROOT, $PROTO_INCLUDE, $PROTOC and $BETTERPROTO_PLUGIN.
@@ -17,7 +17,7 @@ set -euo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
 src=${CONTAINERD_PROTO_ROOT:-$top/.cache/trixie/root/usr/share/gocode/src}
-out="${1:-$top/nri_gpushare/containerd/generated}"
+out="${1:-$top/nri_gpushare/host/containerd/generated}"
 include=${PROTO_INCLUDE:-$top/.cache/trixie/root/usr/include}
 protoc="${PROTOC:-/usr/bin/protoc}"
 plugin="${BETTERPROTO_PLUGIN:-$top/.venv/bin/protoc-gen-python_betterproto}"

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# Regenerates the committed Python bindings for nri_gpushare/api/*.proto with
+# Regenerates the committed Python bindings for nri_gpushare/nri/api/*.proto with
 # Debian bookworm's protoc (3.21) and betterproto 2.0.0b7's protoc plugin from
 # the project venv.  Usage: scripts/gen-protos.sh [OUTPUT_DIR]
-# (default nri_gpushare/api/generated; the schema test generates into a
+# (default nri_gpushare/nri/api/generated; the schema test generates into a
 # temporary directory and compares).  Override the tools with $PROTOC and
 # $BETTERPROTO_PLUGIN; $PROTO_DIR and $PROTOS name other protos
 # (scripts/gen-deviceplugin.sh).
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
-api="${PROTO_DIR:-$top/nri_gpushare/api}"
+api="${PROTO_DIR:-$top/nri_gpushare/nri/api}"
 read -r -a protos <<<"${PROTOS:-nri.proto ttrpc.proto}"
 out="${1:-$api/generated}"
 protoc="${PROTOC:-/usr/bin/protoc}"

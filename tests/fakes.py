@@ -1,6 +1,6 @@
 """In-memory fakes for unit tests.
 
-FakeKernelModule implements nri_gpushare.kmod.client.KernelModuleClient with
+FakeKernelModule implements nri_gpushare.share.kernel.KernelModuleClient with
 the module's rules: EEXIST on a double registration, ENOENT for an unknown
 container, ENODEV when not loaded, and it refuses over-commit on its own (per
 GPU: memory sum <= the declared memory, compute percent sum <= 100, at most
@@ -17,7 +17,7 @@ import errno
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
-from nri_gpushare.kmod.client import (
+from nri_gpushare.share.kernel import (
     AlreadyRegistered,
     GpuDeclaration,
     GpusNotDeclared,
@@ -28,7 +28,7 @@ from nri_gpushare.kmod.client import (
     OverCommitted,
     Registration,
 )
-from nri_gpushare.share import DeviceNode, Gpu
+from nri_gpushare.share.model import DeviceNode, Gpu
 
 
 class FakeKernelModule:

@@ -1,6 +1,6 @@
 """Kubernetes: the kubelet device plugin and what it hands the NRI plugin.
 
-The node advertises three extended resources (`RESOURCES`), so that
+The node advertises three extended resources (`nri_gpushare.names.RESOURCES`), so that
 kube-scheduler, not a scheduler of ours, picks the node a share goes to:
 
 - ``gpushare.io/gpu-memory``: GiB, ``floor((memory - memory_reserve) / 1 GiB)``
@@ -17,8 +17,9 @@ counts, so they are totals over the container's GPUs: ``gpu-memory: 8`` with
 The device plugin (`plugin`) advertises one device per unit, with IDs that are
 decimal numbers ``"0"``, ``"1"``, ... per resource.  The kubelet picks the IDs
 a container gets and calls ``Allocate``; the answer puts them on the
-container as the annotation ``gpushare.io/kubelet.<resource>`` (`ANNOTATIONS`),
-written as ranges (``"0-7,12"``, `ids`).  The kubelet copies a device plugin's
+container as the annotation ``gpushare.io/kubelet.<resource>``
+(`nri_gpushare.names.KUBELET_ANNOTATIONS`), written as ranges (``"0-7,12"``,
+`nri_gpushare.share.ids`).  The kubelet copies a device plugin's
 annotations into the CRI container config, so the NRI plugin sees them as the
 container's own annotations and turns them into the container's request (the
 number of IDs is the amount); the pod's creator cannot write them there (pod
@@ -38,19 +39,7 @@ from __future__ import annotations
 
 from typing import Final
 
-DOMAIN: Final = "gpushare.io"
-MEMORY: Final = "gpu-memory"
-CORE: Final = "gpu-core"
-COUNT: Final = "gpu-count"
-RESOURCES: Final = {name: f"{DOMAIN}/{name}" for name in (MEMORY, CORE, COUNT)}
-"""short name -> the extended resource's name."""
-
-ANNOTATION_PREFIX: Final = f"{DOMAIN}/kubelet."
-ANNOTATIONS: Final = {name: ANNOTATION_PREFIX + name for name in RESOURCES}
-"""short name -> the container annotation Allocate sets (the IDs, as ranges)."""
-
 API_VERSION: Final = "v1beta1"
-DEFAULT_DEVICE_PLUGIN_DIR: Final = "/var/lib/kubelet/device-plugins"
 KUBELET_SOCKET: Final = "kubelet.sock"
 HEALTHY: Final = "Healthy"
 UNHEALTHY: Final = "Unhealthy"

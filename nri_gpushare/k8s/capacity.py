@@ -38,9 +38,9 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..share.model import Gpu
-from . import CORE, COUNT, MEMORY, RESOURCES
-from .ids import MAX_ID, BadIds, device_id, parse_ids
+from nri_gpushare.names import CORE, COUNT, MEMORY, RESOURCES
+from nri_gpushare.share.ids import MAX_ID, BadIds, device_id, parse_ids
+from nri_gpushare.share.model import Gpu
 
 GIB = 1 << 30
 CORE_PER_GPU = 100

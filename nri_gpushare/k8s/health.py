@@ -21,7 +21,7 @@ class GpuHealth:
     """`unhealthy(indexes)` -> the indexes NVML cannot answer for.
 
     `nvml_module` replaces `pynvml` (tests use a fake, as for
-    `nri_gpushare.host.load_inventory`)."""
+    `nri_gpushare.host.devices.load_inventory`)."""
 
     def __init__(self, use_nvml: bool, nvml_module: ModuleType | Any | None = None) -> None:
         self._nvml: Any = None

@@ -42,14 +42,15 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Server
 
-from ..config import Config
-from ..share.model import Gpu
-from ..status import bind_socket
-from . import ANNOTATIONS, API_VERSION, HEALTHY, KUBELET_SOCKET, RESOURCES, UNHEALTHY, endpoint
-from .capacity import Device, Grant, advertise, live_ids
-from .generated import v1beta1 as pb
-from .health import GpuHealth
-from .ids import BadIds, device_id, format_ids, id_number
+from nri_gpushare.config import Config
+from nri_gpushare.host.sockets import bind_socket
+from nri_gpushare.k8s import API_VERSION, HEALTHY, KUBELET_SOCKET, UNHEALTHY, endpoint
+from nri_gpushare.k8s.capacity import Device, Grant, advertise, live_ids
+from nri_gpushare.k8s.generated import v1beta1 as pb
+from nri_gpushare.k8s.health import GpuHealth
+from nri_gpushare.names import KUBELET_ANNOTATIONS, RESOURCES
+from nri_gpushare.share.ids import BadIds, device_id, format_ids, id_number
+from nri_gpushare.share.model import Gpu
 
 log = logging.getLogger(__name__)
 
@@ -457,7 +458,7 @@ class DevicePluginService(pb.DevicePluginBase):  # type: ignore[misc]  # untyped
                 )
             grants.append(Grant(self.short, ids))
         self._state.grant(grants)
-        annotation = ANNOTATIONS[self.short]
+        annotation = KUBELET_ANNOTATIONS[self.short]
         texts = [format_ids(grant.ids) for grant in grants]
         log.info("Allocate %s: %s", self.resource, "; ".join(texts))
         return pb.AllocateResponse(

@@ -17,7 +17,7 @@ import re
 import struct
 from dataclasses import dataclass
 
-from nri_gpushare.kmod.client import GpuQuota
+from nri_gpushare.share.kernel import GpuQuota
 
 VERSION = "0.1.0"
 # 2: GPUSHARE_IOC_MEM (a version-1 module answers it ENOTTY); 3: GPUSHARE_IOC_SCHED;

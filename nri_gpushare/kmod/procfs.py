@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nri_gpushare.kmod import abi
-from nri_gpushare.kmod.client import (
+from nri_gpushare.share.kernel import (
     AlreadyRegistered,
     GpuDeclaration,
     GpuQuota,
@@ -30,7 +30,7 @@ from nri_gpushare.kmod.client import (
     Registration,
     UpgradeInProgress,
 )
-from nri_gpushare.share.units import format_bytes
+from nri_gpushare.units import format_bytes
 
 _CLASSES: dict[int, type[KmodError]] = {
     errno.EEXIST: AlreadyRegistered,

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from nri_gpushare.kmod.client import (
+from nri_gpushare.share.kernel import (
     GpuDeclaration,
     KernelModuleClient,
     KmodError,

@@ -7,5 +7,8 @@ allocation.
   (imports nothing heavy: they sit in every container start).
 - `oci`: reading OCI state and bundles, and editing a bundle's config.json
   with an injection plan (pure).
-- `server`: the asyncio unix-socket server in the daemon (root-only).
+- `runc_wrapper` and `hook`: gpushare-runc and the CDI hooks, which run in
+  every container start (the standard library only, so they start fast).
+
+The asyncio server in the daemon is `nri_gpushare.daemon.local_server`.
 """

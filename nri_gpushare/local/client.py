@@ -9,7 +9,14 @@ from __future__ import annotations
 import socket
 import time
 
-from .protocol import MAX_MESSAGE, ProtocolError, Reply, Request, decode_reply, encode_request
+from nri_gpushare.local.protocol import (
+    MAX_MESSAGE,
+    ProtocolError,
+    Reply,
+    Request,
+    decode_reply,
+    encode_request,
+)
 
 DEFAULT_SOCKET = "/run/nri-gpushare/api.sock"
 DEFAULT_TIMEOUT = 10.0

@@ -18,7 +18,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from .model import Allocation, GpuShare
+from nri_gpushare.share.model import Allocation, GpuShare
 
 VERSION = 1
 

@@ -28,7 +28,7 @@ version it got, and an upgrade never changes a file a container has mounted.
 
 Isolation none gets nothing.  Whether the library is on the node is asked
 at each create through `LibraryCheck` (the daemon wires in the host's,
-`nri_gpushare.host.library_problem`).
+`nri_gpushare.host.devices.library_problem`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import os
 from collections.abc import Mapping
 from typing import Protocol
 
-from .model import ETC_LD_SO_PRELOAD, InterposerPolicy, Mount
+from nri_gpushare.share.model import ETC_LD_SO_PRELOAD, InterposerPolicy, Mount
 
 MOUNT_OPTIONS = ("rbind", "ro", "nosuid", "nodev")
 

@@ -31,7 +31,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..kmod.client import (
+from nri_gpushare.share.kernel import (
     AlreadyRegistered,
     GpuDeclaration,
     GpuQuota,
@@ -43,7 +43,7 @@ from ..kmod.client import (
     Registration,
     UpgradeInProgress,
 )
-from .model import Allocation, ContainerInfo, Gpu, ShareRefused
+from nri_gpushare.share.model import Allocation, ContainerInfo, Gpu, ShareRefused
 
 log = logging.getLogger(__name__)
 

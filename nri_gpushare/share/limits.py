@@ -21,7 +21,7 @@ live containers that no longer hold one.  A failure is logged and shown in
 status: the other guards still apply.  Isolation none gets no limit.
 
 The domain never imports NVML: the daemon wires in `MemoryLimits`
-(`nri_gpushare.nvml_limits`).
+(`nri_gpushare.host.driver_limits`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .model import Allocation, ContainerInfo
+from nri_gpushare.share.model import Allocation, ContainerInfo
 
 log = logging.getLogger(__name__)
 

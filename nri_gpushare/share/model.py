@@ -9,10 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .units import format_bytes, quote
-
-PREFIX = "gpushare.io/"
-ASSIGNED = PREFIX + "assigned"
+from nri_gpushare.units import format_bytes, quote
 
 PLACEMENTS = ("binpack", "spread")
 PRIORITIES = ("normal", "high")

@@ -33,10 +33,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
 
-from ..k8s import CORE, COUNT, MEMORY, RESOURCES
-from .model import Allocation, Gpu, GpuShare, NodePolicy, ShareRefused
-from .request import ShareRequest
-from .units import GiB, format_bytes
+from nri_gpushare.names import CORE, COUNT, MEMORY, RESOURCES
+from nri_gpushare.share.model import Allocation, Gpu, GpuShare, NodePolicy, ShareRefused
+from nri_gpushare.share.request import ShareRequest
+from nri_gpushare.units import GiB, format_bytes
 
 
 @dataclass

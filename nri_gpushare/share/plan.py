@@ -14,7 +14,7 @@ mounts and variables of `interposer.interposer_injection`.
 Device nodes: the common NVIDIA nodes, one per GPU, and the kernel module's
 control device when the container is registered with the module.  Which nodes
 the host has is asked through `DeviceLookup` (the daemon wires in the host's,
-`nri_gpushare.host.HostDevices`).
+`nri_gpushare.host.devices.HostDevices`).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from .assigned import assigned_annotation
-from .interposer import interposer_injection
-from .model import (
-    ASSIGNED,
+from nri_gpushare.names import ASSIGNED
+from nri_gpushare.share.assigned import assigned_annotation
+from nri_gpushare.share.interposer import interposer_injection
+from nri_gpushare.share.model import (
     Allocation,
     DeviceNode,
     Gpu,

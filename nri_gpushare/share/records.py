@@ -3,7 +3,7 @@
 After a restart the plugin rebuilds its table only from what it or the kernel
 module wrote: the module's registry when the module is loaded, else the
 records the daemon saved (a state file it alone can write, see
-`nri_gpushare.statefile`), each cross-checked against the runtime's live
+`nri_gpushare.host.statefile`), each cross-checked against the runtime's live
 containers.  Nothing a container carries is ever taken as a grant; its
 ``gpushare.io/assigned`` annotation is only compared: a live container that
 does not carry exactly what the plugin gave it was created without the
@@ -45,13 +45,12 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from ..k8s import RESOURCES
-from ..k8s.ids import format_ids, parse_ids
-from ..kmod.client import Registration
-from .assigned import assigned_annotation, share_json
-from .kmod_link import registered_as
-from .model import (
-    ASSIGNED,
+from nri_gpushare.names import ASSIGNED, RESOURCES
+from nri_gpushare.share.assigned import assigned_annotation, share_json
+from nri_gpushare.share.ids import format_ids, parse_ids
+from nri_gpushare.share.kernel import Registration
+from nri_gpushare.share.kmod_link import registered_as
+from nri_gpushare.share.model import (
     ISOLATIONS,
     ORIGINS,
     PRIORITIES,

@@ -31,16 +31,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..decisions import DecisionLog
-from ..kmod.client import KernelModule
-from . import records
-from .assigned import assigned_annotation
-from .interposer import LibraryCheck, missing_message, wants_interposer
-from .kmod_link import KernelLink, registered_as
-from .limits import LimitLink, MemoryLimits
-from .model import (
-    ASSIGNED,
-    PREFIX,
+from nri_gpushare.names import ASSIGNED, KEY_PREFIX
+from nri_gpushare.share import records
+from nri_gpushare.share.assigned import assigned_annotation
+from nri_gpushare.share.decisions import DecisionLog
+from nri_gpushare.share.interposer import LibraryCheck, missing_message, wants_interposer
+from nri_gpushare.share.kernel import KernelModule
+from nri_gpushare.share.kmod_link import KernelLink, registered_as
+from nri_gpushare.share.limits import LimitLink, MemoryLimits
+from nri_gpushare.share.model import (
     Allocation,
     ContainerInfo,
     Gpu,
@@ -48,14 +47,21 @@ from .model import (
     NodePolicy,
     ShareRefused,
 )
-from .placement import Ledger
-from .plan import DeviceLookup, injection_plan
-from .report import status_document
-from .request import ShareRequest, ignored, may_ask, parse_request
-from .request.kubelet import recorded_ids
-from .request.sources import kubelet_allowed
-from .units import GiB, quote
-from .usage import ComputeMeter, ComputeUse, GpuTimeRead, GpuTimeSource, MemoryUsage, MemoryUse
+from nri_gpushare.share.placement import Ledger
+from nri_gpushare.share.plan import DeviceLookup, injection_plan
+from nri_gpushare.share.report import status_document
+from nri_gpushare.share.request import ShareRequest, ignored, may_ask, parse_request
+from nri_gpushare.share.request.kubelet import recorded_ids
+from nri_gpushare.share.request.sources import kubelet_allowed
+from nri_gpushare.share.usage import (
+    ComputeMeter,
+    ComputeUse,
+    GpuTimeRead,
+    GpuTimeSource,
+    MemoryUsage,
+    MemoryUse,
+)
+from nri_gpushare.units import GiB, quote
 
 log = logging.getLogger(__name__)
 
@@ -339,7 +345,7 @@ class ShareService:
         """Pod `pod` ("namespace/name") stopped: warn about its per-container
         keys that named no container of it."""
         seen = self._pod_containers.pop(uid, set())
-        prefix = PREFIX + "container."
+        prefix = KEY_PREFIX + "container."
         named = {
             key[len(prefix) :].rpartition(".")[0] for key in annotations if key.startswith(prefix)
         }

@@ -28,8 +28,9 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from nri_gpushare.kmod import abi, admin
+from nri_gpushare.kmod import abi
 from nri_gpushare.kmod.procfs import ProcfsKernelModule
+from nri_gpushare.ops import kmod_admin as admin
 from tests.guest.kmod_support import (
     CGROUP2,
     CTL,
@@ -488,7 +489,7 @@ async def test_a_pod_is_held_to_its_memory_quota_by_the_interposer_and_the_ledge
     assert gpu["pids"] == [int(pid)], gpu
     # gpushare-smi shows what the module's ledger counts, the real CLI on the status socket
     smi = subprocess.run(
-        [sys.executable, "-m", "nri_gpushare.smi", "--json"]
+        [sys.executable, "-m", "nri_gpushare.cli.smi", "--json"]
         + ["--status-socket", plugin.status_socket],
         capture_output=True,
         text=True,
@@ -559,7 +560,7 @@ async def test_uninstall_refuses_then_unloads(bed, plugin, client):
 
     await client.cleanup()
     assert registered() == [] and refcount() == 0
-    command = [sys.executable, "-m", "nri_gpushare.cli", "uninstall"]
+    command = [sys.executable, "-m", "nri_gpushare.cli.main", "uninstall"]
     done = subprocess.run(command, capture_output=True, text=True)
     assert done.returncode == 0, done
     assert "unloaded gpushare" in done.stdout

@@ -1,4 +1,4 @@
-"""`nri-gpushare uninstall` (nri_gpushare.kmod.admin.uninstall) against the real
+"""`nri-gpushare uninstall` (nri_gpushare.ops.kmod_admin.uninstall) against the real
 module inside the guest: it refuses, listing the registered containers, while
 any exist, and unloads the module once none does."""
 
@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from nri_gpushare.kmod import admin
 from nri_gpushare.kmod.procfs import ProcfsKernelModule
+from nri_gpushare.ops import kmod_admin as admin
 from tests.guest.kmod_support import DEV, NOBODY, ROOT, errno_of, load, loaded, ok, refcount
 
 pytestmark = pytest.mark.usefixtures("kmod")
@@ -91,7 +91,7 @@ def test_unprivileged_users_cannot_hold_the_module() -> None:
 
 def test_uninstall_command_line() -> None:
     """The real `nri-gpushare uninstall`: non-zero with the list, then unloads."""
-    command = [sys.executable, "-m", "nri_gpushare.cli", "uninstall"]
+    command = [sys.executable, "-m", "nri_gpushare.cli.main", "uninstall"]
     ok("gpu 0 17179869184")
     ok(f"add {CIDS[0]} 0:4294967296:30")
     refused = subprocess.run(command, capture_output=True, text=True)

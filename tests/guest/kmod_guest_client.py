@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from nri_gpushare.kmod import abi
-from nri_gpushare.kmod.client import (
+from nri_gpushare.kmod.procfs import GpuState, ProcfsKernelModule
+from nri_gpushare.share.kernel import (
     AlreadyRegistered,
     GpuDeclaration,
     GpuQuota,
@@ -23,7 +24,6 @@ from nri_gpushare.kmod.client import (
     OverCommitted,
     Registration,
 )
-from nri_gpushare.kmod.procfs import GpuState, ProcfsKernelModule
 from tests.guest.kmod_support import CGROUP2, NOBODY, ROOT, in_child, load, read, unload
 
 pytestmark = pytest.mark.usefixtures("kmod")

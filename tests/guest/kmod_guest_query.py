@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from nri_gpushare.kmod import abi, admin
+from nri_gpushare.kmod import abi
+from nri_gpushare.ops import kmod_admin as admin
 from tests.guest.kmod_support import (
     CGROUP2,
     DEV,

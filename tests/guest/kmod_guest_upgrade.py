@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from nri_gpushare.kmod import abi
-from nri_gpushare.kmod.upgrade import STATE_FILE, ModuleState, save_state
+from nri_gpushare.ops.kmod_upgrade import STATE_FILE, ModuleState, save_state
 from tests.guest.kmod_race_support import (
     delete_module,
     finit_module,
@@ -72,7 +72,14 @@ def header() -> list[str]:
 def kmod_upgrade(state_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     """The real CLI, as an operator runs it."""
     return subprocess.run(
-        [sys.executable, "-m", "nri_gpushare.cli", "kmod-upgrade", "--state-dir", str(state_dir)]
+        [
+            sys.executable,
+            "-m",
+            "nri_gpushare.cli.main",
+            "kmod-upgrade",
+            "--state-dir",
+            str(state_dir),
+        ]
         + list(extra),
         capture_output=True,
         text=True,

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from nri_gpushare.status import query_status
+from nri_gpushare.host.sockets import query_status
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,7 +59,14 @@ class PluginProcess:
     def start(self, wait: bool = True) -> PluginProcess:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "nri_gpushare.cli", "run", "--config", str(self.config_path)],
+            [
+                sys.executable,
+                "-m",
+                "nri_gpushare.cli.main",
+                "run",
+                "--config",
+                str(self.config_path),
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=ROOT,

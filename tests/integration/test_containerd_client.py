@@ -1,4 +1,4 @@
-"""nri_gpushare.containerd.client against the real containerd 1.7 of the test
+"""nri_gpushare.host.containerd.client against the real containerd 1.7 of the test
 bed, driven the way a user outside Kubernetes drives it: with `ctr`."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from nri_gpushare.containerd.client import (
+from nri_gpushare.host.containerd.client import (
     CONTAINER_DELETE,
     TASK_DELETE,
     TASK_EXIT,

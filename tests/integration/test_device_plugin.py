@@ -25,7 +25,8 @@ import pytest
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
-from nri_gpushare.k8s import ANNOTATIONS, CORE, COUNT, MEMORY, RESOURCES, UNHEALTHY, endpoint
+from nri_gpushare.k8s import UNHEALTHY, endpoint
+from nri_gpushare.names import CORE, COUNT, KUBELET_ANNOTATIONS, MEMORY, RESOURCES
 from tests.integration.plugin import ROOT, PluginProcess
 from tests.k8s.kubelet import Devices, TestKubelet, healthy
 
@@ -42,7 +43,7 @@ class DevicePluginProcess:
     def start(self) -> DevicePluginProcess:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "nri_gpushare.cli", "device-plugin"]
+                [sys.executable, "-m", "nri_gpushare.cli.main", "device-plugin"]
                 + ["--config", str(self.config)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -179,8 +180,8 @@ async def test_allocate_memory_core_and_count(node: Node) -> None:
         "gpushare.io/kubelet.gpu-memory": "3-4,10"
     }
     ids = [str(n) for n in range(100, 160)]
-    assert await kubelet.allocate(core, ids) == {ANNOTATIONS[CORE]: "100-159"}
-    assert await kubelet.allocate(count, ["1"]) == {ANNOTATIONS[COUNT]: "1"}
+    assert await kubelet.allocate(core, ids) == {KUBELET_ANNOTATIONS[CORE]: "100-159"}
+    assert await kubelet.allocate(count, ["1"]) == {KUBELET_ANNOTATIONS[COUNT]: "1"}
     with pytest.raises(GRPCError) as err:
         await kubelet.allocate(count, ["2"])  # two GPUs: 0 and 1
     assert err.value.status == Status.INVALID_ARGUMENT
@@ -200,7 +201,7 @@ async def test_registers_again_after_a_kubelet_restart(node: Node) -> None:
     await wait_lists(kubelet, lambda d: healthy(d) == len(d))
     assert kubelet.sockets() == {"kubelet.sock"} | {endpoint(s) for s in RESOURCES}
     got = await kubelet.allocate(RESOURCES[MEMORY], ["0"])
-    assert got == {ANNOTATIONS[MEMORY]: "0"}
+    assert got == {KUBELET_ANNOTATIONS[MEMORY]: "0"}
 
 
 async def test_sigterm_removes_our_sockets(node: Node) -> None:

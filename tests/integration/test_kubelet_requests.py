@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from nri_gpushare.k8s import ANNOTATIONS, CORE, COUNT, MEMORY, RESOURCES
 from nri_gpushare.k8s.generated import v1beta1 as pb
 from nri_gpushare.k8s.plugin import DevicePluginService, PluginState
+from nri_gpushare.names import CORE, COUNT, KUBELET_ANNOTATIONS, MEMORY, RESOURCES
 from nri_gpushare.share.model import Gpu
 from tests.integration.plugin import gpu_inventory
 from tests.integration.test_metrics import free_port, one, scrape, status_json
@@ -75,9 +75,9 @@ async def test_limits_become_exactly_the_share(containerd, start_plugin, cri):
     kubelet = Kubelet(plugin, 2, 16 * GiB)
     annotations = await kubelet.allocate({MEMORY: 8, CORE: 60, COUNT: 2})
     assert annotations == {
-        ANNOTATIONS[MEMORY]: "0-7",
-        ANNOTATIONS[CORE]: "0-59",
-        ANNOTATIONS[COUNT]: "0-1",
+        KUBELET_ANNOTATIONS[MEMORY]: "0-7",
+        KUBELET_ANNOTATIONS[CORE]: "0-59",
+        KUBELET_ANNOTATIONS[COUNT]: "0-1",
     }
     cid = await sleeper(cri, "limits", annotations)
     spec = (await cri.container_info(cid))["runtimeSpec"]
@@ -105,11 +105,11 @@ async def test_a_forged_pod_annotation_is_refused(make_containerd, start_plugin)
     bed = make_containerd(passthrough_annotations=(P + "*",))
     start_plugin(bed, inventory=gpu_inventory(1, "16Gi"))
     async with bed.cri_client() as cri:
-        pod_id = await cri.run_pod("forged", annotations={ANNOTATIONS[MEMORY]: "0-15"})
+        pod_id = await cri.run_pod("forged", annotations={KUBELET_ANNOTATIONS[MEMORY]: "0-15"})
         with pytest.raises(GRPCError) as info:
             await cri.create_container(pod_id, "main", command=["sleep", "3600"])
     message = info.value.message or ""
-    assert f"pod annotation {ANNOTATIONS[MEMORY]}" in message, message
+    assert f"pod annotation {KUBELET_ANNOTATIONS[MEMORY]}" in message, message
     assert "written only by nri-gpushare's device plugin through the kubelet" in message
     assert "resources.limits gpushare.io/gpu-memory / gpu-core / gpu-count instead" in message
 

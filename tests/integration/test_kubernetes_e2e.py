@@ -28,8 +28,8 @@ from typing import Any
 
 import pytest
 
-from nri_gpushare.k8s import CORE, MEMORY, RESOURCES
-from nri_gpushare.k8s.ids import format_ids, parse_ids
+from nri_gpushare.names import CORE, MEMORY, RESOURCES
+from nri_gpushare.share.ids import format_ids, parse_ids
 from tests.integration.plugin import PluginProcess, gpu_inventory
 from tests.integration.test_device_plugin import DevicePluginProcess
 from tests.k8s.kubelet import TestKubelet

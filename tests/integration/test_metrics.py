@@ -45,7 +45,7 @@ def scrape(port: int) -> dict[str, dict[frozenset[tuple[str, str]], float]]:
 
 def status_json(plugin: Any, *command: str) -> dict[str, Any]:
     """`nri-gpushare status --json` (or another command), as an operator runs it."""
-    argv = command or ("-m", "nri_gpushare.cli", "status", "--json")
+    argv = command or ("-m", "nri_gpushare.cli.main", "status", "--json")
     run = subprocess.run(
         [sys.executable, *argv, "--config", str(plugin.config_path)],
         cwd=ROOT,
@@ -149,7 +149,7 @@ async def test_metrics_match_status_and_count_refusals_and_events(containerd, st
     assert one(metrics["gpushare_nri_handler_seconds_bucket"], event="create_container",
                le="+Inf") == 4  # fmt: skip
 
-    smi = status_json(plugin, "-m", "nri_gpushare.smi", "--json")
+    smi = status_json(plugin, "-m", "nri_gpushare.cli.smi", "--json")
     assert smi["schema"] == "gpushare-smi/1"
     assert {c["container_id"] for c in smi["containers"]} == {train, notebook}
 

@@ -11,7 +11,7 @@ import time
 import pytest
 import yaml
 
-from nri_gpushare.stub import Plugin, Stub
+from nri_gpushare.nri.stub import Plugin, Stub
 from tests.integration.plugin import ROOT, gpu_inventory
 from tests.testbed.containerd import Containerd
 from tests.testbed.cri import GRPCError
@@ -132,7 +132,14 @@ async def test_status_cli_text_and_json(containerd, start_plugin, cri):
     pod_id = await cri.run_pod("shown", annotations={"gpushare.io/gpu-memory": "3Gi"})
     cid = await cri.create_container(pod_id, "main", command=["sleep", "3600"])
     await cri.start(cid)
-    base = [sys.executable, "-m", "nri_gpushare.cli", "status", "--config", str(plugin.config_path)]
+    base = [
+        sys.executable,
+        "-m",
+        "nri_gpushare.cli.main",
+        "status",
+        "--config",
+        str(plugin.config_path),
+    ]
     text = subprocess.run(base, capture_output=True, text=True, check=True).stdout
     assert "3072Mi" in text and cid[:13] in text and "default/shown" in text
     data = json.loads(
@@ -147,7 +154,7 @@ def test_status_cli_without_a_plugin_says_so(tmp_path):
         [
             sys.executable,
             "-m",
-            "nri_gpushare.cli",
+            "nri_gpushare.cli.main",
             "status",
             "--status-socket",
             str(tmp_path / "none.sock"),

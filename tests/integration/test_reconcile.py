@@ -1,4 +1,4 @@
-"""nri_gpushare.containerd.reconcile against the real containerd 1.7 of the
+"""nri_gpushare.host.containerd.reconcile against the real containerd 1.7 of the
 test bed, with containers started by hand (`ctr run`) and an owner that
 records what it is told to release."""
 
@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
-from nri_gpushare.containerd.client import TASK_EXIT, ContainerdClient
-from nri_gpushare.containerd.reconcile import LocalRef, Reconciler
+from nri_gpushare.host.containerd.client import TASK_EXIT, ContainerdClient
+from nri_gpushare.host.containerd.reconcile import LocalRef, Reconciler
 from tests.integration.test_containerd_client import NS, STUCK, actr, ctr, ctr_run_sleep
 from tests.testbed.containerd import Containerd
 from tests.testbed.images import build_images

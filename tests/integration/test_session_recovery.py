@@ -13,7 +13,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from nri_gpushare.stub import Plugin, Stub
+from nri_gpushare.nri.stub import Plugin, Stub
 from tests.testbed.containerd import Containerd
 from tests.testbed.cri import CriClient
 

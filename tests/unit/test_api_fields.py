@@ -8,8 +8,8 @@ from typing import Any
 import betterproto
 import pytest
 
-from nri_gpushare.api import fields, nri, ttrpc
-from nri_gpushare.wire import ttrpc as wire_ttrpc
+from nri_gpushare.nri.api import fields, nri, ttrpc
+from nri_gpushare.nri.wire import ttrpc as wire_ttrpc
 
 # Namespaces that stand for several messages, or for one under another name.
 STANDS_FOR: dict[str, list[type[betterproto.Message]]] = {

@@ -1,4 +1,4 @@
-"""The hot-path codec (nri_gpushare.api.lite) against betterproto: views decode
+"""The hot-path codec (nri_gpushare.nri.api.lite) against betterproto: views decode
 what betterproto decodes, encoders emit exactly betterproto's bytes, and
 malformed input only ever raises DecodeError."""
 
@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nri_gpushare.api import lite, nri
-from nri_gpushare.api.lite import Adjustment, DecodeError, Device, MountSpec
-from nri_gpushare.wire import pb as lite_pb
+from nri_gpushare.nri.api import lite, nri
+from nri_gpushare.nri.api.lite import Adjustment, DecodeError, Device, MountSpec
+from nri_gpushare.nri.wire import pb as lite_pb
 from tests.unit.test_fuzz_common import allocates_at_most
 
 PAYLOAD = (Path(__file__).parent / "data" / "create_container_request.bin").read_bytes()
@@ -577,7 +577,7 @@ def test_message_leaves_out_unknown_fields_at_any_depth() -> None:
 
 
 def test_message_without_unknown_fields_parses_the_bytes_as_they_are(monkeypatch) -> None:
-    from nri_gpushare.api import views
+    from nri_gpushare.nri.api import views
 
     def copying(cls, raw):
         raise AssertionError("copied a message with no unknown field")
@@ -919,7 +919,7 @@ def test_runs_of_two_byte_keys_are_walked_whole() -> None:
 def test_cached_parts_encode_like_fresh_ones() -> None:
     # Devices, mounts and env entries are cached encoded; a list of options
     # where a tuple belongs cannot be a key and is encoded fresh, the same.
-    from nri_gpushare.api import encode
+    from nri_gpushare.nri.api import encode
 
     mount = MountSpec("/d", "bind", "/s", ("ro",))
     listed = MountSpec("/d", "bind", "/s", ["ro"])  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""The CDI spec (nri_gpushare.cdi): its exact shape, the hooks, the interposer,
+"""The CDI spec (nri_gpushare.ops.cdi): its exact shape, the hooks, the interposer,
 the device nodes, and `nri-gpushare cdi generate` (files, formats, errors)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import sys
 import pytest
 import yaml
 
-from nri_gpushare import cdi
 from nri_gpushare.local.client import DEFAULT_SOCKET
+from nri_gpushare.ops import cdi
 from nri_gpushare.share.model import Allocation, Gpu, GpuShare, InterposerPolicy
 from nri_gpushare.share.plan import injection_plan
 from tests.fakes import FakeDevices
@@ -539,7 +539,15 @@ def test_through_the_cli_errors_are_one_line(tmp_path):
     """`nri-gpushare cdi generate` as a process: exit 2, one line, no traceback."""
     missing = tmp_path / "absent.yaml"
     result = subprocess.run(
-        [sys.executable, "-m", "nri_gpushare.cli", "cdi", "generate", "--config", str(missing)],
+        [
+            sys.executable,
+            "-m",
+            "nri_gpushare.cli.main",
+            "cdi",
+            "generate",
+            "--config",
+            str(missing),
+        ],
         capture_output=True,
         text=True,
         timeout=60,

@@ -8,7 +8,7 @@ import sys
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "nri_gpushare.cli", *args],
+        [sys.executable, "-m", "nri_gpushare.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -48,7 +48,7 @@ def test_installed_console_script_exists():
 
 
 def test_status_text_shows_guards_and_used_next_to_quota(capsys):
-    from nri_gpushare.cli import _print_status
+    from nri_gpushare.cli.main import _print_status
 
     share = {"index": 0, "uuid": "GPU-a", "memory": 2 << 30, "core": 30, "processes": 1}
     status = {

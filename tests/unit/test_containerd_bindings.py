@@ -1,4 +1,4 @@
-"""The containerd gRPC bindings (nri_gpushare/containerd/generated/): current
+"""The containerd gRPC bindings (nri_gpushare/host/containerd/generated/): current
 with scripts/gen-containerd.sh and the protos in trixie's
 golang-github-containerd-containerd-dev, and encoding what the client sends and
 decodes the way containerd's protos number it."""
@@ -10,15 +10,15 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from nri_gpushare.containerd.generated.containerd import events as ev
-from nri_gpushare.containerd.generated.containerd.services.containers import v1 as containers
-from nri_gpushare.containerd.generated.containerd.services.events import v1 as events
-from nri_gpushare.containerd.generated.containerd.services.tasks import v1 as tasks
-from nri_gpushare.containerd.generated.containerd.v1 import types as task_types
+from nri_gpushare.host.containerd.generated.containerd import events as ev
+from nri_gpushare.host.containerd.generated.containerd.services.containers import v1 as containers
+from nri_gpushare.host.containerd.generated.containerd.services.events import v1 as events
+from nri_gpushare.host.containerd.generated.containerd.services.tasks import v1 as tasks
+from nri_gpushare.host.containerd.generated.containerd.v1 import types as task_types
 from tests.prereqs import missing
 
 TOP = Path(__file__).resolve().parents[2]
-GENERATED = TOP / "nri_gpushare" / "containerd" / "generated"
+GENERATED = TOP / "nri_gpushare" / "host" / "containerd" / "generated"
 PLUGIN = TOP / ".venv" / "bin" / "protoc-gen-python_betterproto"
 PROTOC = os.environ.get("PROTOC", "/usr/bin/protoc")
 SRC = TOP / ".cache" / "trixie" / "root" / "usr" / "share" / "gocode" / "src"

@@ -1,4 +1,4 @@
-"""nri_gpushare.containerd.client without containerd: event decoding from
+"""nri_gpushare.host.containerd.client without containerd: event decoding from
 payload bytes built with the bindings, the namespace header, Tasks.List and
 Events.Subscribe against local gRPC servers, and the errors for a missing
 socket and for a peer that is not containerd."""
@@ -22,7 +22,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Server
 
-from nri_gpushare.containerd.client import (
+from nri_gpushare.host.containerd.client import (
     CONTAINER_DELETE,
     NAMESPACE_HEADER,
     TASK_DELETE,
@@ -36,11 +36,11 @@ from nri_gpushare.containerd.client import (
     TaskInfo,
     decode_envelope,
 )
-from nri_gpushare.containerd.generated.containerd import events as ev
-from nri_gpushare.containerd.generated.containerd.services.containers import v1 as containers
-from nri_gpushare.containerd.generated.containerd.services.events import v1 as events
-from nri_gpushare.containerd.generated.containerd.services.tasks import v1 as tasks
-from nri_gpushare.containerd.generated.containerd.v1 import types as task_types
+from nri_gpushare.host.containerd.generated.containerd import events as ev
+from nri_gpushare.host.containerd.generated.containerd.services.containers import v1 as containers
+from nri_gpushare.host.containerd.generated.containerd.services.events import v1 as events
+from nri_gpushare.host.containerd.generated.containerd.services.tasks import v1 as tasks
+from nri_gpushare.host.containerd.generated.containerd.v1 import types as task_types
 
 WHEN = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 # Bounds a wait that normally ends at once; nothing is asserted about time.

@@ -1,4 +1,4 @@
-"""nri_gpushare.containerd.reconcile without containerd: a fake client factory
+"""nri_gpushare.host.containerd.reconcile without containerd: a fake client factory
 (a scripted containerd: namespaces, tasks, one subscription per connection,
 failures on cue), a recording owner, a fake clock for the grace and a fake
 sleep for the period and the backoff.  Nothing waits on real time: the tests
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from nri_gpushare.containerd.client import (
+from nri_gpushare.host.containerd.client import (
     CONTAINER_DELETE,
     TASK_DELETE,
     TASK_EXIT,
@@ -25,7 +25,7 @@ from nri_gpushare.containerd.client import (
     Event,
     TaskInfo,
 )
-from nri_gpushare.containerd.reconcile import TOPICS, LocalRef, Reconciler
+from nri_gpushare.host.containerd.reconcile import TOPICS, LocalRef, Reconciler
 
 NOW = 1_800_000_000.0
 OLD = NOW - 3600  # placed long ago: past any grace
@@ -273,7 +273,7 @@ class Harness:
 
 @pytest.fixture
 def harness_factory(caplog: pytest.LogCaptureFixture) -> Iterator[Callable[..., Any]]:
-    caplog.set_level(logging.DEBUG, logger="nri_gpushare.containerd.reconcile")
+    caplog.set_level(logging.DEBUG, logger="nri_gpushare.host.containerd.reconcile")
 
     @contextlib.asynccontextmanager
     async def make(owner: Owner, cd: Containerd, **kwargs: Any) -> AsyncIterator[Harness]:

@@ -6,20 +6,21 @@ import asyncio
 
 import pytest
 
-from nri_gpushare.api import lite, nri
-from nri_gpushare.api.lite import ContainerView, PodSandboxView
 from nri_gpushare.config import ConfigError, parse_config
-from nri_gpushare.daemon import (
+from nri_gpushare.daemon.main import (
     GpuShareHandler,
     adjustment,
     build_service,
     container_info,
     kmod_worker,
 )
+from nri_gpushare.daemon.status import StatusServer
+from nri_gpushare.host.sockets import query_status
 from nri_gpushare.kmod.worker import OffLoopKernelModule
+from nri_gpushare.nri.api import lite, nri
+from nri_gpushare.nri.api.lite import ContainerView, PodSandboxView
+from nri_gpushare.nri.stub import PluginError
 from nri_gpushare.share.model import DeviceNode, InjectionPlan, Mount
-from nri_gpushare.status import StatusServer, query_status
-from nri_gpushare.stub import PluginError
 from tests.fakes import FakeKernelModule, Inline
 from tests.unit.test_kmod_worker import Hangs, settled
 
@@ -264,7 +265,7 @@ async def test_synchronize_survives_odd_containers_and_denies_unserved(tmp_path,
     handler = GpuShareHandler(await build_service(config, None))
     killed = []
     monkeypatch.setattr(
-        "nri_gpushare.daemon.kill_container",
+        "nri_gpushare.daemon.main.kill_container",
         lambda cid, pid: killed.append((cid, pid)) or f"killed (process {pid})",
     )
     pod = pod_asking_1gi()
@@ -293,7 +294,7 @@ async def test_a_split_synchronize_gathered_part_by_part_is_one_synchronize(tmp_
     assert handler._sync.waiting == [asked]  # web's pod came first in the same request
     await handler.configure("", "containerd", "1.7.24")  # the connection broke: start again
     assert handler.synchronize_part([plain], [web, asked]) is True
-    caplog.set_level("INFO", logger="nri_gpushare.daemon")
+    caplog.set_level("INFO", logger="nri_gpushare.daemon.main")
     assert await handler.synchronize([pod], []) == []
     assert list(handler.service.unserved) == ["c1"]
     assert "synchronized: 2 pod(s), 2 container(s)" in caplog.text
@@ -332,7 +333,7 @@ async def test_deny_reaches_a_container_that_starts_after_synchronize(tmp_path, 
         killed.append(pid)
         return f"killed (process {pid})" if pid else "not running: nothing to kill"
 
-    monkeypatch.setattr("nri_gpushare.daemon.kill_container", kill)
+    monkeypatch.setattr("nri_gpushare.daemon.main.kill_container", kill)
     pod = pod_asking_1gi()
     created = nri.Container(
         id="c1", pod_sandbox_id="p", name="main", state=nri.ContainerState.CONTAINER_CREATED
@@ -383,7 +384,7 @@ async def test_a_missing_library_is_refused_through_nri_and_books_nothing(tmp_pa
 
 
 async def test_driver_limits_probed_at_start_and_status_is_served_async(tmp_path):
-    from nri_gpushare.nvml_limits import NvmlMemoryLimits
+    from nri_gpushare.host.driver_limits import NvmlMemoryLimits
     from tests.unit.test_nvml_limits import FakeNvml
 
     config = off_config(tmp_path)
@@ -449,8 +450,8 @@ async def test_a_container_started_without_its_share_is_unserved(tmp_path):
 
 
 async def test_the_reconcile_owner_adopts_with_the_tasks_cgroup(monkeypatch, caplog):
-    import nri_gpushare.daemon as daemon_module
-    from nri_gpushare.daemon import ReconcileOwner
+    import nri_gpushare.daemon.main as daemon_module
+    from nri_gpushare.daemon.main import ReconcileOwner
 
     adopted: list[tuple[str, str, int, str]] = []
 

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from nri_gpushare.decisions import (
+from nri_gpushare.share.decisions import (
     REFUSAL_REASONS,
     DecisionLog,
     JsonFormatter,
@@ -19,8 +19,15 @@ from nri_gpushare.decisions import (
     logfmt,
     refusal_reason,
 )
-from nri_gpushare.share import ContainerInfo, NodePolicy, ShareRefused, ShareService
-from nri_gpushare.share.model import STANDALONE_SOURCES, Allocation, GpuShare
+from nri_gpushare.share.model import (
+    STANDALONE_SOURCES,
+    Allocation,
+    ContainerInfo,
+    GpuShare,
+    NodePolicy,
+    ShareRefused,
+)
+from nri_gpushare.share.service import ShareService
 from tests.fakes import FakeDevices, FakeKernelModule, GiB, Inline, done, make_gpus
 
 P = "gpushare.io/"
@@ -141,8 +148,8 @@ def test_hostile_values_stay_in_their_field(captured):
 
 def test_text_format_escapes_every_message(captured):
     """Not only decisions: any message that quotes a pod's value stays one line."""
-    logging.getLogger("nri_gpushare.daemon").warning("container %s: odd", HOSTILE)
-    logging.getLogger("nri_gpushare.daemon").warning("tab\there \x1b[31mred\u2028sep")
+    logging.getLogger("nri_gpushare.daemon.main").warning("container %s: odd", HOSTILE)
+    logging.getLogger("nri_gpushare.daemon.main").warning("tab\there \x1b[31mred\u2028sep")
     text, js = captured()
     assert len(text) == 2
     assert "x\\n2026-01-01" in text[0]
@@ -157,9 +164,9 @@ def test_text_tracebacks_cannot_forge_a_record(captured):
     try:
         raise ValueError(f"bad annotation {HOSTILE}\x1b[2J\u2028end")
     except ValueError:
-        logging.getLogger("nri_gpushare.daemon").exception("failed")
+        logging.getLogger("nri_gpushare.daemon.main").exception("failed")
     text, _ = captured()
-    assert text[0].endswith("ERROR nri_gpushare.daemon: failed")
+    assert text[0].endswith("ERROR nri_gpushare.daemon.main: failed")
     assert len(text) > 2 and all(line.startswith("  ") for line in text[1:]), text
     assert not any("\x1b" in line or "\u2028" in line for line in text)
     assert "  ValueError: bad annotation x" in text
@@ -176,7 +183,7 @@ def test_json_format_keeps_tracebacks_in_one_object(captured):
     try:
         raise ValueError("boom\nline")
     except ValueError:
-        logging.getLogger("nri_gpushare.daemon").exception("failed")
+        logging.getLogger("nri_gpushare.daemon.main").exception("failed")
     _, [line] = captured()
     doc = json.loads(line)
     assert doc["msg"] == "failed" and "ValueError: boom" in doc["exc"]

@@ -20,7 +20,8 @@ import pytest
 import yaml
 
 from nri_gpushare.config import Config, parse_config
-from nri_gpushare.k8s import MEMORY, endpoint, events
+from nri_gpushare.k8s import endpoint, events
+from nri_gpushare.names import MEMORY
 from tests.prereqs import missing
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""Bad input to the NRI request decoders (nri_gpushare.api.lite), the bytes a
+"""Bad input to the NRI request decoders (nri_gpushare.nri.api.lite), the bytes a
 runtime sends to every plugin call.
 
 Structure-aware: valid requests of every kind (built with the betterproto
@@ -23,9 +23,9 @@ from typing import Any, Union
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nri_gpushare.api import lite, nri
-from nri_gpushare.wire import pb
-from nri_gpushare.wire.errors import DecodeError
+from nri_gpushare.nri.api import lite, nri
+from nri_gpushare.nri.wire import pb
+from nri_gpushare.nri.wire.errors import DecodeError
 from tests.unit.test_fuzz_common import fuzz, overlong_varint, refused_only
 
 Tree = list[tuple[int, int, Union[int, bytes, "Tree"]]]

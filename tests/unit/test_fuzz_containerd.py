@@ -1,6 +1,6 @@
 """Bad input from containerd's side: the events the reconciler subscribes to
 (anyone with containerd's socket can Publish any topic, type and payload:
-nri_gpushare.containerd.client.decode_envelope and the reconciler's
+nri_gpushare.host.containerd.client.decode_envelope and the reconciler's
 timestamps) and the durations `enable` reads from containerd's config
 (nri_gpushare.ops.containerd_config.parse_go_duration).
 
@@ -17,16 +17,16 @@ import betterproto.lib.google.protobuf as pb
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nri_gpushare.containerd.client import (
+from nri_gpushare.host.containerd.client import (
     CONTAINER_DELETE,
     TASK_DELETE,
     TASK_EXIT,
     Event,
     decode_envelope,
 )
-from nri_gpushare.containerd.generated.containerd import events as ev
-from nri_gpushare.containerd.generated.containerd.services.events import v1 as events
-from nri_gpushare.containerd.reconcile import _epoch
+from nri_gpushare.host.containerd.generated.containerd import events as ev
+from nri_gpushare.host.containerd.generated.containerd.services.events import v1 as events
+from nri_gpushare.host.containerd.reconcile import _epoch
 from nri_gpushare.ops.containerd_config import parse_go_duration
 from tests.unit.test_fuzz_common import fuzz, text_with_odd_unicode
 

@@ -36,14 +36,14 @@ NAME = re.compile(r"^(parse|decode|load|read|unpack)(_|$)")
 
 PARSERS: dict[str, tuple[str, ...]] = {
     # NRI: the runtime's requests (the plugin's socket).
-    "nri_gpushare.wire.mux": ("MuxDecoder.feed",),
-    "nri_gpushare.wire.ttrpc": (
+    "nri_gpushare.nri.wire.mux": ("MuxDecoder.feed",),
+    "nri_gpushare.nri.wire.ttrpc": (
         "Request.decode",
         "Response.decode",
         "TtrpcConnection.receive_data",
     ),
-    "nri_gpushare.wire.pb": ("read_varint", "fields"),
-    "nri_gpushare.api.lite": (
+    "nri_gpushare.nri.wire.pb": ("read_varint", "fields"),
+    "nri_gpushare.nri.api.lite": (
         "decode_configure_request",
         "decode_synchronize_request",
         "decode_create_container_request",
@@ -59,7 +59,7 @@ PARSERS: dict[str, tuple[str, ...]] = {
     ),
     # What a container asks for (annotations, labels, env).
     "nri_gpushare.share.request": ("parse_request",),
-    "nri_gpushare.share.units": ("parse_size",),
+    "nri_gpushare.units": ("parse_size",),
     # Containers NRI never sees: the local API, OCI state and config.json, runc's argv.
     "nri_gpushare.local.protocol": ("decode_request", "decode_reply"),
     "nri_gpushare.local.oci": (
@@ -73,12 +73,17 @@ PARSERS: dict[str, tuple[str, ...]] = {
         "namespace_of",
         "namespace_from_root",
     ),
-    "nri_gpushare.runc_wrapper": ("parse_globals", "parse_command", "share_env", "share_hints"),
-    "nri_gpushare.hook": ("parse_args",),
+    "nri_gpushare.local.runc_wrapper": (
+        "parse_globals",
+        "parse_command",
+        "share_env",
+        "share_hints",
+    ),
+    "nri_gpushare.local.hook": ("parse_args",),
     # Recovery: the state file and its records, the saved kmod-upgrade state.
-    "nri_gpushare.statefile": ("StateFile.load",),
+    "nri_gpushare.host.statefile": ("StateFile.load",),
     "nri_gpushare.share.records": ("decode",),
-    "nri_gpushare.kmod.upgrade": ("ModuleState.parse", "load_saved"),
+    "nri_gpushare.ops.kmod_upgrade": ("ModuleState.parse", "load_saved"),
     # The node's config and inventory.
     "nri_gpushare.config": ("parse_config", "load_config", "parse_quantity"),
     # The kernel module's procfs tree, mountinfo, a runtime's cgroup paths.
@@ -101,30 +106,40 @@ PARSERS: dict[str, tuple[str, ...]] = {
         "ProcfsKernelModule.upgrading",
     ),
     # The device plugin: the kubelet's IDs, the daemon's status document.
-    "nri_gpushare.k8s.ids": ("parse_ids", "id_number"),
+    "nri_gpushare.share.ids": ("parse_ids", "id_number"),
     "nri_gpushare.k8s.plugin": ("read_status", "PluginState.update"),
     # containerd: events anyone with its socket can publish; its config's durations.
-    "nri_gpushare.containerd.client": ("decode_envelope",),
-    "nri_gpushare.containerd.reconcile": ("_epoch",),
+    "nri_gpushare.host.containerd.client": ("decode_envelope",),
+    "nri_gpushare.host.containerd.reconcile": ("_epoch",),
     "nri_gpushare.ops.containerd_config": ("parse_go_duration",),
 }
 
 EXEMPT: dict[str, str] = {
-    "nri_gpushare.api.decode.*": "the same functions as nri_gpushare.api.lite's, listed there",
-    "nri_gpushare.api.views.parse": "generic view parsing, reached through every api.lite decoder",
-    "nri_gpushare.hook.read_state": "reads stdin (bounded) and returns oci.parse_state's result",
-    "nri_gpushare.host.load_inventory": "NVML's answers and the config's inventory; no input a"
-    " container or a file shapes beyond parse_config's",
+    "nri_gpushare.nri.api.decode.*": (
+        "the same functions as nri_gpushare.nri.api.lite's, listed there"
+    ),
+    "nri_gpushare.nri.api.views.parse": (
+        "generic view parsing, reached through every api.lite decoder"
+    ),
+    "nri_gpushare.local.hook.read_state": (
+        "reads stdin (bounded) and returns oci.parse_state's result"
+    ),
+    "nri_gpushare.host.devices.load_inventory": (
+        "NVML's answers and the config's inventory; no input a"
+        " container or a file shapes beyond parse_config's"
+    ),
     "nri_gpushare.kmod.abi.unpack_query": "the kernel's answer to our ioctl in buffers we size;"
     " fuzzed against the real module in tests/guest/kmod_guest_fuzz.py",
     "nri_gpushare.kmod.abi.unpack_mem": "as unpack_query",
     "nri_gpushare.kmod.abi.unpack_sched": "as unpack_query",
-    "nri_gpushare.kmod.upgrade.Host.read_state": "I/O protocol; the text goes to ModuleState.parse",
-    "nri_gpushare.kmod.upgrade.Host.load": "loads a module (a command, not a parser)",
-    "nri_gpushare.kmod.upgrade.SystemHost.read_state": "reads /proc/gpushare/upgrade for"
+    "nri_gpushare.ops.kmod_upgrade.Host.read_state": (
+        "I/O protocol; the text goes to ModuleState.parse"
+    ),
+    "nri_gpushare.ops.kmod_upgrade.Host.load": "loads a module (a command, not a parser)",
+    "nri_gpushare.ops.kmod_upgrade.SystemHost.read_state": "reads /proc/gpushare/upgrade for"
     " ModuleState.parse",
-    "nri_gpushare.kmod.upgrade.SystemHost.load": "loads a module (a command, not a parser)",
-    "nri_gpushare.metrics.parse_listen": "splits metrics.listen, which parse_config checked",
+    "nri_gpushare.ops.kmod_upgrade.SystemHost.load": "loads a module (a command, not a parser)",
+    "nri_gpushare.daemon.metrics.parse_listen": "splits metrics.listen, which parse_config checked",
     "nri_gpushare.ops.containerd_config.ConfigFile.read": "reads the operator's containerd config"
     " for `enable` (tomlkit parses it; tests/integration/test_enable.py runs real configs)",
     "nri_gpushare.ops.load_module.load_module": "a CLI command, not a parser",

@@ -21,7 +21,6 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nri_gpushare.kmod.client import KmodError
 from nri_gpushare.kmod.procfs import (
     ProcfsKernelModule,
     cgroup2_mounts,
@@ -29,6 +28,7 @@ from nri_gpushare.kmod.procfs import (
     expand_systemd_slice,
     parse_meminfo,
 )
+from nri_gpushare.share.kernel import KmodError
 from tests.unit.test_fuzz_common import fuzz, refused_only, text_with_odd_unicode
 
 CID = "c" * 64

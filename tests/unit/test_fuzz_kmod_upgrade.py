@@ -1,5 +1,5 @@
 """Bad input to `nri-gpushare kmod-upgrade`'s reading of module states
-(nri_gpushare.kmod.upgrade): the text of /proc/gpushare/upgrade and the
+(nri_gpushare.ops.kmod_upgrade): the text of /proc/gpushare/upgrade and the
 state file it saved (<state-dir>/kmod-upgrade.state), cut, garbled or
 replaced, non-UTF-8 included.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nri_gpushare.kmod.upgrade import COMMENT, ModuleState, UpgradeError, load_saved
+from nri_gpushare.ops.kmod_upgrade import COMMENT, ModuleState, UpgradeError, load_saved
 from tests.unit.test_fuzz_common import fuzz, refused_only, text_with_odd_unicode
 
 STATE = (

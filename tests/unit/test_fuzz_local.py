@@ -21,8 +21,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nri_gpushare import hook, runc_wrapper
-from nri_gpushare.local import oci, protocol
+from nri_gpushare.local import hook, oci, protocol, runc_wrapper
 from tests.unit.test_fuzz_common import fuzz, refused_only, text_with_odd_unicode
 
 JSON = st.recursive(

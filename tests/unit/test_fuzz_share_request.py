@@ -17,11 +17,10 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nri_gpushare.k8s import ANNOTATIONS
-from nri_gpushare.share import ContainerInfo, NodePolicy, ShareRefused
-from nri_gpushare.share.model import SourcePolicy
+from nri_gpushare.names import KUBELET_ANNOTATIONS
+from nri_gpushare.share.model import ContainerInfo, NodePolicy, ShareRefused, SourcePolicy
 from nri_gpushare.share.request import KEYS, ShareRequest, ignored, parse_request
-from nri_gpushare.share.units import SizeError, format_bytes, parse_size
+from nri_gpushare.units import SizeError, format_bytes, parse_size
 from tests.fakes import GiB, make_gpus
 from tests.unit.test_fuzz_common import fuzz, text_with_odd_unicode
 
@@ -94,7 +93,7 @@ value = st.one_of(plausible, plausible, hostile)
 key = st.one_of(
     st.sampled_from([P + k for k in KEYS]),
     st.sampled_from([f"{P}container.main.{k}" for k in KEYS]),
-    st.sampled_from(list(ANNOTATIONS.values())),
+    st.sampled_from(list(KUBELET_ANNOTATIONS.values())),
     st.sampled_from([P + "gpu-mem", P + "container.main", P + "container..gpu-memory", P]),
     text_with_odd_unicode(20).map(lambda t: P + t),
 )

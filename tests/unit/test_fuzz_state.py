@@ -1,4 +1,4 @@
-"""Bad input to recovery: the daemon's state file (nri_gpushare.statefile)
+"""Bad input to recovery: the daemon's state file (nri_gpushare.host.statefile)
 and the allocation records in it (nri_gpushare.share.records), as a crash,
 a full disk, a hand edit or another program may leave them: cut at any byte,
 bytes flipped, lines repeated or reordered, non-UTF-8, random JSON lines, a
@@ -22,9 +22,9 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from nri_gpushare.host.statefile import FILE_NAME, StateFile
 from nri_gpushare.share.model import Allocation, GpuShare
 from nri_gpushare.share.records import decode, removed, snapshot
-from nri_gpushare.statefile import FILE_NAME, StateFile
 from tests.fakes import GiB, make_gpus
 from tests.unit.test_fuzz_common import fuzz, text_with_odd_unicode
 

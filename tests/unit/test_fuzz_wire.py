@@ -12,8 +12,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nri_gpushare.wire import mux, pb, ttrpc
-from nri_gpushare.wire.errors import DecodeError, ProtocolError
+from nri_gpushare.nri.wire import mux, pb, ttrpc
+from nri_gpushare.nri.wire.errors import DecodeError, ProtocolError
 from tests.unit.test_fuzz_common import allocates_at_most, fuzz, overlong_varint, refused_only
 
 U32 = st.integers(0, 0xFFFFFFFF)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nri_gpushare import hook
+from nri_gpushare.local import hook
 from nri_gpushare.local.protocol import Reply, Request
 from tests.unit.fake_local_daemon import PLAN, fake_daemon, short_dir
 

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from nri_gpushare.host import HostDevices, load_inventory
-from nri_gpushare.share import DeviceNode, Gpu
+from nri_gpushare.host.devices import HostDevices, load_inventory
+from nri_gpushare.share.model import DeviceNode, Gpu
 from tests.fakes import GiB, make_gpus
 
 
@@ -168,7 +168,7 @@ def _fake_proc(tmp_path, pid: int, cgroup: str):
 def test_kill_container_kills_only_a_process_of_that_container(tmp_path):
     import subprocess
 
-    from nri_gpushare.host import kill_container
+    from nri_gpushare.host.devices import kill_container
 
     proc = subprocess.Popen(["sleep", "60"])
     try:
@@ -186,7 +186,7 @@ def test_kill_container_kills_only_a_process_of_that_container(tmp_path):
 
 
 def test_cgroup_of_reads_the_unified_line_and_checks_it_names_the_container(tmp_path):
-    from nri_gpushare.host import cgroup_of
+    from nri_gpushare.host.devices import cgroup_of
 
     def proc(text: str | None) -> Path:
         (tmp_path / "7").mkdir(exist_ok=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from nri_gpushare import cdi
+from nri_gpushare.ops import cdi
 from nri_gpushare.share.interposer import interposer_injection
 from nri_gpushare.share.model import Gpu, InterposerPolicy
 from tests.fakes import FakeDevices

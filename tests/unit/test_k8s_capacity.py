@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nri_gpushare.k8s import CORE, COUNT, MEMORY
 from nri_gpushare.k8s.capacity import GIB, Device, Grant, advertise, live_ids, memory_units
-from nri_gpushare.k8s.ids import format_ids
+from nri_gpushare.names import CORE, COUNT, MEMORY
+from nri_gpushare.share.ids import format_ids
 from nri_gpushare.share.limits import LimitLink
 from nri_gpushare.share.model import Allocation, Gpu, NodePolicy, ShareRefused
 from nri_gpushare.share.placement import Ledger

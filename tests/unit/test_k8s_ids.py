@@ -1,4 +1,4 @@
-"""Device-ID ranges (`nri_gpushare.k8s.ids`): what Allocate writes into the
+"""Device-ID ranges (`nri_gpushare.share.ids`): what Allocate writes into the
 annotation and what the NRI plugin and the device plugin read back.  The
 text is read as untrusted: anything but well-formed ranges is BadIds, never
 another exception, and nothing past the bounds is accepted."""
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nri_gpushare.k8s.ids import (
+from nri_gpushare.share.ids import (
     MAX_ID,
     MAX_TEXT,
     BadIds,

@@ -17,17 +17,8 @@ import pytest
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
-from nri_gpushare.cli import main
-from nri_gpushare.k8s import (
-    ANNOTATIONS,
-    CORE,
-    COUNT,
-    HEALTHY,
-    MEMORY,
-    RESOURCES,
-    UNHEALTHY,
-    endpoint,
-)
+from nri_gpushare.cli.main import main
+from nri_gpushare.k8s import HEALTHY, UNHEALTHY, endpoint
 from nri_gpushare.k8s.capacity import Device, Grant
 from nri_gpushare.k8s.generated import v1beta1 as pb
 from nri_gpushare.k8s.health import GpuHealth
@@ -37,6 +28,7 @@ from nri_gpushare.k8s.plugin import (
     DevicePluginService,
     PluginState,
 )
+from nri_gpushare.names import CORE, COUNT, KUBELET_ANNOTATIONS, MEMORY, RESOURCES
 from nri_gpushare.share.model import Gpu
 from tests.k8s.kubelet import TestKubelet, healthy
 
@@ -161,7 +153,7 @@ async def test_allocate_answers_the_annotation(state: PluginState) -> None:
     reply = await service.allocate(allocate_request(["7", "0", "1", "2"], ["9"]))
     first, second = reply.container_responses
     assert first.annotations == {"gpushare.io/kubelet.gpu-memory": "0-2,7"}
-    assert second.annotations == {ANNOTATIONS[MEMORY]: "9"}
+    assert second.annotations == {KUBELET_ANNOTATIONS[MEMORY]: "9"}
     assert not first.envs and not first.mounts and not first.devices
     assert state.pending == (Grant(MEMORY, frozenset({0, 1, 2, 7})), Grant(MEMORY, frozenset({9})))
     # The granted IDs stay healthy (the kubelet counts them as in use) and
@@ -171,7 +163,7 @@ async def test_allocate_answers_the_annotation(state: PluginState) -> None:
 
 async def test_allocate_core_and_count(state: PluginState) -> None:
     core = await DevicePluginService(CORE, state).allocate(allocate_request(["150", "151"]))
-    assert core.container_responses[0].annotations == {ANNOTATIONS[CORE]: "150-151"}
+    assert core.container_responses[0].annotations == {KUBELET_ANNOTATIONS[CORE]: "150-151"}
     count = await DevicePluginService(COUNT, state).allocate(allocate_request(["1"]))
     assert count.container_responses[0].annotations == {"gpushare.io/kubelet.gpu-count": "1"}
 
@@ -391,7 +383,7 @@ async def test_registers_serves_and_reregisters(
             await plugin.tick()
             await kubelet.wait_registered(6)
             got = await kubelet.allocate(RESOURCES[CORE], ["0", "1"])
-            assert got == {ANNOTATIONS[CORE]: "0-1"}
+            assert got == {KUBELET_ANNOTATIONS[CORE]: "0-1"}
             await kubelet.wait_for(RESOURCES[COUNT])
             assert kubelet.allocatable(RESOURCES[COUNT]) == 2
     finally:
@@ -480,7 +472,7 @@ async def test_allocate_does_not_wait_for_a_slow_daemon(daemon: Daemon, clock: C
         reply = await asyncio.wait_for(
             DevicePluginService(MEMORY, state).allocate(allocate_request(["1"])), 5
         )
-        assert reply.container_responses[0].annotations == {ANNOTATIONS[MEMORY]: "1"}
+        assert reply.container_responses[0].annotations == {KUBELET_ANNOTATIONS[MEMORY]: "1"}
         assert not refreshing.done()
     finally:
         release.set()

@@ -28,10 +28,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from nri_gpushare.config import Config
-from nri_gpushare.k8s import CORE, COUNT, MEMORY, RESOURCES, endpoint
+from nri_gpushare.k8s import endpoint
 from nri_gpushare.k8s.capacity import GIB, Grant, advertise
 from nri_gpushare.k8s.generated import v1beta1 as pb
-from nri_gpushare.k8s.ids import MAX_ID
 from nri_gpushare.k8s.plugin import (
     RESTART_TTL,
     SLOT_TTL,
@@ -41,6 +40,8 @@ from nri_gpushare.k8s.plugin import (
     read_status,
     serve,
 )
+from nri_gpushare.names import CORE, COUNT, MEMORY, RESOURCES
+from nri_gpushare.share.ids import MAX_ID
 from nri_gpushare.share.model import ShareRefused
 from tests.k8s.kubelet import TestKubelet, healthy
 from tests.unit.test_k8s_capacity import MI, Node

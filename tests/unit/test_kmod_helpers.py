@@ -11,15 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from nri_gpushare.kmod import admin
-from nri_gpushare.kmod.client import (
-    GpuDeclaration,
-    GpuQuota,
-    KmodError,
-    ModuleNotLoaded,
-    NotRegistered,
-    Registration,
-)
 from nri_gpushare.kmod.procfs import (
     MemInfo,
     ProcfsKernelModule,
@@ -29,6 +20,15 @@ from nri_gpushare.kmod.procfs import (
     expand_systemd_slice,
     meminfo,
     parse_meminfo,
+)
+from nri_gpushare.ops import kmod_admin as admin
+from nri_gpushare.share.kernel import (
+    GpuDeclaration,
+    GpuQuota,
+    KmodError,
+    ModuleNotLoaded,
+    NotRegistered,
+    Registration,
 )
 from tests.fakes import FakeKernelModule
 

@@ -1,4 +1,4 @@
-"""`nri-gpushare kmod-upgrade` (nri_gpushare.kmod.upgrade) against a fake module:
+"""`nri-gpushare kmod-upgrade` (nri_gpushare.ops.kmod_upgrade) against a fake module:
 every step's failure, and a kill at every step followed by a rerun, leaves
 the state in the module or in the saved file (never nowhere) and a message
 that says what to do."""
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from nri_gpushare.kmod import upgrade as up
-from nri_gpushare.kmod.client import (
+from nri_gpushare.ops import kmod_upgrade as up
+from nri_gpushare.share.kernel import (
     GpuQuota,
     KmodError,
     ModuleNotLoaded,
@@ -288,7 +288,7 @@ def test_state_parsing_refuses_other_formats() -> None:
 
 
 def test_the_cli_registers_the_command() -> None:
-    from nri_gpushare.cli import build_parser
+    from nri_gpushare.cli.main import build_parser
 
     args = build_parser().parse_args(["kmod-upgrade", "--module", "/x.ko", "--state-dir", "/s"])
     assert args.func is up.main and args.module == Path("/x.ko") and args.state_dir == Path("/s")
@@ -360,7 +360,7 @@ def test_catch_up_lands_held_up_work_without_a_container_event() -> None:
 async def test_the_daemon_sampler_catches_up(monkeypatch: pytest.MonkeyPatch) -> None:
     import asyncio
 
-    from nri_gpushare import daemon
+    from nri_gpushare.daemon import main as daemon
 
     seen: list[str] = []
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from nri_gpushare.kmod.client import GpuDeclaration, GpuQuota, KmodError, Registration
 from nri_gpushare.kmod.procfs import ProcfsKernelModule
 from nri_gpushare.kmod.worker import OffLoopKernelModule
+from nri_gpushare.share.kernel import GpuDeclaration, GpuQuota, KmodError, Registration
 from tests.fakes import FakeKernelModule
 
 GiB = 1 << 30

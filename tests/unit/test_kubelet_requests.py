@@ -12,32 +12,33 @@ import logging
 
 import pytest
 
-from nri_gpushare.api import lite, nri
 from nri_gpushare.config import parse_config
-from nri_gpushare.daemon import FRAGMENTED, GpuShareHandler, PodEvents, build_service
-from nri_gpushare.decisions import REFUSAL_REASONS, refusal_reason
-from nri_gpushare.k8s import ANNOTATIONS, CORE, COUNT, MEMORY
+from nri_gpushare.daemon.main import FRAGMENTED, GpuShareHandler, PodEvents, build_service
+from nri_gpushare.daemon.metrics import Snapshot
 from nri_gpushare.k8s.events import PodRef
-from nri_gpushare.kmod.client import GpuQuota, Registration
-from nri_gpushare.metrics import Snapshot
-from nri_gpushare.share import (
+from nri_gpushare.names import ASSIGNED, CORE, COUNT, KUBELET_ANNOTATIONS, MEMORY
+from nri_gpushare.nri.api import lite, nri
+from nri_gpushare.nri.stub import PluginError
+from nri_gpushare.share import records
+from nri_gpushare.share.assigned import assigned_annotation
+from nri_gpushare.share.decisions import REFUSAL_REASONS, refusal_reason
+from nri_gpushare.share.kernel import GpuQuota, Registration
+from nri_gpushare.share.model import (
+    Allocation,
     ContainerInfo,
+    GpuShare,
     NodePolicy,
     ShareRefused,
-    ShareService,
-    parse_request,
-    records,
+    SourcePolicy,
 )
-from nri_gpushare.share.assigned import assigned_annotation
-from nri_gpushare.share.model import ASSIGNED, Allocation, GpuShare, SourcePolicy
 from nri_gpushare.share.records import MemoryStore
-from nri_gpushare.share.request import ignored
-from nri_gpushare.stub import PluginError
+from nri_gpushare.share.request import ignored, parse_request
+from nri_gpushare.share.service import ShareService
 from tests.fakes import FakeDevices, FakeKernelModule, GiB, Inline, make_gpus
 from tests.unit.test_metrics import by_name, lab, scrape
 
 P = "gpushare.io/"
-KM, KC, KN = ANNOTATIONS[MEMORY], ANNOTATIONS[CORE], ANNOTATIONS[COUNT]
+KM, KC, KN = KUBELET_ANNOTATIONS[MEMORY], KUBELET_ANNOTATIONS[CORE], KUBELET_ANNOTATIONS[COUNT]
 POLICY = NodePolicy()  # the defaults: pods ask through annotations and the kubelet
 
 

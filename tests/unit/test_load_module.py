@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from nri_gpushare.cli import main
+from nri_gpushare.cli.main import main
 
 
 def _modprobe(tmp_path: Path, status: int) -> tuple[str, Path]:

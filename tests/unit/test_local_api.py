@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from nri_gpushare.containerd.client import ContainerdUnavailable, ContainerNotFound
-from nri_gpushare.kmod.client import KmodError
+from nri_gpushare.daemon.local_api import LocalApiHandler
+from nri_gpushare.daemon.local_server import LocalApiServer
+from nri_gpushare.host.containerd.client import ContainerdUnavailable, ContainerNotFound
 from nri_gpushare.local import protocol
 from nri_gpushare.local.protocol import Reply, Request
-from nri_gpushare.local.server import LocalApiServer
-from nri_gpushare.local_api import LocalApiHandler
-from nri_gpushare.share import ContainerInfo, NodePolicy, ShareRefused, ShareService
-from nri_gpushare.share.model import STANDALONE_SOURCES
+from nri_gpushare.share.kernel import KmodError
+from nri_gpushare.share.model import STANDALONE_SOURCES, ContainerInfo, NodePolicy, ShareRefused
 from nri_gpushare.share.records import MemoryStore
+from nri_gpushare.share.service import ShareService
 from tests.fakes import FakeDevices, FakeKernelModule, GiB, Inline, make_gpus
 
 P = "gpushare.io/"
@@ -396,7 +396,7 @@ async def test_a_bug_in_the_handler_still_answers(tmp_path):
 
 
 async def test_a_stalled_client_gets_an_error_and_blocks_no_one(tmp_path, monkeypatch):
-    monkeypatch.setattr("nri_gpushare.local.server.READ_WITHIN", 0.05)
+    monkeypatch.setattr("nri_gpushare.daemon.local_server.READ_WITHIN", 0.05)
 
     async def handler(request: Request) -> Reply:
         return Reply(True, released=False)
@@ -511,7 +511,7 @@ class SlowLabels(Labels):
 
 
 async def test_a_create_that_cannot_answer_in_time_is_refused_and_reserves_nothing(monkeypatch):
-    monkeypatch.setattr("nri_gpushare.local_api.ANSWER_WITHIN", 0.05)
+    monkeypatch.setattr("nri_gpushare.daemon.local_api.ANSWER_WITHIN", 0.05)
     svc, _ = await make()
     reply = await LocalApiHandler(svc, SlowLabels())(create())
     assert not reply.ok and "not placed within" in reply.error
@@ -529,7 +529,7 @@ async def test_a_share_whose_creator_went_away_is_released():
 
 
 async def test_a_bind_the_module_refuses_fails_the_cdi_create_and_frees_the_share():
-    from nri_gpushare.kmod.client import KmodError
+    from nri_gpushare.share.kernel import KmodError
 
     kmod = FakeKernelModule()
     svc, _ = await make(kmod_mode="required", kmod=kmod)
@@ -541,8 +541,8 @@ async def test_a_bind_the_module_refuses_fails_the_cdi_create_and_frees_the_shar
 
 
 async def test_nri_events_for_the_same_id_leave_a_hand_started_share_alone():
-    from nri_gpushare.api import lite, nri
-    from nri_gpushare.daemon import GpuShareHandler
+    from nri_gpushare.daemon.main import GpuShareHandler
+    from nri_gpushare.nri.api import lite, nri
 
     svc, kmod = await make()
     await LocalApiHandler(svc, Labels({("default", "c1"): {P + "gpu-memory": "1Gi"}}))(create())

@@ -10,16 +10,16 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from nri_gpushare import metrics
 from nri_gpushare.config import ConfigError
-from nri_gpushare.decisions import REFUSAL_REASONS
-from nri_gpushare.metrics import (
+from nri_gpushare.daemon import metrics
+from nri_gpushare.daemon.metrics import (
     HandlerLatency,
     MetricsServer,
     Snapshot,
     SnapshotCollector,
     families,
 )
+from nri_gpushare.share.decisions import REFUSAL_REASONS
 
 GiB = 1 << 30
 

@@ -7,11 +7,11 @@ import threading
 import pynvml
 import pytest
 
-from nri_gpushare.nvml_limits import LIMIT_MAX, NvmlMemoryLimits
-from nri_gpushare.share import ContainerInfo, NodePolicy, ShareService
+from nri_gpushare.host.driver_limits import LIMIT_MAX, NvmlMemoryLimits
 from nri_gpushare.share.limits import LimitError
-from nri_gpushare.share.model import STANDALONE_SOURCES
+from nri_gpushare.share.model import STANDALONE_SOURCES, ContainerInfo, NodePolicy
 from nri_gpushare.share.records import MemoryStore
+from nri_gpushare.share.service import ShareService
 from tests.fakes import FakeDevices, FakeKernelModule, GiB, Inline, done, make_gpus
 
 P = "gpushare.io/"

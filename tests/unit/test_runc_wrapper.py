@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nri_gpushare import runc_wrapper
+from nri_gpushare.local import runc_wrapper
 from nri_gpushare.local.protocol import Reply, Request
 from tests.unit.fake_local_daemon import PLAN, fake_daemon, short_dir
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import betterproto
 
-from nri_gpushare.api import nri
+from nri_gpushare.nri.api import nri
 from tests.prereqs import missing
 
 TOP = Path(__file__).resolve().parents[2]
-GENERATED = TOP / "nri_gpushare" / "api" / "generated"
+GENERATED = TOP / "nri_gpushare" / "nri" / "api" / "generated"
 PLUGIN = TOP / ".venv" / "bin" / "protoc-gen-python_betterproto"
 PROTOC = os.environ.get("PROTOC", "/usr/bin/protoc")
 

@@ -31,7 +31,7 @@ from betterproto.lib.google.protobuf import (
 from tests.prereqs import missing
 
 TOP = Path(__file__).resolve().parents[2]
-OURS = TOP / "nri_gpushare" / "api" / "nri.proto"
+OURS = TOP / "nri_gpushare" / "nri" / "api" / "nri.proto"
 CANONICAL = (
     TOP / ".cache/trixie/root/usr/share/gocode/src/github.com/containerd/nri/pkg/api/api.proto"
 )

@@ -1,12 +1,12 @@
 """The wire layer's hand-written ttrpc envelope codec agrees with the codec
-generated from nri_gpushare/api/ttrpc.proto, in both directions."""
+generated from nri_gpushare/nri/api/ttrpc.proto, in both directions."""
 
 from __future__ import annotations
 
 import pytest
 
-from nri_gpushare.api import ttrpc
-from nri_gpushare.wire import Request, Response
+from nri_gpushare.nri.api import ttrpc
+from nri_gpushare.nri.wire import Request, Response
 
 REQUESTS = [
     Request("nri.pkg.api.v1alpha1.Plugin", "Configure", b"\x0a\x03cfg", 2_000_000_000),

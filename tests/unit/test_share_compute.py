@@ -11,18 +11,25 @@ from pathlib import Path
 
 import pytest
 
-from nri_gpushare.host import BlockingWorker
-from nri_gpushare.kmod.client import (
+from nri_gpushare.host.devices import BlockingWorker
+from nri_gpushare.kmod.procfs import ProcfsKernelModule
+from nri_gpushare.share.kernel import (
     GpuQuota,
     GpusNotDeclared,
     KmodError,
     ModuleNotLoaded,
     NotRegistered,
 )
-from nri_gpushare.kmod.procfs import ProcfsKernelModule
-from nri_gpushare.share import ContainerInfo, NodePolicy, ShareService
-from nri_gpushare.share.model import STANDALONE_SOURCES, Allocation, GpuShare, InterposerPolicy
+from nri_gpushare.share.model import (
+    STANDALONE_SOURCES,
+    Allocation,
+    ContainerInfo,
+    GpuShare,
+    InterposerPolicy,
+    NodePolicy,
+)
 from nri_gpushare.share.report import compute_rule
+from nri_gpushare.share.service import ShareService
 from nri_gpushare.share.usage import (
     ComputeMeter,
     ComputeUse,
@@ -403,7 +410,7 @@ async def test_core_and_priority_reach_the_registration(container, quota) -> Non
 
 
 def test_procfs_register_writes_weight_and_highprio(tmp_path: Path) -> None:
-    from nri_gpushare.kmod.client import Registration
+    from nri_gpushare.share.kernel import Registration
 
     (tmp_path / "inst_ctl").write_text("")
     ProcfsKernelModule(tmp_path).register(
@@ -497,7 +504,7 @@ async def test_module_gputime_over_the_real_procfs_client(tmp_path: Path) -> Non
 
 
 async def test_the_daemon_samples_periodically_and_survives_a_failing_pass() -> None:
-    from nri_gpushare.daemon import sample_compute
+    from nri_gpushare.daemon.main import sample_compute
 
     class Link:
         async def catch_up(self) -> None:
@@ -524,7 +531,7 @@ async def test_the_daemon_samples_periodically_and_survives_a_failing_pass() -> 
 
 def test_gputime_reader_is_off_with_kmod_off() -> None:
     from nri_gpushare.config import Config
-    from nri_gpushare.daemon import gputime_reader
+    from nri_gpushare.daemon.main import gputime_reader
 
     assert gputime_reader(Config(kmod="off")) is None
     reader = gputime_reader(Config(kmod="optional"))
@@ -533,7 +540,7 @@ def test_gputime_reader_is_off_with_kmod_off() -> None:
 
 
 def test_status_text_shows_target_next_to_used(capsys) -> None:
-    from nri_gpushare.cli import _print_status
+    from nri_gpushare.cli.main import _print_status
 
     share = {"index": 0, "uuid": "GPU-a", "memory": GiB, "core": 30, "processes": 1}
     share |= {"memory_used": 0, "memory_used_why": ""}

@@ -7,11 +7,18 @@ import stat
 
 import pytest
 
-from nri_gpushare.host import library_problem, write_preload_file
-from nri_gpushare.share import ContainerInfo, NodePolicy, ShareRefused, ShareService
+from nri_gpushare.host.devices import library_problem, write_preload_file
 from nri_gpushare.share.interposer import preload_file_text
-from nri_gpushare.share.model import STANDALONE_SOURCES, InterposerPolicy, Mount
+from nri_gpushare.share.model import (
+    STANDALONE_SOURCES,
+    ContainerInfo,
+    InterposerPolicy,
+    Mount,
+    NodePolicy,
+    ShareRefused,
+)
 from nri_gpushare.share.records import MemoryStore
+from nri_gpushare.share.service import ShareService
 from tests.fakes import FakeDevices, FakeKernelModule, GiB, Inline, done, make_gpus
 
 P = "gpushare.io/"

@@ -5,8 +5,8 @@ import copy
 
 import pytest
 
-from nri_gpushare.share import ContainerInfo, NodePolicy, ShareRefused, ShareService
-from nri_gpushare.share.model import STANDALONE_SOURCES
+from nri_gpushare.share.model import STANDALONE_SOURCES, ContainerInfo, NodePolicy, ShareRefused
+from nri_gpushare.share.service import ShareService
 from tests.fakes import FakeDevices, FakeKernelModule, GiB, Inline, MiB, make_gpus
 
 P = "gpushare.io/"

@@ -9,10 +9,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nri_gpushare.api import lite, nri
-from nri_gpushare.daemon import container_info
-from nri_gpushare.share import ContainerInfo, NodePolicy, ShareRefused
-from nri_gpushare.share.model import SourcePolicy
+from nri_gpushare.daemon.main import container_info
+from nri_gpushare.nri.api import lite, nri
+from nri_gpushare.share.model import ContainerInfo, NodePolicy, ShareRefused, SourcePolicy
 from nri_gpushare.share.request import MARKERS, _parse, may_ask, may_ask_raw, parse_request
 from nri_gpushare.share.request.keys import KEYS
 from nri_gpushare.share.request.sources import REQUEST_ENV

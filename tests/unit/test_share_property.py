@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
-from nri_gpushare.share import ContainerInfo, NodePolicy, ShareRefused, ShareService
+from nri_gpushare.share.model import ContainerInfo, NodePolicy, ShareRefused
+from nri_gpushare.share.service import ShareService
 from tests.fakes import FakeDevices, FakeKernelModule, GiB, Inline, done, make_gpus
 
 P = "gpushare.io/"

@@ -2,8 +2,8 @@
 
 import pytest
 
-from nri_gpushare.share import ContainerInfo, NodePolicy, ShareRefused, parse_request
-from nri_gpushare.share.model import STANDALONE_SOURCES
+from nri_gpushare.share.model import STANDALONE_SOURCES, ContainerInfo, NodePolicy, ShareRefused
+from nri_gpushare.share.request import parse_request
 from tests.fakes import GiB, MiB, make_gpus
 
 GPUS = make_gpus(4)

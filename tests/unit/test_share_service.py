@@ -7,7 +7,8 @@ import logging
 
 import pytest
 
-from nri_gpushare.kmod.client import (
+from nri_gpushare.names import ASSIGNED
+from nri_gpushare.share.kernel import (
     AlreadyRegistered,
     GpuQuota,
     KmodError,
@@ -15,16 +16,15 @@ from nri_gpushare.kmod.client import (
     OverCommitted,
     Registration,
 )
-from nri_gpushare.share import (
-    ASSIGNED,
+from nri_gpushare.share.model import (
+    STANDALONE_SOURCES,
     ContainerInfo,
     DeviceNode,
     NodePolicy,
     ShareRefused,
-    ShareService,
 )
-from nri_gpushare.share.model import STANDALONE_SOURCES
 from nri_gpushare.share.records import MemoryStore
+from nri_gpushare.share.service import ShareService
 from tests.fakes import FakeDevices, FakeKernelModule, GiB, Inline, done, make_gpus
 
 P = "gpushare.io/"

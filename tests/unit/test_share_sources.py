@@ -2,9 +2,14 @@
 
 import pytest
 
-from nri_gpushare.share import ContainerInfo, NodePolicy, ShareRefused, parse_request
-from nri_gpushare.share.model import STANDALONE_SOURCES, SourcePolicy
-from nri_gpushare.share.request import ignored
+from nri_gpushare.share.model import (
+    STANDALONE_SOURCES,
+    ContainerInfo,
+    NodePolicy,
+    ShareRefused,
+    SourcePolicy,
+)
+from nri_gpushare.share.request import ignored, parse_request
 from tests.fakes import GiB, make_gpus
 
 GPUS = make_gpus(2)

@@ -4,10 +4,10 @@ meminfo, through a fake), and the guards of each share."""
 import threading
 from dataclasses import dataclass, field
 
-from nri_gpushare.host import BlockingWorker, ModuleMemInfo
-from nri_gpushare.kmod.client import NotRegistered
-from nri_gpushare.share import ContainerInfo, NodePolicy, ShareService
-from nri_gpushare.share.model import STANDALONE_SOURCES, InterposerPolicy
+from nri_gpushare.host.devices import BlockingWorker, ModuleMemInfo
+from nri_gpushare.share.kernel import NotRegistered
+from nri_gpushare.share.model import STANDALONE_SOURCES, ContainerInfo, InterposerPolicy, NodePolicy
+from nri_gpushare.share.service import ShareService
 from nri_gpushare.share.usage import MemoryUse
 from tests.fakes import FakeDevices, FakeKernelModule, GiB, Inline, MiB, done, make_gpus
 

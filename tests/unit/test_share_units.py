@@ -3,7 +3,7 @@ quotes a value someone else wrote."""
 
 import pytest
 
-from nri_gpushare.share.units import (
+from nri_gpushare.units import (
     MAX_SIZE_CHARS,
     GiB,
     MiB,

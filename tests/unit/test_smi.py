@@ -10,10 +10,11 @@ import select
 
 import pytest
 
-from nri_gpushare import cli, smi
-from nri_gpushare.host import BlockingWorker, ModuleMemInfo
-from nri_gpushare.share import ContainerInfo, NodePolicy, ShareService
-from nri_gpushare.share.model import STANDALONE_SOURCES, InterposerPolicy
+from nri_gpushare.cli import main as cli
+from nri_gpushare.cli import smi
+from nri_gpushare.host.devices import BlockingWorker, ModuleMemInfo
+from nri_gpushare.share.model import STANDALONE_SOURCES, ContainerInfo, InterposerPolicy, NodePolicy
+from nri_gpushare.share.service import ShareService
 from tests.fakes import FakeDevices, FakeKernelModule, GiB, Inline, MiB, done, make_gpus
 from tests.unit.test_metrics import status
 
@@ -112,7 +113,7 @@ def test_unreachable_daemon_is_a_clear_error(tmp_path, capsys):
 def test_a_status_it_cannot_read_is_a_clear_error(monkeypatch, capsys, reply):
     """A daemon of another version (or something else on the socket): a
     message, never a traceback; --watch goes on."""
-    monkeypatch.setattr("nri_gpushare.status.query_status", lambda path: reply)
+    monkeypatch.setattr("nri_gpushare.host.sockets.query_status", lambda path: reply)
     for args in ([], ["--json"]) if "unserved" not in reply else ([],):  # JSON passes it on
         assert smi.main(args) == 1
         err = capsys.readouterr().err
@@ -130,7 +131,7 @@ def test_a_long_module_problem_is_wrapped_and_cleaned():
 
 
 def test_json_from_the_daemon(monkeypatch, capsys):
-    monkeypatch.setattr("nri_gpushare.status.query_status", lambda path: status())
+    monkeypatch.setattr("nri_gpushare.host.sockets.query_status", lambda path: status())
     assert cli.main(["smi", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [c["container_id"] for c in doc["containers"]] == ["a", "b", "c"]
@@ -154,7 +155,7 @@ def test_watch_not_on_a_terminal_prints_frames_and_keeps_going(monkeypatch, caps
         if len(sleeps) == 3:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr("nri_gpushare.status.query_status", query)
+    monkeypatch.setattr("nri_gpushare.host.sockets.query_status", query)
     monkeypatch.setattr(smi.time, "sleep", sleep)
     assert smi.main(["--watch", "0.5"]) == 0
     out = capsys.readouterr().out
@@ -180,7 +181,7 @@ def test_watch_json_prints_one_document_per_line(monkeypatch, capsys):
             raise KeyboardInterrupt
 
     ticks = iter([False, True])
-    monkeypatch.setattr("nri_gpushare.status.query_status", query)
+    monkeypatch.setattr("nri_gpushare.host.sockets.query_status", query)
     monkeypatch.setattr(smi.time, "sleep", sleep)
     assert smi.main(["--json", "--watch"]) == 0
     first, second = capsys.readouterr().out.splitlines()
@@ -273,7 +274,7 @@ def test_watch_on_a_terminal_redraws_in_place(monkeypatch):
         if next(ticks):
             raise KeyboardInterrupt
 
-    monkeypatch.setattr("nri_gpushare.status.query_status", query)
+    monkeypatch.setattr("nri_gpushare.host.sockets.query_status", query)
     monkeypatch.setattr(smi.time, "sleep", sleep)
     monkeypatch.setattr(smi.sys, "stdout", terminal)
     try:
@@ -299,7 +300,7 @@ def test_watch_on_a_terminal_redraws_in_place(monkeypatch):
 def test_config_gives_the_status_socket(tmp_path, monkeypatch, capsys):
     asked = []
     monkeypatch.setattr(
-        "nri_gpushare.status.query_status", lambda path: asked.append(path) or status()
+        "nri_gpushare.host.sockets.query_status", lambda path: asked.append(path) or status()
     )
     config = tmp_path / "gpushare.yaml"
     config.write_text(f"status_socket: {tmp_path}/s.sock\n")

@@ -5,7 +5,7 @@ import stat
 
 import pytest
 
-from nri_gpushare.statefile import StateDirError, StateFile
+from nri_gpushare.host.statefile import StateDirError, StateFile
 
 
 def mode(path) -> int:

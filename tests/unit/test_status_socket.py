@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from nri_gpushare import status
 from nri_gpushare.config import ConfigError
-from nri_gpushare.status import StatusServer, query_status
+from nri_gpushare.daemon.status import StatusServer
+from nri_gpushare.host import sockets
+from nri_gpushare.host.sockets import query_status
 
 
 @pytest.fixture
@@ -109,7 +110,7 @@ async def test_directory_of_another_owner_is_refused(tmp_path, monkeypatch) -> N
     directory = tmp_path / "theirs"
     directory.mkdir(0o755)
     owner = os.stat(directory).st_uid
-    monkeypatch.setattr(status.os, "geteuid", lambda: owner + 1)
+    monkeypatch.setattr(sockets.os, "geteuid", lambda: owner + 1)
     with pytest.raises(ConfigError, match=f"is owned by uid {owner}, not by this daemon"):
         await started(directory / "status.sock")
 

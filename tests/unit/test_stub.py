@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from nri_gpushare.api import lite, nri
-from nri_gpushare.stub import Event, Plugin, PluginError, Stub
-from nri_gpushare.stub.plugin import implemented_events, subscription_mask, valid_event_mask
-from nri_gpushare.wire import PLUGIN_CONN, RUNTIME_CONN, Code, MuxConnection, TtrpcError
+from nri_gpushare.nri.api import lite, nri
+from nri_gpushare.nri.stub import Event, Plugin, PluginError, Stub
+from nri_gpushare.nri.stub.plugin import implemented_events, subscription_mask, valid_event_mask
+from nri_gpushare.nri.wire import PLUGIN_CONN, RUNTIME_CONN, Code, MuxConnection, TtrpcError
 
 PLUGIN = "nri.pkg.api.v1alpha1.Plugin"
 RUNTIME = "nri.pkg.api.v1alpha1.Runtime"

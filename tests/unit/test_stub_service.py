@@ -17,15 +17,22 @@ from typing import Any
 
 import pytest
 
-from nri_gpushare.api import lite, nri
-from nri_gpushare.api.lite import Adjustment
-from nri_gpushare.stub import Event, Plugin, PluginError, PluginService
-from nri_gpushare.stub.events import ALL_MASK, BY_RPC, EVENTS, LEGACY_MASK, Delivery, describe_mask
-from nri_gpushare.stub.plugin import implemented_events
-from nri_gpushare.wire import Code, TtrpcError
+from nri_gpushare.nri.api import lite, nri
+from nri_gpushare.nri.api.lite import Adjustment
+from nri_gpushare.nri.stub import Event, Plugin, PluginError, PluginService
+from nri_gpushare.nri.stub.events import (
+    ALL_MASK,
+    BY_RPC,
+    EVENTS,
+    LEGACY_MASK,
+    Delivery,
+    describe_mask,
+)
+from nri_gpushare.nri.stub.plugin import implemented_events
+from nri_gpushare.nri.wire import Code, TtrpcError
 
 PLUGIN = "nri.pkg.api.v1alpha1.Plugin"
-PROTO = (Path(__file__).parents[2] / "nri_gpushare" / "api" / "nri.proto").read_text()
+PROTO = (Path(__file__).parents[2] / "nri_gpushare" / "nri" / "api" / "nri.proto").read_text()
 POD = nri.PodSandbox(id="pod1", name="p", namespace="default")
 CTR = nri.Container(id="c1", name="c", pod_sandbox_id="pod1")
 MODERN = nri.ConfigureRequest(runtime_name="containerd", runtime_version="v2.2.0")
@@ -73,7 +80,7 @@ def test_table_matches_the_schema_and_the_plugin_class() -> None:
 
 
 def test_every_rpc_of_the_table_is_served() -> None:
-    from nri_gpushare.stub.service import _METHODS
+    from nri_gpushare.nri.stub.service import _METHODS
 
     assert set(BY_RPC) <= set(_METHODS)
     assert set(_METHODS) - set(BY_RPC) == {"Configure", "Synchronize", "Shutdown", "StateChange"}
@@ -327,7 +334,7 @@ async def test_handlers_past_the_request_timeout_are_reported(
     service = PluginService(Slow())
     request = nri.ConfigureRequest(runtime_name="containerd", request_timeout=50)
     await handle(service, "Configure", request)
-    caplog.set_level(logging.WARNING, "nri_gpushare.stub.service")
+    caplog.set_level(logging.WARNING, "nri_gpushare.nri.stub.service")
     start = nri.StartContainerRequest(pod=POD, container=CTR)
     await handle(service, "StartContainer", start)
     messages = [r.getMessage() for r in caplog.records]
@@ -340,7 +347,7 @@ async def test_handlers_past_the_request_timeout_are_reported(
 async def test_handlers_within_the_request_timeout_are_quiet(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, "nri_gpushare.stub.service")
+    caplog.set_level(logging.WARNING, "nri_gpushare.nri.stub.service")
     await handle(
         PluginService(Everything()),
         "StartContainer",

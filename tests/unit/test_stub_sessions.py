@@ -24,12 +24,12 @@ from typing import Any
 
 import pytest
 
-from nri_gpushare.api import nri
-from nri_gpushare.stub import Plugin, PluginError, Stub
-from nri_gpushare.stub.runtime import RuntimeConnectionLost
-from nri_gpushare.wire import PLUGIN_CONN, RUNTIME_CONN, Code, MuxConnection, TtrpcError
-from nri_gpushare.wire.mux import encode_frames
-from nri_gpushare.wire.ttrpc import encode_message
+from nri_gpushare.nri.api import nri
+from nri_gpushare.nri.stub import Plugin, PluginError, Stub
+from nri_gpushare.nri.stub.runtime import RuntimeConnectionLost
+from nri_gpushare.nri.wire import PLUGIN_CONN, RUNTIME_CONN, Code, MuxConnection, TtrpcError
+from nri_gpushare.nri.wire.mux import encode_frames
+from nri_gpushare.nri.wire.ttrpc import encode_message
 
 PLUGIN = "nri.pkg.api.v1alpha1.Plugin"
 RUNTIME = "nri.pkg.api.v1alpha1.Runtime"
@@ -171,7 +171,7 @@ def lost(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
         r.getMessage()
         for r in caplog.records
-        if r.name == "nri_gpushare.stub.runtime" and r.levelno >= logging.WARNING
+        if r.name == "nri_gpushare.nri.stub.runtime" and r.levelno >= logging.WARNING
     ]
 
 

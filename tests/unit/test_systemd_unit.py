@@ -113,7 +113,7 @@ def test_a_config_error_in_exec_start_pre_is_not_restarted_for_ever(tmp_path: Pa
         argv = shlex.split(line.lstrip("-@:+!"))
         assert argv[1] == "load-module"
         done = subprocess.run(
-            [sys.executable, "-m", "nri_gpushare.cli", *argv[1:-1], str(bad)],
+            [sys.executable, "-m", "nri_gpushare.cli.main", *argv[1:-1], str(bad)],
             capture_output=True,
             text=True,
             cwd=REPO,
@@ -121,7 +121,7 @@ def test_a_config_error_in_exec_start_pre_is_not_restarted_for_ever(tmp_path: Pa
         if done.returncode in prevent:
             assert line.startswith("-"), f"ExecStartPre exits {done.returncode}: {line}"
     done = subprocess.run(
-        [sys.executable, "-m", "nri_gpushare.cli", "run", "--config", str(bad)],
+        [sys.executable, "-m", "nri_gpushare.cli.main", "run", "--config", str(bad)],
         capture_output=True,
         text=True,
         cwd=REPO,

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nri_gpushare.wire.errors import ProtocolError
-from nri_gpushare.wire.mux import (
+from nri_gpushare.nri.wire.errors import ProtocolError
+from nri_gpushare.nri.wire.mux import (
     MAX_FRAME,
     MAX_FRAME_PAYLOAD,
     MuxDecoder,

@@ -6,16 +6,16 @@ import struct
 
 import pytest
 
-from nri_gpushare.wire.errors import (
+from nri_gpushare.nri.wire.errors import (
     Code,
     ConnectionClosed,
     MessageTooLarge,
     ProtocolError,
     TtrpcError,
 )
-from nri_gpushare.wire.mux import MAX_FRAME, MuxDecoder, encode_frames
-from nri_gpushare.wire.transport import MuxConnection
-from nri_gpushare.wire.ttrpc import (
+from nri_gpushare.nri.wire.mux import MAX_FRAME, MuxDecoder, encode_frames
+from nri_gpushare.nri.wire.transport import MuxConnection
+from nri_gpushare.nri.wire.ttrpc import (
     MAX_SEND_MESSAGE,
     MessageDecoder,
     Request,

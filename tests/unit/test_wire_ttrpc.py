@@ -4,10 +4,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nri_gpushare.wire import pb
-from nri_gpushare.wire.errors import Code, MessageTooLarge, ProtocolError
-from nri_gpushare.wire.mux import MAX_FRAME, MuxDecoder, encode_frames
-from nri_gpushare.wire.ttrpc import (
+from nri_gpushare.nri.wire import pb
+from nri_gpushare.nri.wire.errors import Code, MessageTooLarge, ProtocolError
+from nri_gpushare.nri.wire.mux import MAX_FRAME, MuxDecoder, encode_frames
+from nri_gpushare.nri.wire.ttrpc import (
     MAX_SEND_MESSAGE,
     Message,
     MessageDecoder,

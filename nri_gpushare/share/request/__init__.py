@@ -99,16 +99,28 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ...k8s import CORE, RESOURCES
-from ..model import PREFIX, ContainerInfo, Gpu, NodePolicy
-from ..units import format_bytes
-from .cgpu import from_cgpu, memory_dev
-from .egpu import from_egpu
-from .keys import KEYS, from_keys
-from .kubelet import LIMITS, canonical, check_forged, kubelet_ids, settings_for
-from .settings import Context, Settings, merge
-from .sources import REQUEST_ENV, ignored, kubelet_allowed, namespace_allowed, visible
-from .values import expand
+from nri_gpushare.names import CORE, KEY_PREFIX, RESOURCES
+from nri_gpushare.share.model import ContainerInfo, Gpu, NodePolicy
+from nri_gpushare.share.request.cgpu import from_cgpu, memory_dev
+from nri_gpushare.share.request.egpu import from_egpu
+from nri_gpushare.share.request.keys import KEYS, from_keys
+from nri_gpushare.share.request.kubelet import (
+    LIMITS,
+    canonical,
+    check_forged,
+    kubelet_ids,
+    settings_for,
+)
+from nri_gpushare.share.request.settings import Context, Settings, merge
+from nri_gpushare.share.request.sources import (
+    REQUEST_ENV,
+    ignored,
+    kubelet_allowed,
+    namespace_allowed,
+    visible,
+)
+from nri_gpushare.share.request.values import expand
+from nri_gpushare.units import format_bytes
 
 log = logging.getLogger(__name__)
 
@@ -155,14 +167,14 @@ class ShareRequest:
         return text
 
 
-MARKERS = (PREFIX, "ALIYUN_COM_GPU_", "CGPU_DISABLE", "EGPU")
+MARKERS = (KEY_PREFIX, "ALIYUN_COM_GPU_", "CGPU_DISABLE", "EGPU")
 """Text found in every source that can ask for a share or be refused: a
 ``gpushare.io/`` key (requests, ``kubelet.*``, ``assigned``) or the name of a
 request variable (`REQUEST_ENV`).  A container and pod holding none of them
 ask for nothing: `parse_request` returns None without raising."""
 RAW_MARKERS = tuple(m.encode() for m in MARKERS)
 assert all(name.startswith(MARKERS) for name in REQUEST_ENV)
-COARSE_MARKERS = (PREFIX.encode(), b"GPU")
+COARSE_MARKERS = (KEY_PREFIX.encode(), b"GPU")
 """Two texts one of which every `MARKERS` text holds: two searches rule out
 the usual container, the precise ones run only where one is found."""
 assert all(COARSE_MARKERS[0] in m or COARSE_MARKERS[1] in m for m in RAW_MARKERS)
@@ -190,7 +202,7 @@ def may_ask(c: ContainerInfo) -> bool:
     ``gpushare.io/`` and no request variable is in its environment."""
     for mapping in (c.pod_annotations, c.annotations, c.labels):
         for key in mapping:
-            if key.startswith(PREFIX):
+            if key.startswith(KEY_PREFIX):
                 return True
     env = c.env
     return bool(env) and not _REQUEST_ENV.isdisjoint(env)
@@ -319,8 +331,8 @@ def _resolve(ctx: Context, m: Settings, kubelet: Mapping[str, str]) -> ShareRequ
     placement = m.placement.value if m.placement else ctx.policy.default_placement
     keys = {attr: v.key for attr, v in m.present().items()}
     keys.setdefault("count", key)
-    keys.setdefault("core", PREFIX + "gpu-core")
-    keys.setdefault("priority", PREFIX + "priority")
+    keys.setdefault("core", KEY_PREFIX + "gpu-core")
+    keys.setdefault("priority", KEY_PREFIX + "priority")
     return ShareRequest(
         memory_bytes=expand(memory.value, n),
         core_percent=expand(core.value, n) if core else (0,) * n,

@@ -7,9 +7,9 @@ variable.
 
 from __future__ import annotations
 
-from ..units import GiB, quote
-from .settings import NOTHING, Context, Setting, Settings
-from .values import Invalid, int_list
+from nri_gpushare.share.request.settings import NOTHING, Context, Setting, Settings
+from nri_gpushare.share.request.values import Invalid, int_list
+from nri_gpushare.units import GiB, quote
 
 TRUE = ("1", "true", "yes")
 FALSE = ("0", "false", "no", "")

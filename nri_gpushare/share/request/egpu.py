@@ -9,10 +9,10 @@ an optional header of node settings (ignored), then one block per GPU:
 
 from __future__ import annotations
 
-from ..model import ShareRefused
-from ..units import MiB, quote
-from .settings import NOTHING, Context, Setting, Settings
-from .values import MAX_ITEMS, Invalid, int_list
+from nri_gpushare.share.model import ShareRefused
+from nri_gpushare.share.request.settings import NOTHING, Context, Setting, Settings
+from nri_gpushare.share.request.values import MAX_ITEMS, Invalid, int_list
+from nri_gpushare.units import MiB, quote
 
 
 def from_egpu(ctx: Context) -> Settings:

@@ -12,19 +12,27 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import NamedTuple, TypeVar
 
-from ...k8s import ANNOTATION_PREFIX
-from ..model import ASSIGNED, ISOLATIONS, PLACEMENTS, PREFIX, PRIORITIES, ShareRefused
-from ..units import quote
-from .settings import Context, Setting, Settings
-from .values import Invalid, choice, core_list, equal, is_number, memory_list, same_list
+from nri_gpushare.names import ASSIGNED, KEY_PREFIX, KUBELET_PREFIX
+from nri_gpushare.share.model import ISOLATIONS, PLACEMENTS, PRIORITIES, ShareRefused
+from nri_gpushare.share.request.settings import Context, Setting, Settings
+from nri_gpushare.share.request.values import (
+    Invalid,
+    choice,
+    core_list,
+    equal,
+    is_number,
+    memory_list,
+    same_list,
+)
+from nri_gpushare.units import quote
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 KEYS = ("gpu-memory", "gpu-core", "gpu-count", "gpu-devices", "priority", "placement", "isolation")
-_FULL = {key: PREFIX + key for key in KEYS}
-KUBELET = ANNOTATION_PREFIX[len(PREFIX) :]  # "kubelet."
+_FULL = {key: KEY_PREFIX + key for key in KEYS}
+KUBELET = KUBELET_PREFIX[len(KEY_PREFIX) :]  # "kubelet."
 
 
 def from_keys(ctx: Context) -> Settings:
@@ -34,7 +42,7 @@ def from_keys(ctx: Context) -> Settings:
     _check_pod_keys(ctx, c.pod_annotations)
     own = _check_container_keys(ctx, c.annotations, "container annotation")
     own |= _check_container_keys(ctx, c.labels, "container label", unknown_ok=True)
-    pod = _Sources(f"{PREFIX}container.{c.name}.", own)
+    pod = _Sources(f"{KEY_PREFIX}container.{c.name}.", own)
 
     def count(text: str) -> int:
         if not is_number(text) or int(text) < 1:
@@ -96,9 +104,9 @@ def _value(
 
 def _check_pod_keys(ctx: Context, annotations: Mapping[str, str]) -> None:
     for key in annotations:
-        if not key.startswith(PREFIX) or key == ASSIGNED:
+        if not key.startswith(KEY_PREFIX) or key == ASSIGNED:
             continue
-        rest = key[len(PREFIX) :]
+        rest = key[len(KEY_PREFIX) :]
         if rest.startswith("container."):
             _, _, name_key = rest.partition(".")
             name, _, sub = name_key.rpartition(".")
@@ -106,7 +114,7 @@ def _check_pod_keys(ctx: Context, annotations: Mapping[str, str]) -> None:
                 continue
             raise ctx.fail(
                 f"pod annotation {quote(key)}: not a known key; per-container keys are "
-                f"{PREFIX}container.<name>.<key> with <key> one of {', '.join(KEYS)}",
+                f"{KEY_PREFIX}container.<name>.<key> with <key> one of {', '.join(KEYS)}",
                 key,
             )
         if rest not in KEYS:
@@ -120,9 +128,9 @@ def _check_container_keys(
     come with the image); True when `values` has a request key."""
     found = False
     for key in values:
-        if not key.startswith(PREFIX) or key == ASSIGNED:
+        if not key.startswith(KEY_PREFIX) or key == ASSIGNED:
             continue
-        rest = key[len(PREFIX) :]
+        rest = key[len(KEY_PREFIX) :]
         # Pod annotations copied to the container by the runtime: read from the pod;
         # the device plugin's (resources.limits): read by `kubelet`.
         if rest.startswith(("container.", KUBELET)):
@@ -143,5 +151,5 @@ def _check_container_keys(
 
 
 def _unknown(ctx: Context, key: str, where: str) -> ShareRefused:
-    known = ", ".join(PREFIX + k for k in KEYS)
+    known = ", ".join(KEY_PREFIX + k for k in KEYS)
     return ctx.fail(f"{where} {quote(key)}: not a known key; known keys are {known}", key)

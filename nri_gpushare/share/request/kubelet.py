@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ...k8s import ANNOTATION_PREFIX, ANNOTATIONS, CORE, COUNT, MEMORY, RESOURCES
-from ...k8s.ids import BadIds, format_ids, parse_ids
-from ..model import ContainerInfo, ShareRefused
-from ..units import GiB, format_bytes, quote
-from .settings import NOTHING, Context, Setting, Settings
-from .values import CORE_RULE
+from nri_gpushare.names import CORE, COUNT, KUBELET_ANNOTATIONS, KUBELET_PREFIX, MEMORY, RESOURCES
+from nri_gpushare.share.ids import BadIds, format_ids, parse_ids
+from nri_gpushare.share.model import ContainerInfo, ShareRefused
+from nri_gpushare.share.request.settings import NOTHING, Context, Setting, Settings
+from nri_gpushare.share.request.values import CORE_RULE
+from nri_gpushare.units import GiB, format_bytes, quote
 
 LIMITS = "resources.limits"
 
@@ -35,10 +35,10 @@ _ASK_INSTEAD = (
 def check_forged(c: ContainerInfo) -> None:
     """Refuse (reason "forbidden") what poses as the device plugin's annotations."""
     for key in c.pod_annotations:
-        if key.startswith(ANNOTATION_PREFIX):
+        if key.startswith(KUBELET_PREFIX):
             raise _forbidden(
                 c,
-                f"pod annotation {quote(key)}: {ANNOTATION_PREFIX}* annotations are written "
+                f"pod annotation {quote(key)}: {KUBELET_PREFIX}* annotations are written "
                 f"only by nri-gpushare's device plugin through the kubelet; remove it and "
                 + _ASK_INSTEAD,
                 key,
@@ -47,10 +47,10 @@ def check_forged(c: ContainerInfo) -> None:
         return
     for where, mapping in (("container annotation", c.annotations), ("container label", c.labels)):
         for key in mapping:
-            if key.startswith(ANNOTATION_PREFIX):
+            if key.startswith(KUBELET_PREFIX):
                 raise _forbidden(
                     c,
-                    f"{where} {quote(key)}: only Kubernetes pods get {ANNOTATION_PREFIX}* "
+                    f"{where} {quote(key)}: only Kubernetes pods get {KUBELET_PREFIX}* "
                     f"annotations, from nri-gpushare's device plugin; remove it and ask with "
                     f"gpushare.io/gpu-memory (and gpu-core, gpu-count) instead",
                     key,
@@ -67,11 +67,11 @@ def kubelet_ids(ctx: Context) -> dict[str, frozenset[int]]:
     write."""
     out: dict[str, frozenset[int]] = {}
     for key, text in ctx.c.annotations.items():
-        if not key.startswith(ANNOTATION_PREFIX):
+        if not key.startswith(KUBELET_PREFIX):
             continue
-        short = key[len(ANNOTATION_PREFIX) :]
-        if ANNOTATIONS.get(short) != key:
-            known = ", ".join(ANNOTATIONS.values())
+        short = key[len(KUBELET_PREFIX) :]
+        if KUBELET_ANNOTATIONS.get(short) != key:
+            known = ", ".join(KUBELET_ANNOTATIONS.values())
             raise ctx.fail(
                 f"container annotation {quote(key)}: not one nri-gpushare's device plugin "
                 f"writes ({known}); are the device plugin and this plugin the same version?",
@@ -152,7 +152,7 @@ def recorded_ids(c: ContainerInfo) -> dict[str, str]:
     recovered without a record of them (a bad value is left out: this never
     refuses)."""
     out = {}
-    for short, key in ANNOTATIONS.items():
+    for short, key in KUBELET_ANNOTATIONS.items():
         if (text := c.annotations.get(key)) is not None:
             try:
                 out[short] = format_ids(parse_ids(text))

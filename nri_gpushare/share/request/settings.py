@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Generic, TypeVar
 
-from ..model import ContainerInfo, Gpu, NodePolicy, ShareRefused
-from .values import GpuList, equal, same_list
+from nri_gpushare.share.model import ContainerInfo, Gpu, NodePolicy, ShareRefused
+from nri_gpushare.share.request.values import GpuList, equal, same_list
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)

@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from ...k8s import ANNOTATION_PREFIX
-from ..model import ASSIGNED, PREFIX, ContainerInfo, SourcePolicy
-from ..units import quote
+from nri_gpushare.names import ASSIGNED, KEY_PREFIX, KUBELET_PREFIX
+from nri_gpushare.share.model import ContainerInfo, SourcePolicy
+from nri_gpushare.units import quote
 
 REQUEST_ENV = (
     "ALIYUN_COM_GPU_MEM_CONTAINER",
@@ -40,12 +40,12 @@ def _ours(mapping: Mapping[str, str]) -> list[str]:
     return sorted(
         quote(k)
         for k in mapping
-        if k.startswith(PREFIX) and k != ASSIGNED and not k.startswith(ANNOTATION_PREFIX)
+        if k.startswith(KEY_PREFIX) and k != ASSIGNED and not k.startswith(KUBELET_PREFIX)
     )
 
 
 def _kubelet(mapping: Mapping[str, str]) -> list[str]:
-    return sorted(quote(k) for k in mapping if k.startswith(ANNOTATION_PREFIX))
+    return sorted(quote(k) for k in mapping if k.startswith(KUBELET_PREFIX))
 
 
 def kubelet_allowed(c: ContainerInfo, sources: SourcePolicy) -> bool:
@@ -62,7 +62,7 @@ def visible(c: ContainerInfo, sources: SourcePolicy) -> ContainerInfo:
         changes["pod_annotations"] = {}
         # The device plugin's stay: `kubelet_allowed` says whether they are read.
         changes["annotations"] = {
-            k: v for k, v in c.annotations.items() if k.startswith(ANNOTATION_PREFIX)
+            k: v for k, v in c.annotations.items() if k.startswith(KUBELET_PREFIX)
         }
     if not sources.labels and _has_ours(c.labels):
         changes["labels"] = {}
@@ -72,7 +72,7 @@ def visible(c: ContainerInfo, sources: SourcePolicy) -> ContainerInfo:
 
 
 def _has_ours(mapping: Mapping[str, str]) -> bool:
-    return any(k.startswith(PREFIX) for k in mapping)
+    return any(k.startswith(KEY_PREFIX) for k in mapping)
 
 
 def ignored(c: ContainerInfo, sources: SourcePolicy) -> list[str]:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..model import Gpu
-from ..units import SizeError, parse_size, quote
+from nri_gpushare.share.model import Gpu
+from nri_gpushare.units import SizeError, parse_size, quote
 
 MAX_DIGITS = 18
 """Digits a whole number may have: far more than any count, index, percentage
