@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: GPL-2.0-only */
 /*
- * gpushare core: quota arithmetic and inst_ctl command parsing.  Needs no
- * kernel service, so the same gs_core.c is also linked into a user-space
+ * gpushare core: quota arithmetic (gs_core.c), inst_ctl command parsing
+ * (gs_grammar.c) and the upgrade state's grammar (gs_state.c).  Needs no
+ * kernel service, so the same files are also linked into a user-space
  * unit-test binary (see tests/ushim.h).
  */
 #ifndef _GS_CORE_H
