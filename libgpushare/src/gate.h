@@ -3,7 +3,7 @@
  * The compute gate's insides (sched_gate.h is its interface): a device's
  * state in this process, and what the gate's files share.
  *
- *   gate.c            the environment, the mode, the launch path (fast and slow)
+ *   gate.c            the environment, the mode, the launch path
  *   gate_grant.c      how a device is gated; grants, exchanges, giving back
  *   gate_module.c     module mode: GPUSHARE_IOC_SCHED
  *   gate_standalone.c standalone mode: the core, this process its only client
@@ -11,8 +11,8 @@
  *   gate_drain.c      the slice's streams, their events, drains
  *   gate_releaser.c   the thread that gives back slices left idle
  *
- * (Named gate.h, not sched.h: the tests build with -Isrc, where a sched.h
- * would stand in for the C library's <sched.h>.)
+ * (Not sched.h: the tests build with -Isrc, where a sched.h would stand in
+ * for the C library's <sched.h>.)
  */
 #ifndef GPUSHARE_GATE_H
 #define GPUSHARE_GATE_H

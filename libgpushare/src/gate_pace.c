@@ -109,8 +109,8 @@ static void probe_tail(struct gate *g, CUstream s)
  * Paced, a launch under a grant (the mutex held): may it go now?  A launch
  * whose queue would outlast the grant renews early; granted, it waits for
  * the queue to fit the new grant; refused, the process drains, gives the
- * GPU back and waits for its next turn (gate_exchange()).  Every new grant goes
- * back through the pacer.  False: the device is no longer gated.
+ * GPU back and waits for its next turn (gate_exchange()).  Every new grant
+ * goes back through the pacer.  False: the device is no longer gated.
  */
 bool gate_paced_launch(struct gate *g, int dev, CUstream s)
 {

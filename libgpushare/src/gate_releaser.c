@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 /*
  * The compute gate's releaser (gate.h): one thread per process, started at
- * the first slice of a gated device, that gives a slice back when its grant has ended and no
- * launch came to take the slow path (a process that launched, then went
- * idle on the CPU).  Without it the module would end the slice by force a
+ * the first slice of a gated device, that gives a slice back when its grant
+ * has ended and no launch came to take the slow path (a process that
+ * launched, then went idle on the CPU).  Without it the module would end the slice by force a
  * grace later, and the next launch, maybe seconds later, would report a
  * span of events that takes in all the idle time: charged as late work.
  * It waits on rel_cv (CLOCK_MONOTONIC) until the earliest grant end, plus
