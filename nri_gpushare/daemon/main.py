@@ -37,7 +37,7 @@ from nri_gpushare.daemon.metrics import HandlerLatency, MetricsServer, SnapshotC
 from nri_gpushare.daemon.metrics import Snapshot as MetricsSnapshot
 from nri_gpushare.daemon.status import StatusServer
 from nri_gpushare.host.containerd.client import ContainerdClient, ContainerdUnavailable
-from nri_gpushare.host.containerd.reconcile import LocalRef, Reconciler
+from nri_gpushare.host.containerd.reconcile import Reconciler
 from nri_gpushare.host.devices import (
     BlockingWorker,
     HostDevices,
@@ -61,6 +61,7 @@ from nri_gpushare.share.kernel import KernelModule
 from nri_gpushare.share.model import (
     ContainerInfo,
     InjectionPlan,
+    LocalRef,
     NodePolicy,
     ShareRefused,
 )
@@ -630,7 +631,7 @@ class ReconcileOwner:
 
     def local_allocations(self) -> list[LocalRef]:
         return [
-            LocalRef(r.namespace, r.container_id, r.pid, r.since)
+            r
             for r in self.service.local_allocations()
             if r.namespace  # a container containerd does not run cannot be checked there
         ]

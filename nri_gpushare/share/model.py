@@ -286,3 +286,14 @@ class ShareRefused(Exception):
         super().__init__(message)
         self.reason = reason
         self.key = key
+
+
+@dataclass(frozen=True)
+class LocalRef:
+    """A local allocation (one the local API placed: the wrapper or a CDI
+    hook), as its owner and the containerd reconciler know it."""
+
+    namespace: str
+    container_id: str
+    pid: int  # the container's init pid; 0 = not known yet (or after a daemon restart)
+    since: float  # time.time() when it was placed; 0 for one recovered after a restart

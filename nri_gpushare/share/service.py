@@ -44,6 +44,7 @@ from nri_gpushare.share.model import (
     ContainerInfo,
     Gpu,
     InjectionPlan,
+    LocalRef,
     NodePolicy,
     ShareRefused,
 )
@@ -81,16 +82,6 @@ class LocalState:
     pid: int = 0  # its first process; 0 until started (or after a daemon restart)
     since: float = 0.0  # time.time() when placed; 0 for one recovered after a restart
     cgroups_path: str = ""
-
-
-@dataclass(frozen=True)
-class LocalRef:
-    """A local allocation as the containerd reconciler sees it."""
-
-    namespace: str
-    container_id: str
-    pid: int
-    since: float
 
 
 @dataclass

@@ -29,7 +29,9 @@ def test_the_layers_hold() -> None:
 def copy_of_the_package(tmp_path: Path) -> Path:
     shutil.copy(TOP / "pyproject.toml", tmp_path)
     shutil.copytree(
-        TOP / "nri_gpushare", tmp_path / "nri_gpushare", ignore=shutil.ignore_patterns("__pycache__")
+        TOP / "nri_gpushare",
+        tmp_path / "nri_gpushare",
+        ignore=shutil.ignore_patterns("__pycache__"),
     )
     return tmp_path
 

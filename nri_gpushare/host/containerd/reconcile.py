@@ -59,6 +59,7 @@ from nri_gpushare.host.containerd.client import (
     Event,
     TaskInfo,
 )
+from nri_gpushare.share.model import LocalRef
 
 __all__ = ["TOPICS", "ContainerdAPI", "LocalOwner", "LocalRef", "Reconciler"]
 
@@ -67,16 +68,6 @@ log = logging.getLogger(__name__)
 TOPICS = (TASK_EXIT, TASK_DELETE, CONTAINER_DELETE)
 # How much of a container ID or namespace a log line quotes.
 _QUOTE = 120
-
-
-@dataclass(frozen=True)
-class LocalRef:
-    """One local allocation, as the owner knows it."""
-
-    namespace: str
-    container_id: str
-    pid: int  # the container's init pid; 0 = not known yet
-    since: float  # time.time() when it was placed
 
 
 class LocalOwner(Protocol):
