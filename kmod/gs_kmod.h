@@ -200,5 +200,12 @@ int gs_proc_add_ctl(struct proc_dir_entry *root);
 
 int gs_dev_init(void);
 void gs_dev_exit(void);
+int gs_copy_in(void *dst, size_t ksize, const void __user *src, u32 ver0,
+	       u32 *usize);
+int gs_quota_index(const struct gs_ctr *ctr, u32 gpu);
+
+/* gs_dev_sched.c */
+void gs_fh_sched_detach(struct gs_fh *fh);
+long gs_sched_ioctl(struct gs_fh *fh, struct gpushare_sched __user *um);
 
 #endif /* _GS_KMOD_H */
