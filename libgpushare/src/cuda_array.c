@@ -70,8 +70,8 @@ static CUresult make_array(enum gs_fn fn, CUarray *a, const void *desc, uint64_t
 		return r;
 	array_fn f = (array_fn)gs_driver_fn(fn);
 	r = f ? f(a, desc) : CUDA_ERROR_NOT_FOUND;
-	gs_alloc_settle(r, counted, GS_KIND_ARRAY, r == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*a : 0, dev,
-	       bytes);
+	gs_alloc_settle(r, counted, GS_KIND_ARRAY, r == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*a : 0,
+			dev, bytes);
 	return r;
 }
 
@@ -115,7 +115,7 @@ CUresult w_cuMipmappedArrayCreate(CUmipmappedArray *m,
 		return r;
 	r = REAL(mipmap_fn, cuMipmappedArrayCreate, m, desc, levels);
 	gs_alloc_settle(r, counted, GS_KIND_MIPMAP, r == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*m : 0,
-	       dev, bytes);
+			dev, bytes);
 	return r;
 }
 EXPORT_AS(cuMipmappedArrayCreate, w_cuMipmappedArrayCreate);

@@ -10,9 +10,6 @@
  *   gate_pace.c       pacing: heartbeats, probes, the paced launch
  *   gate_drain.c      the slice's streams, their events, drains
  *   gate_releaser.c   the thread that gives back slices left idle
- *
- * (Not sched.h: the tests build with -Isrc, where a sched.h would stand in
- * for the C library's <sched.h>.)
  */
 #ifndef GPUSHARE_GATE_H
 #define GPUSHARE_GATE_H
