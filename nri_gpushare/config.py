@@ -10,12 +10,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn, TypeVar, get_args
 
 import yaml
 
 from nri_gpushare.kmod.abi import MAX_GPUS
-from nri_gpushare.names import DEFAULT_DEVICE_PLUGIN_DIR
+from nri_gpushare.names import DEFAULT_DEVICE_PLUGIN_DIR, PROC_ROOT
 from nri_gpushare.share.model import (
     ETC_LD_SO_PRELOAD,
     LIBRARY_MISSING_ACTIONS,
@@ -37,6 +37,16 @@ DEFAULT_CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
 
 _UUID = re.compile(r"^GPU-[0-9A-Za-z-]+$")
 
+LogLevel = Literal["debug", "info", "warning", "error"]
+LogFormat = Literal["text", "json"]
+"""One log line per decision: text or json."""
+NvmlLimitsMode = Literal["auto", "off"]
+"""Driver-native memory limits through NVML: used where the driver has them, or never."""
+LOG_LEVELS: tuple[LogLevel, ...] = get_args(LogLevel)
+LOG_FORMATS: tuple[LogFormat, ...] = get_args(LogFormat)
+NVML_MEMORY_LIMITS: tuple[NvmlLimitsMode, ...] = get_args(NvmlLimitsMode)
+_Choice = TypeVar("_Choice", bound=str)
+
 
 class ConfigError(Exception):
     """A bad configuration; the message names the file, the key and the reason."""
@@ -50,9 +60,9 @@ class Config:
     request_timeout: float = 2.0  # containerd's plugin_request_timeout
     registration_timeout: float = 5.0  # containerd's plugin_registration_timeout
     status_socket: str = DEFAULT_STATUS_SOCKET
-    log_level: str = "info"
+    log_level: LogLevel = "info"
     kmod: str = "optional"
-    kmod_root: str = "/proc/gpushare"
+    kmod_root: str = PROC_ROOT
     placement: str = "binpack"
     memory_reserve_bytes: int = 0
     max_inst: int = 16
@@ -65,14 +75,14 @@ class Config:
     standalone_sources: SourcePolicy = STANDALONE_SOURCES
     #: The CUDA interposer (`interposer:`); preload_file is filled in by the daemon.
     interposer: InterposerPolicy = field(default_factory=InterposerPolicy)
-    nvml_memory_limits: str = "auto"
+    nvml_memory_limits: NvmlLimitsMode = "auto"
     #: The local API (root only) the CDI hook and gpushare-runc ask.
     api_socket: str = DEFAULT_API_SOCKET
     #: containerd's gRPC socket: labels of hand-started containers, events and
     #: reconciliation; "" turns the local API's containerd side off.
     containerd_socket: str = DEFAULT_CONTAINERD_SOCKET
     #: One log line per decision (placed / refused / released): text or json.
-    log_format: str = "text"
+    log_format: LogFormat = "text"
     #: Prometheus metrics: "host:port" to listen on; "" (default) serves none.
     metrics_listen: str = ""
     #: `nri-gpushare load-module` (the unit's ExecStartPre) loads gpushare.ko
@@ -83,10 +93,6 @@ class Config:
     #: Post a Warning event to the Kubernetes API on a pod the kubelet
     #: admitted but the node cannot place (fragmentation on multi-GPU nodes).
     kubernetes_events: bool = False
-
-
-LOG_FORMATS = ("text", "json")
-NVML_MEMORY_LIMITS = ("auto", "off")
 
 
 def parse_quantity(value: object) -> int:
@@ -136,13 +142,14 @@ class _Reader:
             self.fail(self.key(name), f"expected {kinds[0].__name__}, got {_show(value)}")
         return value
 
-    def choice(self, name: str, default: str, allowed: tuple[str, ...]) -> str:
+    def choice(self, name: str, default: _Choice, allowed: tuple[_Choice, ...]) -> _Choice:
         value: str | bool = self.get(name, default, (str, bool))
         if value is False and "off" in allowed:
             value = "off"  # YAML 1.1 reads a bare `off` as false
-        if value not in allowed:
-            self.fail(self.key(name), f"{_show(value)} is not one of {', '.join(allowed)}")
-        return str(value)
+        for option in allowed:
+            if value == option:
+                return option
+        self.fail(self.key(name), f"{_show(value)} is not one of {', '.join(allowed)}")
 
     def int_range(self, name: str, default: int, low: int, high: int) -> int:
         value: int = self.get(name, default, int)
@@ -339,9 +346,7 @@ def parse_config(data: object, source: str = "<config>") -> Config:
         request_timeout=timeouts["request_timeout"],
         registration_timeout=timeouts["registration_timeout"],
         status_socket=top.get("status_socket", defaults.status_socket, str),
-        log_level=top.choice(
-            "log_level", defaults.log_level, ("debug", "info", "warning", "error")
-        ),
+        log_level=top.choice("log_level", defaults.log_level, LOG_LEVELS),
         kmod=top.choice("kmod", defaults.kmod, ("required", "optional", "off")),
         kmod_root=top.get("kmod_root", defaults.kmod_root, str),
         placement=top.choice("placement", defaults.placement, ("binpack", "spread")),
@@ -384,8 +389,8 @@ def load_config(path: str | Path) -> Config:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    except ValueError:  # e.g. an integer past Python's 4300-digit conversion limit
-        raise ConfigError(f"{path}: not valid YAML: a number is far too long") from None
+    except ValueError as exc:  # e.g. an integer past Python's 4300-digit conversion limit
+        raise ConfigError(f"{path}: not valid YAML: a number is far too long") from exc
     except RecursionError:
         raise ConfigError(f"{path}: not valid YAML: nested too deeply") from None
     return parse_config(data, str(path))

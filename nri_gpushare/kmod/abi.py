@@ -2,9 +2,9 @@
 
 tests/unit/test_kmod_abi.py compiles the header and checks every value here
 against it.  The ioctl encoding is the generic Linux one (x86, arm, arm64,
-riscv).  VERSION and PROC_ROOT are not in the uapi header (it carries no
-strings but the device's name); the test reads them from the module's own
-kmod/gs_kmod.h.
+riscv).  VERSION is not in the uapi header (it carries no strings but the
+device's name), nor is the procfs root (`nri_gpushare.names.PROC_ROOT`); the
+test reads both from the module's own kmod/gs_kmod.h.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ VERSION = "0.1.0"
 # answers EXTEND and EARLY with EINVAL and leaves those outputs as they were)
 ABI_VERSION = 4
 
-PROC_ROOT = "/proc/gpushare"
 DEV_NAME = "gpushare"
 DEV_PATH = f"/dev/{DEV_NAME}"
 

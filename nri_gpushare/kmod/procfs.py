@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nri_gpushare.kmod import abi
+from nri_gpushare.names import PROC_ROOT
 from nri_gpushare.share.kernel import (
     AlreadyRegistered,
     GpuDeclaration,
@@ -184,7 +185,7 @@ class ProcfsKernelModule:
 
     def __init__(
         self,
-        root: str | os.PathLike[str] = abi.PROC_ROOT,
+        root: str | os.PathLike[str] = PROC_ROOT,
         *,
         mountinfo: str | os.PathLike[str] = "/proc/self/mountinfo",
     ) -> None:
@@ -555,7 +556,7 @@ class ProcfsKernelModule:
         return f"it would over-commit: {why}"
 
 
-def meminfo(gpu: int, container_id: str, root: str | os.PathLike[str] = abi.PROC_ROOT) -> MemInfo:
+def meminfo(gpu: int, container_id: str, root: str | os.PathLike[str] = PROC_ROOT) -> MemInfo:
     """A registered container's memory on one of its GPUs (see
     ProcfsKernelModule.meminfo): free bytes, bytes per process, `used`."""
     return ProcfsKernelModule(root).meminfo(gpu, container_id)

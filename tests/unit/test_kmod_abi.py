@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from nri_gpushare.kmod import abi
+from nri_gpushare.names import PROC_ROOT
 from tests.prereqs import missing
 
 REPO = Path(__file__).resolve().parents[2]
@@ -196,12 +197,12 @@ def test_uapi_header_has_no_paths_or_versions() -> None:
 
 
 def test_module_version_and_proc_root_match() -> None:
-    """VERSION and PROC_ROOT mirror the module's internal header."""
+    """VERSION and names.PROC_ROOT mirror the module's internal header."""
     internal = (KMOD / "gs_kmod.h").read_text()
     version = re.search(r'#define GPUSHARE_VERSION\s+"([^"]+)"', internal)
     proc_name = re.search(r'#define GS_PROC_NAME\s+"([^"]+)"', internal)
     assert version and version.group(1) == abi.VERSION
-    assert proc_name and f"/proc/{proc_name.group(1)}" == abi.PROC_ROOT
+    assert proc_name and f"/proc/{proc_name.group(1)}" == PROC_ROOT
 
 
 def test_gpu_file_names_match_the_module() -> None:
