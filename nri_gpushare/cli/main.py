@@ -212,7 +212,7 @@ def _uninstall(args: argparse.Namespace) -> int:
 _COMMAND_MODULES: tuple[str, ...] = (
     "nri_gpushare.ops.load_module",
     "nri_gpushare.cli.smi",
-    "nri_gpushare.ops.containerd_config",
+    "nri_gpushare.ops.containerd_enable",
     "nri_gpushare.ops.kmod_upgrade",
     "nri_gpushare.cli.device_plugin",
 )

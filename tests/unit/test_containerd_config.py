@@ -14,18 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from nri_gpushare.ops.containerd_config import (
-    MARK,
+from nri_gpushare.ops.containerd_config import ConfigFile
+from nri_gpushare.ops.containerd_nri import (
     ConfigEditError,
-    ConfigFile,
     NoTempFileError,
     NriSettings,
     effective_nri,
     go_duration,
     parse_go_duration,
-    plan_disable,
-    plan_enable,
 )
+from nri_gpushare.ops.containerd_plan import plan_disable, plan_enable
+from nri_gpushare.ops.containerd_toml import MARK
 from tests import prereqs
 
 DATA = Path(__file__).resolve().parents[1] / "integration" / "data"
