@@ -2,8 +2,9 @@
 
 Every request is one write to /proc/gpushare/inst_ctl in the grammar of
 kmod/README.md; the registry is read back from the same file.  The module's
-errno answers become the client interface's exceptions, with messages that
-say what was asked, what is free and what to do.  Every call blocks until the
+errno answers become the client interface's exceptions (`refusals`), its
+files plain values (`readings`), a runtime's cgroup name the path the module
+resolves (`cgroup`).  Every call blocks until the
 kernel answers: the plugin runs this client off its event loop, under a
 timeout (`nri_gpushare.kmod.worker`); the CLI and the tests call it directly.
 """
@@ -14,161 +15,28 @@ import errno
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from nri_gpushare.kmod import abi
+from nri_gpushare.kmod.cgroup import cgroup2_mounts, cgroup_v2_path
+from nri_gpushare.kmod.readings import GpuState, MemInfo, parse_meminfo
+from nri_gpushare.kmod.refusals import (
+    explain_invalid,
+    explain_overcommit,
+    explain_undeclared,
+    refusal,
+)
 from nri_gpushare.names import PROC_ROOT
 from nri_gpushare.share.kernel import (
-    AlreadyRegistered,
     GpuDeclaration,
     GpuQuota,
     GpusNotDeclared,
     KmodError,
     ModuleNotLoaded,
     NotRegistered,
-    OverCommitted,
     Registration,
-    UpgradeInProgress,
 )
 from nri_gpushare.units import format_bytes
-
-_CLASSES: dict[int, type[KmodError]] = {
-    errno.EEXIST: AlreadyRegistered,
-    errno.ENOENT: NotRegistered,
-    errno.ENOSPC: OverCommitted,
-    errno.ENODEV: ModuleNotLoaded,
-    errno.ENXIO: GpusNotDeclared,
-}
-_GENERIC: dict[int, str] = {
-    errno.EPERM: "permission denied: writing /proc/gpushare needs root (CAP_SYS_ADMIN)",
-    errno.EACCES: "permission denied: /proc/gpushare's registry needs root"
-    " (writes also CAP_SYS_ADMIN)",
-    errno.ENODEV: "gpushare.ko is being unloaded",
-    errno.EINVAL: "the module refused it as invalid",
-}
-
-
-@dataclass(frozen=True)
-class GpuState:
-    """One GPU as /proc/gpushare/<index>/ shows it now."""
-
-    index: int
-    total_memory: int
-    free_memory: int
-    free_weight: int
-    containers: int
-    max_inst: int
-    policy: int
-    prio_ratio: int
-
-
-@dataclass(frozen=True)
-class MemInfo:
-    """One container's memory on one GPU, from /proc/gpushare/<gpu>/<id>/meminfo
-    (cGPU's format): `free` bytes of its memsize that no process holds, and
-    the bytes each of its processes holds (pid -> bytes; pids as this
-    process's pid namespace sees them, processes it cannot see left out).
-    `memsize` was the container's quota when `free` was read."""
-
-    free: int
-    processes: dict[int, int]
-    memsize: int = 0
-
-    @property
-    def used(self) -> int:
-        """Bytes its processes hold on this GPU (memsize - free)."""
-        return self.memsize - self.free
-
-
-_FREE_LINE = re.compile(r"Free: (0|[1-9][0-9]*)")
-_PID_LINE = re.compile(r"PID: ([1-9][0-9]*) Mem: ([1-9][0-9]*)")
-
-
-def parse_meminfo(text: str, memsize: int = 0) -> MemInfo:
-    """meminfo's text, strictly: `Free: <bytes>` then one `PID: <pid> Mem:
-    <bytes>` line per process (each pid once, bytes > 0), every line ending
-    in a newline.  ValueError for anything else."""
-    if not text.endswith("\n"):
-        raise ValueError("meminfo does not end in a newline")
-    lines = text[:-1].split("\n")
-    free = _FREE_LINE.fullmatch(lines[0])
-    if free is None:
-        raise ValueError(f"meminfo's first line is not 'Free: <bytes>': {lines[0]!r}")
-    processes: dict[int, int] = {}
-    for line in lines[1:]:
-        m = _PID_LINE.fullmatch(line)
-        if m is None:
-            raise ValueError(f"not a 'PID: <pid> Mem: <bytes>' line: {line!r}")
-        pid = int(m[1])
-        if pid in processes:
-            raise ValueError(f"PID {pid} listed twice")
-        processes[pid] = int(m[2])
-    return MemInfo(int(free[1]), processes, memsize)
-
-
-def expand_systemd_slice(slice_name: str) -> str:
-    """`a-b-c.slice` -> `/a.slice/a-b.slice/a-b-c.slice` (systemd's nesting rule)."""
-    if not slice_name.endswith(".slice") or "/" in slice_name:
-        raise ValueError(f"{slice_name!r} is not a systemd slice name")
-    name = slice_name.removesuffix(".slice")
-    if name == "-":
-        return ""
-    parts = name.split("-")
-    if "" in parts:
-        raise ValueError(f"{slice_name!r} is not a valid systemd slice name")
-    return "".join("/" + "-".join(parts[: i + 1]) + ".slice" for i in range(len(parts)))
-
-
-def cgroup2_mounts(mountinfo: str | os.PathLike[str] = "/proc/self/mountinfo") -> list[str]:
-    """Mount points of cgroup2 file systems, longest first."""
-    points = []
-    try:
-        lines = Path(mountinfo).read_text(errors="surrogateescape").splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        fields, _, rest = line.partition(" - ")
-        words = fields.split(" ")
-        if rest.split(" ", 1)[0] == "cgroup2" and len(words) > 4:
-            point = words[4]
-            points.append(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), point))
-    return sorted(points, key=len, reverse=True)
-
-
-def cgroup_v2_path(cgroups_path: str, mounts: Sequence[str] = ()) -> str:
-    """The path gpushare.ko resolves, relative to the cgroup2 root, for a
-    container's cgroup as the runtime names it (NRI linux.cgroups_path):
-
-    - cgroupfs driver, `/k8s.io/<id>` (or without the leading /): as is;
-    - systemd driver, `<slice>:<prefix>:<name>`: the expanded slice path
-      plus `<prefix>-<name>.scope`;
-    - an absolute path under a cgroup2 mount in `mounts`: the part below it.
-    """
-    path = cgroups_path.strip()
-    if not path:
-        raise ValueError("empty cgroup path")
-    if any(c.isspace() or not c.isprintable() for c in path):
-        # It becomes one word of an inst_ctl command.
-        raise ValueError(f"{cgroups_path[:80]!r}: a cgroup path with a blank or control character")
-    if ":" in path and not path.startswith("/"):
-        parts = path.split(":")
-        if len(parts) != 3:
-            raise ValueError(f"{cgroups_path!r}: expected <slice>:<prefix>:<name>")
-        slice_name, prefix, name = parts
-        unit = (
-            name
-            if name.endswith(".slice")
-            else (f"{prefix}-{name}.scope" if prefix else f"{name}.scope")
-        )
-        return f"{expand_systemd_slice(slice_name or 'system.slice')}/{unit}"
-    for point in mounts:
-        if path == point:
-            return "/"
-        if point != "/" and path.startswith(point + "/"):
-            return path[len(point) :]
-    return "/" + path.lstrip("/")
-
 
 _NUMBER = re.compile(r"0|[1-9][0-9]{0,19}")
 """A number as the module writes it: decimal, at most 20 digits (u64)."""
@@ -207,7 +75,7 @@ class ProcfsKernelModule:
                     errno.EINVAL: f"the index must be 0..{abi.MAX_GPUS - 1} and the memory > 0",
                     errno.ENOSPC: "its containers already hold more memory than that",
                 }
-                raise self._error(e, what, hints) from None
+                raise self._error(e, what, hints) from e
 
     def register(self, registration: Registration) -> None:
         cid = registration.container_id
@@ -221,11 +89,11 @@ class ProcfsKernelModule:
         except OSError as e:
             hints = {
                 errno.EEXIST: "it is already registered; unregister it first",
-                errno.EINVAL: self._explain_invalid(registration),
-                errno.ENXIO: self._explain_undeclared(registration),
-                errno.ENOSPC: self._explain_overcommit(registration),
+                errno.EINVAL: explain_invalid(registration),
+                errno.ENXIO: explain_undeclared(registration, self._declared()),
+                errno.ENOSPC: explain_overcommit(registration, self.gpu_state),
             }
-            raise self._error(e, what, hints) from None
+            raise self._error(e, what, hints) from e
 
     def bind_cgroup(self, container_id: str, cgroup_path: str) -> None:
         what = f"binding container {container_id} to cgroup {cgroup_path}"
@@ -245,7 +113,7 @@ class ProcfsKernelModule:
             hints = {errno.ENOENT: "it is not registered", errno.EINVAL: "not a valid container ID"}
             raise self._error(
                 e, f"unregistering container {container_id} from gpushare.ko", hints
-            ) from None
+            ) from e
 
     def registrations(self) -> list[Registration]:
         regs = []
@@ -335,8 +203,8 @@ class ProcfsKernelModule:
         except OSError as e:
             # A container deleted while its files were read: EIO or ENOENT.
             if e.errno in (errno.EIO, errno.ENOENT):
-                raise NotRegistered(f"{what}: it was unregistered meanwhile") from None
-            raise self._error(e, what, {}) from None
+                raise NotRegistered(f"{what}: it was unregistered meanwhile") from e
+            raise self._error(e, what, {}) from e
         try:
             return parse_meminfo(text, memsize)
         except ValueError as e:
@@ -361,8 +229,8 @@ class ProcfsKernelModule:
             text = self._read_newer(d, "gputime", absent)
         except OSError as e:
             if e.errno in (errno.EIO, errno.ENOENT):
-                raise NotRegistered(f"{what}: it was unregistered meanwhile") from None
-            raise self._error(e, what, {}) from None
+                raise NotRegistered(f"{what}: it was unregistered meanwhile") from e
+            raise self._error(e, what, {}) from e
         return None if text is None else self._number(text, d / "gputime", what)
 
     def slice_us(self, gpu: int) -> int | None:
@@ -428,7 +296,7 @@ class ProcfsKernelModule:
                 errno.EINVAL: "a container cannot be bound to the root cgroup (it would"
                 " claim every process on the node)",
             }
-            raise self._error(e, what, hints) from None
+            raise self._error(e, what, hints) from e
 
     def _control(self, command: str) -> None:
         """One inst_ctl command; OSError carries the module's errno."""
@@ -451,7 +319,7 @@ class ProcfsKernelModule:
         except FileNotFoundError:
             raise self._not_loaded() from None
         except OSError as e:
-            raise self._error(e, f"reading {path}", {}) from None
+            raise self._error(e, f"reading {path}", {}) from e
         return [line.split() for line in text.splitlines() if line.strip()]
 
     def _unexpected(self, words: list[str]) -> KmodError:
@@ -487,73 +355,22 @@ class ProcfsKernelModule:
             return False
         return len(words) == 4 and words[3] != "live"
 
+    def _error(self, e: OSError, what: str, hints: dict[int, str]) -> KmodError:
+        return refusal(e, what, hints, self.upgrading)
+
+    def _declared(self) -> set[int]:
+        """The declared GPUs' indexes (none when the registry cannot be read)."""
+        try:
+            return {g.index for g in self.gpus()}
+        except KmodError:
+            return set()
+
     def _not_loaded(self) -> ModuleNotLoaded:
         return ModuleNotLoaded(
             f"gpushare.ko is not loaded ({self.root} does not exist): load it with"
             " `modprobe gpushare` (or `insmod kmod/gpushare.ko`), or run the plugin"
             " without the kernel module"
         )
-
-    def _error(self, e: OSError, what: str, hints: dict[int, str]) -> KmodError:
-        err = e.errno or errno.EIO
-        if err == errno.EBUSY and self.upgrading():
-            return UpgradeInProgress(
-                f"{what}: gpushare.ko is being upgraded (nri-gpushare kmod-upgrade);"
-                " try again once that is done",
-                err,
-            )
-        detail = hints.get(err) or _GENERIC.get(err) or os.strerror(err)
-        return _CLASSES.get(err, KmodError)(f"{what}: {detail}", err)
-
-    def _explain_invalid(self, reg: Registration) -> str:
-        gpus = [q.gpu_index for q in reg.quotas]
-        if not abi.valid_id(reg.container_id):
-            return (
-                f"the container ID must be 1..{abi.ID_MAX} characters of [A-Za-z0-9_.-]"
-                f" and not one of {', '.join(abi.GPU_FILES)}"
-            )
-        if not reg.quotas:
-            return "it names no GPU"
-        if len(set(gpus)) != len(gpus):
-            return "it names a GPU twice"
-        for q in reg.quotas:
-            if not 0 <= q.gpu_index < abi.MAX_GPUS:
-                return f"GPU index {q.gpu_index} is outside 0..{abi.MAX_GPUS - 1}"
-            if not 0 <= q.core_percent <= abi.WEIGHT_MAX:
-                return f"compute {q.core_percent}% on GPU {q.gpu_index} is outside 0..100"
-            if q.memory_bytes < 0:
-                return f"memory on GPU {q.gpu_index} is negative"
-        if any(q.memory_bytes == 0 for q in reg.quotas):
-            return "it asks for 0 bytes (the default) and the module's default_memsize is 0"
-        return "the module refused it as invalid"
-
-    def _explain_undeclared(self, reg: Registration) -> str:
-        try:
-            declared = {g.index for g in self.gpus()}
-        except KmodError:
-            declared = set()
-        missing = sorted({q.gpu_index for q in reg.quotas} - declared)
-        known = ", ".join(map(str, sorted(declared))) or "none"
-        return f"GPU {', '.join(map(str, missing))} not declared (declared: {known})"
-
-    def _explain_overcommit(self, reg: Registration) -> str:
-        full = []
-        for q in reg.quotas:
-            try:
-                s = self.gpu_state(q.gpu_index)
-            except KmodError:
-                continue
-            if (
-                q.memory_bytes > s.free_memory
-                or q.core_percent > s.free_weight
-                or s.containers >= s.max_inst
-            ):
-                full.append(
-                    f"GPU {q.gpu_index} has {format_bytes(s.free_memory)} and"
-                    f" {s.free_weight}% compute free, {s.containers}/{s.max_inst} containers"
-                )
-        why = "; ".join(full) or "a GPU is full"
-        return f"it would over-commit: {why}"
 
 
 def meminfo(gpu: int, container_id: str, root: str | os.PathLike[str] = PROC_ROOT) -> MemInfo:

@@ -87,11 +87,9 @@ PARSERS: dict[str, tuple[str, ...]] = {
     # The node's config and inventory.
     "nri_gpushare.config": ("parse_config", "load_config", "parse_quantity"),
     # The kernel module's procfs tree, mountinfo, a runtime's cgroup paths.
+    "nri_gpushare.kmod.readings": ("parse_meminfo",),
+    "nri_gpushare.kmod.cgroup": ("cgroup_v2_path", "cgroup2_mounts", "expand_systemd_slice"),
     "nri_gpushare.kmod.procfs": (
-        "parse_meminfo",
-        "cgroup_v2_path",
-        "cgroup2_mounts",
-        "expand_systemd_slice",
         "ProcfsKernelModule.registrations",
         "ProcfsKernelModule.gpus",
         "ProcfsKernelModule.bindings",

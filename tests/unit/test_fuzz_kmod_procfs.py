@@ -21,13 +21,9 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nri_gpushare.kmod.procfs import (
-    ProcfsKernelModule,
-    cgroup2_mounts,
-    cgroup_v2_path,
-    expand_systemd_slice,
-    parse_meminfo,
-)
+from nri_gpushare.kmod.cgroup import cgroup2_mounts, cgroup_v2_path, expand_systemd_slice
+from nri_gpushare.kmod.procfs import ProcfsKernelModule
+from nri_gpushare.kmod.readings import parse_meminfo
 from nri_gpushare.share.kernel import KmodError
 from tests.unit.test_fuzz_common import fuzz, refused_only, text_with_odd_unicode
 

@@ -11,16 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from nri_gpushare.kmod.procfs import (
-    MemInfo,
-    ProcfsKernelModule,
-    cgroup2_mounts,
-    cgroup_v2_path,
-    describe,
-    expand_systemd_slice,
-    meminfo,
-    parse_meminfo,
-)
+from nri_gpushare.kmod.cgroup import cgroup2_mounts, cgroup_v2_path, expand_systemd_slice
+from nri_gpushare.kmod.procfs import ProcfsKernelModule, describe, meminfo
+from nri_gpushare.kmod.readings import MemInfo, parse_meminfo
 from nri_gpushare.ops import kmod_admin as admin
 from nri_gpushare.share.kernel import (
     GpuDeclaration,
