@@ -4,7 +4,8 @@
  *
  * Plain C with no kernel service and no clock of its own: every call is
  * given the time (@now, nanoseconds of one monotonic clock), so the same
- * gs_sched.c runs in gpushare.ko (ktime_get_ns(), under a spinlock), in
+ * files (gs_sched.c, gs_sched_turn.c, gs_sched_charge.c) run in
+ * gpushare.ko (ktime_get_ns(), under a spinlock), in
  * libgpushare.so's standalone mode (CLOCK_MONOTONIC, under a mutex), in
  * the /dev/gpushare stand-in of the interposer's tests, and in a
  * user-space unit test driven by simulated time.  The caller serialises
