@@ -52,7 +52,9 @@ the runc log); one that asks for one is refused with a message saying so.
 
 The socket is ``$GPUSHARE_API_SOCKET``, else
 `nri_gpushare.local.client.DEFAULT_SOCKET`.  Only the standard library and
-`nri_gpushare.local` are imported, and those only for create and delete.
+`nri_gpushare.local` are imported: `runc_args` (the command line) and
+`real_runc` for every call, the client and `oci` only for create, delete and
+exec.
 """
 
 from __future__ import annotations
@@ -60,277 +62,51 @@ from __future__ import annotations
 import os
 import sys
 
+from nri_gpushare.local.real_runc import exec_runc, find_runc, run_runc, tell
+from nri_gpushare.local.runc_args import (
+    CREATE_BOOL,
+    CREATE_VALUE,
+    DELETE_BOOL,
+    EXEC_BOOL,
+    EXEC_VALUE,
+    parse_command,
+    parse_globals,
+)
+
 TYPE_CHECKING = False  # typing is not imported: it costs a container start milliseconds
 if TYPE_CHECKING:
     from nri_gpushare.local.protocol import Reply, Request
 
-SOCKET_ENV = "GPUSHARE_API_SOCKET"
-RUNC_ENV = "GPUSHARE_RUNC"
-FALLBACK_RUNC = ("/usr/sbin/runc", "/usr/bin/runc")
 
-# runc's global options (`runc --help`, 1.1 and 1.2), by whether they take a value.
-GLOBAL_VALUE = frozenset({"log", "log-format", "root", "criu", "rootless"})
-GLOBAL_BOOL = frozenset({"debug", "systemd-cgroup", "help", "h", "version", "v"})
-COMMANDS = frozenset(
-    {
-        "checkpoint",
-        "create",
-        "delete",
-        "events",
-        "exec",
-        "features",
-        "init",
-        "kill",
-        "list",
-        "pause",
-        "ps",
-        "restore",
-        "resume",
-        "run",
-        "spec",
-        "start",
-        "state",
-        "update",
-        "help",
-        "h",
-    }
-)
-CREATE_VALUE = frozenset({"bundle", "b", "console-socket", "pid-file", "preserve-fds"})
-CREATE_BOOL = frozenset({"no-pivot", "no-new-keyring", "help", "h"})
-DELETE_BOOL = frozenset({"force", "f", "help", "h"})
-ALIASES = {"b": "bundle", "f": "force", "h": "help", "v": "version"}
-
-# What asks for a share, for when the daemon cannot be asked.  Copied from
-# nri_gpushare.share (model.PREFIX/ASSIGNED, request/cgpu.py, request/egpu.py,
-# request/sources.REQUEST_ENV), not imported: that package pulls in the whole
-# share domain, and this runs in every container start.  Broader than what
-# the daemon honours (any ALIYUN_COM_GPU_* or GPUSHARE_* variable), so that
-# a container is never started unguarded by mistake.
-ANNOTATION_PREFIX = "gpushare.io/"
-ASSIGNED_ANNOTATION = "gpushare.io/assigned"
-ENV_PREFIXES = ("ALIYUN_COM_GPU_", "GPUSHARE_")
-ENV_NAMES = ("EGPU",)
+# Copies, not imports (`local` imports the standard library only, and this
+# runs in every container start); tests/unit/test_local_constants.py pins each
+# to its original.
+SOCKET_ENV = "GPUSHARE_API_SOCKET"  # nri_gpushare.local.hook.SOCKET_ENV
+# What asks for a share, for when the daemon cannot be asked: our keys
+# (nri_gpushare.names.KEY_PREFIX, less names.ASSIGNED, which records what a
+# container was given) and the request variables
+# (nri_gpushare.share.request.sources.REQUEST_ENV, the opt-out CGPU_DISABLE
+# aside).  Broader than what the daemon honours (any ALIYUN_COM_GPU_* or
+# GPUSHARE_* variable), so that a container is never started unguarded by
+# mistake.
+KEY_PREFIX = "gpushare.io/"
+ASSIGNED = "gpushare.io/assigned"
+REQUEST_ENV_PREFIXES = ("ALIYUN_COM_GPU_", "GPUSHARE_")
+REQUEST_ENV_NAMES = ("EGPU",)
 
 START_DAEMON = "start it (`systemctl start nri-gpushare`, or `nri-gpushare run --config FILE`)"
-
-
-def _flag(token: str) -> tuple[str, str | None] | None:
-    """(name, value after '=' or None) of a Go flag token; None for an argument."""
-    if len(token) < 2 or token[0] != "-":
-        return None
-    name, eq, value = token[2 if token[1] == "-" else 1 :].partition("=")
-    return ALIASES.get(name, name), value if eq else None
-
-
-def parse_globals(args: list[str]) -> tuple[dict[str, str], int]:
-    """runc's global options (by long name, the last one given wins) and the
-    index in `args` of the subcommand (len(args) when there is none).  An
-    option runc 1.1/1.2 does not have takes the next word as its value unless
-    that word is a subcommand."""
-    options: dict[str, str] = {}
-    i = 0
-    while i < len(args):
-        if args[i] == "--":
-            return options, i + 1
-        flag = _flag(args[i])
-        if flag is None:
-            break
-        name, value = flag
-        if value is None:
-            following = args[i + 1] if i + 1 < len(args) else None
-            takes_value = name in GLOBAL_VALUE or (
-                name not in GLOBAL_BOOL
-                and following is not None
-                and following not in COMMANDS
-                and _flag(following) is None
-            )
-            if takes_value and following is not None:
-                value, i = following, i + 1
-            else:
-                value = "" if takes_value else "true"
-        options[name] = value
-        i += 1
-    return options, i
-
-
-def parse_command(
-    args: list[str], values: frozenset[str], bools: frozenset[str]
-) -> tuple[dict[str, str], list[str]] | None:
-    """A subcommand's options (by long name) and arguments, options anywhere
-    (runc reorders them before the arguments).  Unknown options (a newer
-    runc's) are taken as switches, or, when that leaves more than one
-    argument, all as taking the next word: whichever of the two readings
-    leaves one argument is the only reading that does.  None when neither
-    does (then the container ID is not known)."""
-    first = _parse_command(args, values, bools, unknown_takes_value=False)
-    if first is None:
-        return None
-    options, arguments, unknown = first
-    if unknown and len(arguments) != 1:
-        second = _parse_command(args, values, bools, unknown_takes_value=True)
-        if second is None or len(second[1]) != 1:
-            return None
-        options, arguments, unknown = second
-    return options, arguments
-
-
-def _parse_command(
-    args: list[str], values: frozenset[str], bools: frozenset[str], *, unknown_takes_value: bool
-) -> tuple[dict[str, str], list[str], bool] | None:
-    options: dict[str, str] = {}
-    arguments: list[str] = []
-    unknown = False
-    i = 0
-    while i < len(args):
-        if args[i] == "--":
-            arguments += args[i + 1 :]
-            break
-        flag = _flag(args[i])
-        if flag is None:
-            arguments.append(args[i])
-            i += 1
-            continue
-        name, value = flag
-        if value is None:
-            if name in values:
-                if i + 1 >= len(args):
-                    return {}, [], False  # runc says what is missing
-                value, i = args[i + 1], i + 1
-            elif name in bools:
-                value = "true"
-            else:
-                unknown = True
-                following = args[i + 1] if i + 1 < len(args) else None
-                if unknown_takes_value and following is not None and _flag(following) is None:
-                    value, i = following, i + 1
-                else:
-                    value = "true"
-        elif name not in values and name not in bools:
-            unknown = True
-        options[name] = value
-        i += 1
-    return options, arguments, unknown
-
-
-def _same_file(a: os.stat_result, path: str) -> bool:
-    try:
-        b = os.stat(path)
-    except OSError:
-        return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
-
-
-def find_runc(self_path: str) -> str | None:
-    """The real runc: $GPUSHARE_RUNC, else the first executable `runc` on PATH
-    that is not `self_path` (this program), else /usr/sbin/runc, /usr/bin/runc."""
-    chosen = os.environ.get(RUNC_ENV)
-    if chosen:
-        return chosen
-    try:
-        me: os.stat_result | None = os.stat(self_path) if "/" in self_path else None
-    except OSError:
-        me = None
-    directories = [d for d in os.environ.get("PATH", "").split(os.pathsep) if d]
-    candidates = [os.path.join(d, "runc") for d in directories] + list(FALLBACK_RUNC)
-    for path in candidates:
-        if not os.path.isfile(path) or not os.access(path, os.X_OK):
-            continue
-        if me is not None and _same_file(me, path):
-            continue
-        return path
-    return None
-
-
-def _tell(message: str, level: str, log: tuple[str, str] | None, *, stderr: bool = True) -> None:
-    """``gpushare: message`` on stderr and, with runc's --log, in that log in
-    runc's format (json: what containerd's shim reads the failure from).  The
-    daemon's refusals come prefixed already."""
-    text = message if message.startswith("gpushare:") else f"gpushare: {message}"
-    if stderr:
-        try:
-            sys.stderr.write(text + "\n")
-            sys.stderr.flush()
-        except (OSError, ValueError):
-            pass
-    if not log or not log[0]:
-        return
-    import json
-    import time
-
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    if log[1] == "json":
-        line = json.dumps({"level": level, "msg": text, "time": now})
-    else:
-        line = f"time={json.dumps(now)} level={level} msg={json.dumps(text)}"
-    try:
-        fd = os.open(log[0], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            os.write(fd, (line + "\n").encode())
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
-
-
-def _exec(real: str | None, argv: list[str]) -> int:
-    """Become the real runc with argv[1:] untouched (returns only on failure)."""
-    if real is None:
-        sys.stderr.write(
-            f"gpushare: no real runc found (not on PATH, not in {' or '.join(FALLBACK_RUNC)}); "
-            f"set {RUNC_ENV}\n"
-        )
-        return 127
-    import signal
-
-    # Python ignores these; an exec'd program would inherit that.
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
-    try:
-        os.execv(real, [real, *argv[1:]])
-    except OSError as e:
-        sys.stderr.write(f"gpushare: cannot run {real}: {e.strerror or e}\n")
-    return 127
-
-
-def _run(real: str, argv: list[str]) -> int:
-    """Run the real runc with argv[1:] as a child (stdio, environment and
-    inheritable descriptors shared; our signals passed on); its exit status
-    (128 + N when killed by signal N)."""
-    import signal
-
-    child = os.posix_spawn(
-        real, [real, *argv[1:]], os.environ, setsigdef=(signal.SIGPIPE, signal.SIGXFSZ)
-    )
-
-    def forward(signum: int, frame: object) -> None:
-        try:
-            os.kill(child, signum)
-        except OSError:
-            pass
-
-    passed = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-    before = {s: signal.signal(s, forward) for s in passed}
-    try:
-        _, status = os.waitpid(child, 0)
-    finally:
-        for s, handler in before.items():
-            signal.signal(s, handler)
-    code = os.waitstatus_to_exitcode(status)
-    return code if code >= 0 else 128 - code
 
 
 def share_hints(env: dict[str, str], annotations: dict[str, str]) -> list[str]:
     """What in a container's env and annotations may ask for a share (names
     only, quoted short: the container chose them)."""
     found = [
-        f"annotation {k[:64]!r}"
-        for k in annotations
-        if k.startswith(ANNOTATION_PREFIX) and k != ASSIGNED_ANNOTATION
+        f"annotation {k[:64]!r}" for k in annotations if k.startswith(KEY_PREFIX) and k != ASSIGNED
     ]
     found += [
         f"environment {k[:64]!r}"
         for k, v in env.items()
-        if (k in ENV_NAMES or k.startswith(ENV_PREFIXES)) and v.strip()
+        if (k in REQUEST_ENV_NAMES or k.startswith(REQUEST_ENV_PREFIXES)) and v.strip()
     ]
     return sorted(found)
 
@@ -348,16 +124,16 @@ class _Wrapper:
         self.socket = os.environ.get(SOCKET_ENV) or ""
 
     def error(self, message: str) -> None:
-        _tell(message, "error", self.log)
+        tell(message, "error", self.log)
 
     def warn(self, message: str) -> None:
         # On success runc's stderr is the container's: warnings go to the log when there is one.
-        _tell(message, "warning", self.log, stderr=self.log is None)
+        tell(message, "warning", self.log, stderr=self.log is None)
 
     def run(self) -> int:
         """The real runc's exit status, run as a child with our arguments."""
         try:
-            return _run(self.real, self.argv)
+            return run_runc(self.real, self.argv)
         except OSError as e:
             self.error(f"cannot run {self.real}: {e.strerror or e}")
             return 127
@@ -390,7 +166,7 @@ class _Wrapper:
             return 1
         options, arguments = parsed
         if "help" in options or len(arguments) != 1:
-            return _exec(self.real, self.argv)  # runc prints its help or its complaint
+            return exec_runc(self.real, self.argv)  # runc prints its help or its complaint
         cid = arguments[0]
         bundle = os.path.abspath(options.get("bundle") or ".")
         try:
@@ -420,7 +196,7 @@ class _Wrapper:
                     "annotations and is created without one (its containerd labels are "
                     "not known without the daemon)"
                 )
-                return _exec(self.real, self.argv)
+                return exec_runc(self.real, self.argv)
             shown = ", ".join(hints[:4]) + (", ..." if len(hints) > 4 else "")
             self.error(
                 f"{e}; container {cid} asks for a GPU share ({shown}) and is not created "
@@ -432,14 +208,14 @@ class _Wrapper:
             if not share_hints(info.env, info.annotations):
                 # e.g. an ID runc takes and the API does not: it asks for nothing we can see
                 self.warn(f"container {cid} created without asking for a GPU share: {e}")
-                return _exec(self.real, self.argv)
+                return exec_runc(self.real, self.argv)
             self.error(f"cannot ask the nri-gpushare daemon about container {cid}: {e}")
             return 1
         if not reply.ok:
             self.error(reply.error or f"the nri-gpushare daemon refused container {cid}")
             return 1
         if reply.plan is None:
-            return _exec(self.real, self.argv)
+            return exec_runc(self.real, self.argv)
         try:
             oci.write_config(bundle, oci.apply_plan(config, reply.plan))
         except (oci.OciError, oci.PlanError, OSError) as e:
@@ -493,7 +269,7 @@ class _Wrapper:
     def delete(self, args: list[str]) -> int:
         parsed = parse_command(args, frozenset(), DELETE_BOOL)
         if parsed is None or "help" in parsed[0] or len(parsed[1]) != 1:
-            return _exec(self.real, self.argv)
+            return exec_runc(self.real, self.argv)
         cid = parsed[1][0]
         code = self.run()
         if code == 0:
@@ -503,22 +279,17 @@ class _Wrapper:
         return code
 
 
+# The variables create injects (nri_gpushare.share.plan's and
+# share.interposer's), copied as above and pinned.
 INJECTED_ENV = ("NVIDIA_VISIBLE_DEVICES", "LD_PRELOAD")
 INJECTED_PREFIX = "GPUSHARE_"
-EXEC_VALUE = frozenset(
-    {
-        "process", "p", "console-socket", "cwd", "env", "e", "user", "u", "additional-gids",
-        "g", "process-label", "apparmor", "cap", "c", "preserve-fds", "cgroup", "pid-file",
-    }
-)  # fmt: skip
-EXEC_BOOL = frozenset({"tty", "t", "detach", "d", "no-new-privs", "ignore-paused", "help", "h"})
 
 
 def share_env(config: dict[str, object]) -> dict[str, str]:
     """The variables create injected, from a bundle's config.json; {} when
     the container holds no share."""
     annotations = config.get("annotations")
-    if not isinstance(annotations, dict) or ASSIGNED_ANNOTATION not in annotations:
+    if not isinstance(annotations, dict) or ASSIGNED not in annotations:
         return {}
     process = config.get("process")
     env = process.get("env") if isinstance(process, dict) else None
@@ -573,9 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     command = args[at] if at < len(args) else ""
     real = find_runc(argv[0] if argv else "")
     if command not in ("create", "delete", "exec") or options.keys() & {"help", "version"}:
-        return _exec(real, argv)
+        return exec_runc(real, argv)
     if real is None:
-        return _exec(real, argv)  # says so
+        return exec_runc(real, argv)  # says so
     wrapper = _Wrapper(argv, options, at, real)
     try:
         if command == "exec":
@@ -583,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
                 _with_share_env(wrapper, args[at + 1 :])
             except Exception as e:  # the exec itself must still happen
                 wrapper.warn(f"exec: the GPU share's variables not given: {type(e).__name__}")
-            return _exec(real, argv)
+            return exec_runc(real, argv)
         if command == "create":
             return wrapper.create(args[at + 1 :])
         return wrapper.delete(args[at + 1 :])

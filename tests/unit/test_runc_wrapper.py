@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nri_gpushare.local import runc_wrapper
+from nri_gpushare.local import real_runc, runc_wrapper
 from nri_gpushare.local.protocol import Reply, Request
 from tests.unit.fake_local_daemon import PLAN, fake_daemon, short_dir
 
@@ -565,16 +565,16 @@ def test_find_runc(monkeypatch, tmp_path):
     other = tmp_path / "bin"
     other.mkdir()
     (other / "runc").write_text("#!/bin/sh\n")
-    monkeypatch.setattr(runc_wrapper, "FALLBACK_RUNC", ())
+    monkeypatch.setattr(real_runc, "FALLBACK_RUNC", ())
     monkeypatch.setenv("PATH", f"{tmp_path}/none::{other}")
-    assert runc_wrapper.find_runc(str(me)) is None  # not executable
+    assert real_runc.find_runc(str(me)) is None  # not executable
     (other / "runc").chmod(0o755)
-    assert runc_wrapper.find_runc(str(me)) == str(other / "runc")
-    assert runc_wrapper.find_runc(str(other / "runc")) is None  # only itself
-    monkeypatch.setattr(runc_wrapper, "FALLBACK_RUNC", (str(me),))
-    assert runc_wrapper.find_runc(str(other / "runc")) == str(me)
+    assert real_runc.find_runc(str(me)) == str(other / "runc")
+    assert real_runc.find_runc(str(other / "runc")) is None  # only itself
+    monkeypatch.setattr(real_runc, "FALLBACK_RUNC", (str(me),))
+    assert real_runc.find_runc(str(other / "runc")) == str(me)
     monkeypatch.setenv("GPUSHARE_RUNC", "/opt/runc")
-    assert runc_wrapper.find_runc(str(me)) == "/opt/runc"
+    assert real_runc.find_runc(str(me)) == "/opt/runc"
 
 
 def test_no_runc_at_all(monkeypatch, capsys):
