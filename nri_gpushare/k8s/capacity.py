@@ -59,7 +59,7 @@ class Grant:
     ids: frozenset[int]
     slot: bool = True
     """Whether it needs a container slot (max_inst) too: not when it is the
-    IDs of a container that stopped (see `nri_gpushare.k8s.plugin`)."""
+    IDs of a container that stopped (see `nri_gpushare.k8s.state`)."""
 
 
 @dataclass(frozen=True)

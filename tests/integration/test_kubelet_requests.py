@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from nri_gpushare.k8s.generated import v1beta1 as pb
-from nri_gpushare.k8s.plugin import DevicePluginService, PluginState
+from nri_gpushare.k8s.service import DevicePluginService
+from nri_gpushare.k8s.state import PluginState
 from nri_gpushare.names import CORE, COUNT, KUBELET_ANNOTATIONS, MEMORY, RESOURCES
 from nri_gpushare.share.model import Gpu
 from tests.integration.plugin import gpu_inventory

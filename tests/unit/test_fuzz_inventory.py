@@ -105,7 +105,8 @@ PARSERS: dict[str, tuple[str, ...]] = {
     ),
     # The device plugin: the kubelet's IDs, the daemon's status document.
     "nri_gpushare.share.ids": ("parse_ids", "id_number"),
-    "nri_gpushare.k8s.plugin": ("read_status", "PluginState.update"),
+    "nri_gpushare.k8s.plugin": ("read_status",),
+    "nri_gpushare.k8s.state": ("PluginState.update",),
     # containerd: events anyone with its socket can publish; its config's durations.
     "nri_gpushare.host.containerd.client": ("decode_envelope",),
     "nri_gpushare.host.containerd.reconcile": ("_epoch",),

@@ -25,7 +25,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nri_gpushare.k8s.plugin import PluginState, read_status
+from nri_gpushare.k8s.plugin import read_status
+from nri_gpushare.k8s.state import PluginState
 from nri_gpushare.names import RESOURCES
 from nri_gpushare.share.ids import MAX_ID, BadIds, format_ids, id_number, parse_ids
 from nri_gpushare.share.model import Gpu

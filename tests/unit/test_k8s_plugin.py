@@ -22,12 +22,9 @@ from nri_gpushare.k8s import HEALTHY, UNHEALTHY, endpoint
 from nri_gpushare.k8s.capacity import Device, Grant
 from nri_gpushare.k8s.generated import v1beta1 as pb
 from nri_gpushare.k8s.health import GpuHealth
-from nri_gpushare.k8s.plugin import (
-    PENDING_TTL,
-    DevicePlugin,
-    DevicePluginService,
-    PluginState,
-)
+from nri_gpushare.k8s.registration import DevicePlugin
+from nri_gpushare.k8s.service import DevicePluginService
+from nri_gpushare.k8s.state import PENDING_TTL, PluginState
 from nri_gpushare.names import CORE, COUNT, KUBELET_ANNOTATIONS, MEMORY, RESOURCES
 from nri_gpushare.share.model import Gpu
 from tests.k8s.kubelet import TestKubelet, healthy

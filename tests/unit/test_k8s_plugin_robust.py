@@ -31,15 +31,10 @@ from nri_gpushare.config import Config
 from nri_gpushare.k8s import endpoint
 from nri_gpushare.k8s.capacity import GIB, Grant, advertise
 from nri_gpushare.k8s.generated import v1beta1 as pb
-from nri_gpushare.k8s.plugin import (
-    RESTART_TTL,
-    SLOT_TTL,
-    DevicePlugin,
-    DevicePluginService,
-    PluginState,
-    read_status,
-    serve,
-)
+from nri_gpushare.k8s.plugin import read_status, serve
+from nri_gpushare.k8s.registration import DevicePlugin
+from nri_gpushare.k8s.service import DevicePluginService
+from nri_gpushare.k8s.state import RESTART_TTL, SLOT_TTL, PluginState
 from nri_gpushare.names import CORE, COUNT, MEMORY, RESOURCES
 from nri_gpushare.share.ids import MAX_ID
 from nri_gpushare.share.model import ShareRefused
