@@ -392,6 +392,8 @@ class Chaos:
         self.restarts: list[float] = []  # kill to the new plugin's Synchronize
         self.failure: BaseException | None = None
         self.deferred = 0  # kills that fell inside a restart, still to do
+        self.pending: set[asyncio.TimerHandle] = set()  # kills sent, not yet fired
+        self.fired = asyncio.Event()  # a pending kill fired
 
     async def run(self) -> dict[str, Any]:
         """All the lifecycles; then the last restart's check.  Returns figures."""
@@ -402,8 +404,17 @@ class Chaos:
         try:
             await asyncio.gather(*(self.worker(queue) for _ in range(self.workers)))
         finally:
-            while self.restarting is not None and not self.restarting.done():
-                await asyncio.wait([self.restarting])
+            # A kill drawn for one of the last steps may still be due (its
+            # step answered within the drawn 0-40 ms) and then the restart it
+            # starts: both are done, and checked, before the caller looks at
+            # the plugin (else it queries one that was killed under it).
+            while self.pending or self.restarting_now():
+                if self.pending:
+                    self.fired.clear()
+                    await self.fired.wait()
+                else:
+                    assert self.restarting is not None
+                    await asyncio.wait([self.restarting])
         if self.restarting is not None:
             self.restarting.result()  # a failed check raises here
         return {
@@ -433,7 +444,7 @@ class Chaos:
             self.deferred -= 1  # a kill that fell inside a restart, taken now
             delay = self.r.uniform(0.0, 0.04)
         if delay is not None:
-            asyncio.get_running_loop().call_later(delay, self.kill, name)
+            self.send_kill(delay, name)
         began = time.monotonic()
         try:
             result = await call
@@ -451,6 +462,19 @@ class Chaos:
 
     def restarting_now(self) -> bool:
         return self.restarting is not None and not self.restarting.done()
+
+    def send_kill(self, delay: float, during: str) -> None:
+        """kill(during) in delay seconds; run() waits for it."""
+
+        def fire() -> None:
+            self.pending.discard(handle)
+            try:
+                self.kill(during)
+            finally:
+                self.fired.set()
+
+        handle = asyncio.get_running_loop().call_later(delay, fire)
+        self.pending.add(handle)
 
     def kill(self, during: str) -> None:
         if self.restarting_now() or not self.plugins.alive():

@@ -128,6 +128,66 @@ async def test_plugin_killed_at_random_points_of_200_pod_lifecycles(make_contain
     assert chaos.kills >= 10 and len(chaos.checks) == chaos.kills, summary
 
 
+class _FakePlugin:
+    def __init__(self) -> None:
+        self.dead = False
+
+
+class _FakePlugins:
+    """Killable without processes: what Chaos does with its kills alone."""
+
+    def __init__(self) -> None:
+        self.started = [_FakePlugin()]
+
+    def alive(self) -> bool:
+        return not self.started[-1].dead
+
+    def kill(self) -> None:
+        self.started[-1].dead = True
+
+    def start(self) -> Any:
+        self.started.append(_FakePlugin())
+        return self.started[-1]
+
+
+class _FakeClient:
+    """The CRI calls of a lifecycle, answered at once."""
+
+    async def run_pod(self, name: str) -> str:
+        return name
+
+    async def create_container(self, *args: Any, **kwargs: Any) -> str:
+        return "c"
+
+    async def start(self, cid: str) -> None: ...
+    async def stop(self, cid: str) -> None: ...
+    async def remove(self, cid: str) -> None: ...
+    async def stop_pod(self, pod: str) -> None: ...
+    async def remove_pod(self, pod: str) -> None: ...
+
+
+async def test_chaos_returns_only_after_a_kill_due_after_the_last_step():
+    """The harness, not the plugin: a kill drawn for the last step fires up to
+    40 ms after it was sent, which can be after that step answered and every
+    lifecycle ended.  Chaos.run() must wait for it, and for the restart and
+    check it brings, before the test queries the plugin (a query of the
+    plugin killed under it was ConnectionRefusedError, with the new plugin's
+    log still empty)."""
+    plugins = _FakePlugins()
+    checked: list[_FakePlugin] = []
+
+    async def check(plugin: Any) -> dict[str, int]:
+        assert not plugin.dead, "checked a killed plugin"
+        checked.append(plugin)
+        return {"served": 0, "unserved": 0}
+
+    chaos = Chaos(_FakeClient(), plugins, random.Random(0), check, lifecycles=2, kills=0, workers=1)  # type: ignore[arg-type]
+    chaos.plan = {2 * 7 - 1: 0.04}  # the last step of the last lifecycle
+    summary = await chaos.run()
+    assert chaos.kills == 1 and checked == [plugins.started[-1]], summary
+    assert len(plugins.started) == 2 and plugins.alive()
+
+
 class Load:
     """Lifecycles through CRI that ride out a containerd restart."""
 
