@@ -30,6 +30,18 @@ import stat
 from dataclasses import dataclass
 from typing import Any
 
+from nri_gpushare.local.oci_json import OciError as OciError  # this module's errors
+from nri_gpushare.local.oci_json import PlanError as PlanError
+from nri_gpushare.local.oci_json import (
+    copied_array,
+    copied_object,
+    json_kind,
+    json_object,
+    section,
+    string_map,
+)
+from nri_gpushare.local.oci_plan import plan_devices, plan_env, plan_list, plan_map, plan_mounts
+
 MAX_STATE = 4 << 20
 """Bytes of OCI state a hook reads from stdin."""
 MAX_CONFIG = 32 << 20
@@ -43,14 +55,6 @@ _GPU_PATH = re.compile(r"/dev/nvidia([0-9]{1,7})")
 _NAMESPACE = re.compile(r"[A-Za-z0-9]+(?:[._-][A-Za-z0-9]+)*")
 """containerd's namespace rule (identifiers.Validate), at most 76 characters."""
 _MAX_NAMESPACE = 76
-
-
-class OciError(ValueError):
-    """OCI state or a config.json that cannot be used; str() says what and where."""
-
-
-class PlanError(ValueError):
-    """An injection plan from the daemon that cannot be applied; str() says why."""
 
 
 @dataclass(frozen=True)
@@ -79,81 +83,29 @@ class BundleInfo:
     gpu_minors: tuple[int, ...]
 
 
-def _kind(value: object) -> str:
-    """A JSON value's kind, for messages."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _parse_json(data: bytes, what: str, limit: int) -> dict[str, Any]:
-    if len(data) > limit:
-        raise OciError(f"{what}: more than {limit} bytes")
-    try:
-        obj = json.loads(data, parse_constant=_reject_constant)
-    except RecursionError:
-        raise OciError(f"{what}: nested too deeply") from None
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, huge integers
-        raise OciError(f"{what}: not JSON: {e}") from None
-    if not isinstance(obj, dict):
-        raise OciError(f"{what}: not a JSON object but {_kind(obj)}")
-    return obj
-
-
-def _section(obj: dict[str, Any], key: str, kind: type, where: str) -> Any:
-    """obj[key] when it is of `kind`; None when missing or null; OciError otherwise."""
-    value = obj.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        expected = {dict: "an object", list: "an array", str: "a string", int: "an integer"}
-        raise OciError(f"{where}{key}: {_kind(value)}, expected {expected[kind]}")
-    return value
-
-
-def _string_map(obj: dict[str, Any], key: str, where: str) -> dict[str, str]:
-    value = _section(obj, key, dict, where) or {}
-    for k, v in value.items():
-        if not isinstance(v, str):
-            raise OciError(f"{where}{key}: {k[:80]!r} is {_kind(v)}, expected a string")
-    return dict(value)
-
-
 # -- OCI state (hook stdin) -------------------------------------------------
 
 
 def parse_state(data: bytes) -> State:
     """The OCI state in `data` (JSON, as runc writes a hook's stdin)."""
-    obj = _parse_json(data, "OCI state", MAX_STATE)
+    obj = json_object(data, "OCI state", MAX_STATE)
     where = "OCI state: "
-    cid = _section(obj, "id", str, where)
+    cid = section(obj, "id", str, where)
     if not cid:
         raise OciError(f"{where}id: missing")
-    bundle = _section(obj, "bundle", str, where) or ""
+    bundle = section(obj, "bundle", str, where) or ""
     if not bundle.startswith("/") or "\0" in bundle:
         raise OciError(f"{where}bundle: {bundle[:200]!r} is not an absolute path")
-    pid = _section(obj, "pid", int, where) or 0
+    pid = section(obj, "pid", int, where) or 0
     if not 0 <= pid < 1 << 31:
         raise OciError(f"{where}pid: {pid} is not a process ID")
     return State(
-        oci_version=_section(obj, "ociVersion", str, where) or "",
+        oci_version=section(obj, "ociVersion", str, where) or "",
         id=cid,
-        status=_section(obj, "status", str, where) or "",
+        status=section(obj, "status", str, where) or "",
         pid=pid,
         bundle=bundle,
-        annotations=_string_map(obj, "annotations", where),
+        annotations=string_map(obj, "annotations", where),
     )
 
 
@@ -166,7 +118,7 @@ def config_path(bundle: str) -> str:
 
 def load_config(data: bytes, what: str = "config.json") -> dict[str, Any]:
     """config.json's bytes as a dict (OciError when it is not a JSON object)."""
-    return _parse_json(data, what, MAX_CONFIG)
+    return json_object(data, what, MAX_CONFIG)
 
 
 def read_config(bundle: str) -> dict[str, Any]:
@@ -202,7 +154,7 @@ def parse_env(entries: list[Any], where: str = "process.env") -> dict[str, str]:
     env: dict[str, str] = {}
     for i, entry in enumerate(entries):
         if not isinstance(entry, str):
-            raise OciError(f'{where}[{i}]: {_kind(entry)}, expected a "NAME=value" string')
+            raise OciError(f'{where}[{i}]: {json_kind(entry)}, expected a "NAME=value" string')
         key, eq, value = entry.partition("=")
         if eq:
             env[key] = value
@@ -216,7 +168,7 @@ def gpu_minors(devices: list[Any], where: str = "linux.devices") -> tuple[int, .
     minors: list[int] = []
     for i, dev in enumerate(devices):
         if not isinstance(dev, dict):
-            raise OciError(f"{where}[{i}]: {_kind(dev)}, expected an object")
+            raise OciError(f"{where}[{i}]: {json_kind(dev)}, expected an object")
         path, major = dev.get("path"), dev.get("major")
         if dev.get("type") != "c" or type(major) is not int or major != NVIDIA_MAJOR:
             continue
@@ -232,13 +184,13 @@ def gpu_minors(devices: list[Any], where: str = "linux.devices") -> tuple[int, .
 
 def bundle_info(config: dict[str, Any]) -> BundleInfo:
     """What the daemon needs from a config.json dict."""
-    process = _section(config, "process", dict, "") or {}
-    linux = _section(config, "linux", dict, "") or {}
+    process = section(config, "process", dict, "") or {}
+    linux = section(config, "linux", dict, "") or {}
     return BundleInfo(
-        env=parse_env(_section(process, "env", list, "process.") or []),
-        annotations=_string_map(config, "annotations", ""),
-        cgroups_path=_section(linux, "cgroupsPath", str, "linux.") or "",
-        gpu_minors=gpu_minors(_section(linux, "devices", list, "linux.") or []),
+        env=parse_env(section(process, "env", list, "process.") or []),
+        annotations=string_map(config, "annotations", ""),
+        cgroups_path=section(linux, "cgroupsPath", str, "linux.") or "",
+        gpu_minors=gpu_minors(section(linux, "devices", list, "linux.") or []),
     )
 
 
@@ -281,109 +233,9 @@ def namespace_from_root(root: str) -> str:
 # -- plans ----------------------------------------------------------------------
 
 
-def _plan_list(plan: dict[str, Any], key: str) -> list[Any]:
-    value = plan.get(key)
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise PlanError(f"plan {key}: {_kind(value)}, expected an array")
-    return value
-
-
-def _plan_map(plan: dict[str, Any], key: str) -> dict[str, str]:
-    value = plan.get(key)
-    if value is None:
-        return {}
-    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-        raise PlanError(f"plan {key}: expected an object of strings")
-    return value
-
-
-def _plan_path(value: object, where: str) -> str:
-    if not isinstance(value, str) or not value.startswith("/") or "\0" in value:
-        raise PlanError(f"{where}: {value!r:.200} is not an absolute path")
-    return value
-
-
-def _plan_int(value: object, where: str, limit: int) -> int:
-    if type(value) is not int or not 0 <= value < limit:
-        raise PlanError(f"{where}: {value!r:.40} is not an integer in 0..{limit - 1}")
-    return value
-
-
-def _plan_devices(plan: dict[str, Any]) -> list[dict[str, Any]]:
-    out = []
-    for i, dev in enumerate(_plan_list(plan, "devices")):
-        where = f"plan devices[{i}]"
-        if not isinstance(dev, dict):
-            raise PlanError(f"{where}: {_kind(dev)}, expected an object")
-        kind = dev.get("type", "c")
-        if kind not in ("c", "b"):
-            raise PlanError(f"{where}: type {kind!r:.20} is not c or b")
-        out.append(
-            {
-                "path": _plan_path(dev.get("path"), f"{where}.path"),
-                "type": kind,
-                "major": _plan_int(dev.get("major"), f"{where}.major", 1 << 32),
-                "minor": _plan_int(dev.get("minor"), f"{where}.minor", 1 << 32),
-                "fileMode": _plan_int(dev.get("mode", 0o666), f"{where}.mode", 0o10000),
-                "uid": 0,
-                "gid": 0,
-            }
-        )
-    return out
-
-
-def _plan_mounts(plan: dict[str, Any]) -> list[dict[str, Any]]:
-    out = []
-    for i, m in enumerate(_plan_list(plan, "mounts")):
-        where = f"plan mounts[{i}]"
-        if not isinstance(m, dict):
-            raise PlanError(f"{where}: {_kind(m)}, expected an object")
-        options = m.get("options") or []
-        kind, source = m.get("type", "bind"), m.get("source", "")
-        if not isinstance(options, list) or not all(isinstance(o, str) for o in options):
-            raise PlanError(f"{where}.options: expected an array of strings")
-        if not isinstance(kind, str) or not isinstance(source, str):
-            raise PlanError(f"{where}: type and source must be strings")
-        out.append(
-            {
-                "destination": _plan_path(m.get("destination"), f"{where}.destination"),
-                "type": kind,
-                "source": source,
-                "options": list(options),
-            }
-        )
-    return out
-
-
-def _plan_env(plan: dict[str, Any]) -> dict[str, str]:
-    env = _plan_map(plan, "env")
-    for key, value in env.items():
-        if not key or "=" in key or "\0" in key or "\0" in value:
-            raise PlanError(f"plan env: {key[:80]!r} is not a variable name and value")
-    return env
-
-
 def _clean(path: str) -> str:
     """A container path compared as runc would mount it (no //, . or trailing /)."""
     return "/" + "/".join(p for p in path.split("/") if p and p != ".")
-
-
-def _object(parent: dict[str, Any], key: str, where: str) -> dict[str, Any]:
-    """A copy of parent[key] (created when missing), stored back in `parent`."""
-    value = _section(parent, key, dict, where)
-    copy = dict(value) if value is not None else {}
-    parent[key] = copy
-    return copy
-
-
-def _array(parent: dict[str, Any], key: str, where: str) -> list[Any]:
-    """A copy of parent[key] (created when missing), stored back in `parent`."""
-    value = _section(parent, key, list, where)
-    copy = list(value) if value is not None else []
-    parent[key] = copy
-    return copy
 
 
 def apply_plan(config: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
@@ -397,18 +249,20 @@ def apply_plan(config: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
     OciError when config.json has a section of the wrong type; PlanError when
     the plan is malformed."""
     if not isinstance(plan, dict):
-        raise PlanError(f"plan: {_kind(plan)}, expected an object")
-    devices, mounts = _plan_devices(plan), _plan_mounts(plan)
-    env, annotations = _plan_env(plan), _plan_map(plan, "annotations")
-    remove = _plan_list(plan, "remove_annotations")
+        raise PlanError(f"plan: {json_kind(plan)}, expected an object")
+    devices, mounts = plan_devices(plan), plan_mounts(plan)
+    env, annotations = plan_env(plan), plan_map(plan, "annotations")
+    remove = plan_list(plan, "remove_annotations")
     if not all(isinstance(k, str) for k in remove):
         raise PlanError("plan remove_annotations: expected an array of strings")
     out = dict(config)
 
     if devices:
-        linux = _object(out, "linux", "")
-        nodes = _array(linux, "devices", "linux.")
-        rules = _array(_object(linux, "resources", "linux."), "devices", "linux.resources.")
+        linux = copied_object(out, "linux", "")
+        nodes = copied_array(linux, "devices", "linux.")
+        rules = copied_array(
+            copied_object(linux, "resources", "linux."), "devices", "linux.resources."
+        )
         for dev in devices:
             nodes[:] = [
                 n for n in nodes if not (isinstance(n, dict) and n.get("path") == dev["path"])
@@ -425,14 +279,14 @@ def apply_plan(config: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
             rules.append(rule)
 
     if env:
-        process = _object(out, "process", "")
-        entries = _array(process, "env", "process.")
+        process = copied_object(out, "process", "")
+        entries = copied_array(process, "env", "process.")
         parse_env(entries)  # the same checks as bundle_info
         kept = [e for e in entries if e.partition("=")[0] not in env or "=" not in e]
         process["env"] = kept + [f"{k}={v}" for k, v in env.items()]
 
     if mounts:
-        listed = _array(out, "mounts", "")
+        listed = copied_array(out, "mounts", "")
         for i, m in enumerate(listed):
             if not isinstance(m, dict) or not isinstance(m.get("destination"), str):
                 raise OciError(f"mounts[{i}]: not an object with a destination")
@@ -442,7 +296,7 @@ def apply_plan(config: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
             listed.append(m)
 
     if annotations or remove:
-        current = _string_map(out, "annotations", "")
+        current = string_map(out, "annotations", "")
         current.update(annotations)
         for key in remove:
             current.pop(key, None)
