@@ -5,7 +5,7 @@ timestamps) and the durations `enable` reads from containerd's config
 (nri_gpushare.ops.containerd_config.parse_go_duration).
 
 Properties: decode_envelope never raises and fills a container ID, PID and
-exit status only from a payload of the topic's own type; _epoch gives a
+exit status only from a payload of the topic's own type; epoch gives a
 float or None for any timestamp; parse_go_duration a float or None.
 """
 
@@ -26,7 +26,7 @@ from nri_gpushare.host.containerd.client import (
 )
 from nri_gpushare.host.containerd.generated.containerd import events as ev
 from nri_gpushare.host.containerd.generated.containerd.services.events import v1 as events
-from nri_gpushare.host.containerd.reconcile import _epoch
+from nri_gpushare.host.containerd.verdicts import epoch
 from nri_gpushare.ops.containerd_config import parse_go_duration
 from tests.unit.test_fuzz_common import fuzz, text_with_odd_unicode
 
@@ -102,7 +102,7 @@ def test_event_envelopes(topic: str, type_url: str, payload: bytes, namespace: s
     )
 )
 def test_event_timestamps(stamp: object) -> None:
-    t = _epoch(stamp)
+    t = epoch(stamp)
     assert t is None or isinstance(t, float)
 
 

@@ -109,7 +109,7 @@ PARSERS: dict[str, tuple[str, ...]] = {
     "nri_gpushare.k8s.state": ("PluginState.update",),
     # containerd: events anyone with its socket can publish; its config's durations.
     "nri_gpushare.host.containerd.client": ("decode_envelope",),
-    "nri_gpushare.host.containerd.reconcile": ("_epoch",),
+    "nri_gpushare.host.containerd.verdicts": ("epoch",),
     "nri_gpushare.ops.containerd_config": ("parse_go_duration",),
 }
 

@@ -47,7 +47,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Protocol
 
 from nri_gpushare.host.containerd.client import (
@@ -59,6 +58,7 @@ from nri_gpushare.host.containerd.client import (
     Event,
     TaskInfo,
 )
+from nri_gpushare.host.containerd.verdicts import event_verdict, listing_verdict
 from nri_gpushare.share.model import LocalRef
 
 __all__ = ["TOPICS", "ContainerdAPI", "LocalOwner", "LocalRef", "Reconciler"]
@@ -329,7 +329,7 @@ class Reconciler:
             for task in await cd.tasks(namespace):
                 tasks[(namespace, task.id)] = task
         verdicts = [
-            (ref, _verdict(ref, tasks.get((ref.namespace, ref.container_id)))) for ref in due
+            (ref, listing_verdict(ref, tasks.get((ref.namespace, ref.container_id)))) for ref in due
         ]
         gone = [(ref, why) for ref, why in verdicts if why is not None]
         if gone:
@@ -369,40 +369,5 @@ class Reconciler:
         refs = [r for r in held if r.namespace == namespace and r.container_id == cid]
         if not refs:
             return None  # not ours (every Kubernetes container, for one)
-        ref = refs[0]
-        pid: int | None = None
-        if topic != CONTAINER_DELETE:  # /containers/delete has no pid
-            if type(event.pid) is int and event.pid > 0:
-                pid = event.pid
-            elif event.pid not in (None, 0):
-                return None  # a pid that is not one
-        when = _epoch(event.timestamp)
-        if ref.pid and pid is not None:
-            if pid != ref.pid:
-                return None  # an earlier incarnation's
-        elif when is None or when < ref.since:
-            return None  # older than the allocation, or undated
-        what = {TASK_EXIT: "exited", TASK_DELETE: "was deleted", CONTAINER_DELETE: "was deleted"}
-        subject = "the container" if topic == CONTAINER_DELETE else "its task"
-        detail = f" (pid {pid})" if pid is not None else ""
-        return ref, f"{subject} {what[topic]}{detail}: containerd event {topic}"
-
-
-def _verdict(ref: LocalRef, task: TaskInfo | None) -> str | None:
-    """Why the listing shows this allocation's container gone, or None."""
-    if task is None:
-        return "containerd has no task for the container"
-    if task.status == "stopped":
-        return f"its task (pid {task.pid}) has stopped"
-    if ref.pid and task.pid and task.pid != ref.pid:
-        return f"its task is a new one (pid {task.pid}, not {ref.pid})"
-    return None
-
-
-def _epoch(stamp: object) -> float | None:
-    if not isinstance(stamp, datetime):
-        return None
-    try:
-        return stamp.timestamp()
-    except (OverflowError, ValueError, OSError):
-        return None
+        why = event_verdict(refs[0], event)
+        return None if why is None else (refs[0], why)
