@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -226,7 +226,7 @@ class NvmlMemoryLimits:
 
         await self._call(call, f"clearing GPU {gpu}'s limit for {path}")
 
-    async def _call(self, fn: Any, what: str) -> None:
+    async def _call(self, fn: Callable[[], None], what: str) -> None:
         if self.worker is None:
             raise LimitError("NVML memory limits are not in use")
         try:
@@ -236,7 +236,7 @@ class NvmlMemoryLimits:
         except TimeoutError as e:
             raise LimitError(str(e)) from None
         except Exception as e:
-            raise LimitError(explain(e)) from None
+            raise LimitError(explain(e)) from e
 
 
 def _import_pynvml() -> ModuleType:

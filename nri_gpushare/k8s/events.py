@@ -222,8 +222,8 @@ def _post(settings: Settings, path: str, body: bytes, timeout: float) -> None:
         raise EventError(f"API server {settings.server!r} is not https://host:port")
     try:
         port = url.port or 443
-    except ValueError:
-        raise EventError(f"API server {settings.server!r} has a bad port") from None
+    except ValueError as exc:
+        raise EventError(f"API server {settings.server!r} has a bad port") from exc
     token = _read_small(Path(settings.token_file), "the service account token").strip()
     if not token or any(c.isspace() or not c.isprintable() for c in token):
         raise EventError(f"{settings.token_file}: not a service account token")
@@ -254,7 +254,7 @@ def _post(settings: Settings, path: str, body: bytes, timeout: float) -> None:
         raise EventError(
             f"TLS with {where} failed ({exc.reason or exc}): is {settings.ca_file} "
             "the cluster's CA?"
-        ) from None
+        ) from exc
     except (OSError, http.client.HTTPException) as exc:
         raise EventError(
             f"cannot reach {where}: {exc}; is the address right and the API server "
