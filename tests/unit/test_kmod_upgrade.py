@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from nri_gpushare.ops import kmod_upgrade as up
+from nri_gpushare.ops import kmod_upgrade_state as saved
+from nri_gpushare.ops import kmod_upgrade_steps as steps
 from nri_gpushare.share.kernel import (
     GpuQuota,
     KmodError,
@@ -94,7 +96,7 @@ class FakeHost:
             self._step("import")
             if self.state == "exported" or (self.state == "live" and self.adds()):
                 raise OSError(errno.EBUSY, "busy")
-            state = up.ModuleState.parse(text)
+            state = saved.ModuleState.parse(text)
             assert state.state == "exported", "only an exported state is taken"
             self.lines = [line for line in state.lines if line not in self.drop_on_import]
             self.state = "live"
@@ -128,48 +130,48 @@ class FakeHost:
 
 
 def run(host: FakeHost, tmp_path: Path, module: Path | None = NEW) -> tuple[int, str]:
-    return up.Upgrade(host, tmp_path / up.STATE_FILE, module=module).run()
+    return steps.Upgrade(host, tmp_path / saved.STATE_FILE, module=module).run()
 
 
 def saved_lines(tmp_path: Path) -> tuple[str, ...] | None:
-    path = tmp_path / up.STATE_FILE
-    return up.load_saved(path)[1].lines if path.exists() else None
+    path = tmp_path / saved.STATE_FILE
+    return saved.load_saved(path)[1].lines if path.exists() else None
 
 
 def test_upgrade_moves_the_whole_state(tmp_path: Path) -> None:
     host = FakeHost()
     code, message = run(host, tmp_path)
-    assert code == up.EXIT_OK, message
+    assert code == steps.EXIT_OK, message
     assert message.startswith("upgraded gpushare 0.1.0 -> 0.2.0: 2 containers, 2 bindings")
     assert (host.version, host.state, tuple(host.lines)) == ("0.2.0", "live", LINES)
     assert host.calls == ["export", "unload", "load /new.ko", "import"]
-    assert not (tmp_path / up.STATE_FILE).exists()
-    [kept] = tmp_path.glob(f"{up.STATE_FILE}.imported-*")
-    assert up.load_saved(kept) == ("boot-1", up.ModuleState("0.1.0", "exported", LINES))
+    assert not (tmp_path / saved.STATE_FILE).exists()
+    [kept] = tmp_path.glob(f"{saved.STATE_FILE}.imported-*")
+    assert saved.load_saved(kept) == ("boot-1", saved.ModuleState("0.1.0", "exported", LINES))
 
 
 def test_refused_while_the_device_is_open_changes_nothing(tmp_path: Path) -> None:
     host = FakeHost()
     host.open_files = [(4242, "python3")]
     code, message = run(host, tmp_path)
-    assert code == up.EXIT_REFUSED
+    assert code == steps.EXIT_REFUSED
     assert "/dev/gpushare is open, held by PID 4242 (python3)" in message
     assert "Nothing was changed" in message and "nri-gpushare uninstall" in message
     assert (host.version, host.state, tuple(host.lines)) == ("0.1.0", "live", LINES)
-    assert [p.name for p in tmp_path.iterdir()] == [f"{up.STATE_FILE}.lock"], "no state saved"
+    assert [p.name for p in tmp_path.iterdir()] == [f"{saved.STATE_FILE}.lock"], "no state saved"
 
 
 def test_not_loaded_and_nothing_saved(tmp_path: Path) -> None:
     host = FakeHost()
     host.loaded = False
-    assert run(host, tmp_path) == (up.EXIT_REFUSED, "gpushare is not loaded: nothing to upgrade")
+    assert run(host, tmp_path) == (steps.EXIT_REFUSED, "gpushare is not loaded: nothing to upgrade")
 
 
 def test_new_module_fails_to_load_rolls_back(tmp_path: Path) -> None:
     host = FakeHost()
     host.fail["load /new.ko"] = errno.ENOEXEC
     code, message = run(host, tmp_path)
-    assert code == up.EXIT_FAILED
+    assert code == steps.EXIT_FAILED
     assert "loading /new.ko failed" in message and "rolled back" in message
     assert (host.version, tuple(host.lines)) == ("0.1.5", LINES)
 
@@ -179,14 +181,14 @@ def test_everything_fails_leaves_the_file_and_instructions(tmp_path: Path) -> No
     host.fail["load /new.ko"] = errno.ENOEXEC
     host.fail["load None"] = errno.ENOENT
     code, message = run(host, tmp_path)
-    assert code == up.EXIT_FAILED and not host.loaded
+    assert code == steps.EXIT_FAILED and not host.loaded
     assert "the rollback failed too" in message
-    assert f"tail -n +2 {tmp_path / up.STATE_FILE} | dd of=/proc/gpushare/upgrade" in message
+    assert f"tail -n +2 {tmp_path / saved.STATE_FILE} | dd of=/proc/gpushare/upgrade" in message
     assert saved_lines(tmp_path) == LINES
     # Once the cause is fixed, a rerun finishes the job.
     del host.fail["load /new.ko"], host.fail["load None"]
     code, message = run(host, tmp_path)
-    assert code == up.EXIT_OK, message
+    assert code == steps.EXIT_OK, message
     assert (host.version, tuple(host.lines)) == ("0.2.0", LINES)
 
 
@@ -194,7 +196,7 @@ def test_import_refused_rolls_back(tmp_path: Path) -> None:
     host = FakeHost()
     host.fail["import"] = errno.EINVAL
     code, message = run(host, tmp_path)
-    assert code == up.EXIT_FAILED
+    assert code == steps.EXIT_FAILED
     assert "gpushare 0.2.0 refused the state: Invalid argument" in message
     # The fault stays: the rollback's import is refused too; the file stays.
     assert "the rollback failed too" in message and saved_lines(tmp_path) == LINES
@@ -204,17 +206,17 @@ def test_rmmod_refused_undoes_the_export(tmp_path: Path) -> None:
     host = FakeHost()
     host.fail["unload"] = errno.EAGAIN
     code, message = run(host, tmp_path)
-    assert code == up.EXIT_FAILED and "the export was undone" in message
+    assert code == steps.EXIT_FAILED and "the export was undone" in message
     assert (host.version, host.state, tuple(host.lines)) == ("0.1.0", "live", LINES)
-    assert not (tmp_path / up.STATE_FILE).exists()
-    assert len(list(tmp_path.glob(f"{up.STATE_FILE}.aborted-*"))) == 1
+    assert not (tmp_path / saved.STATE_FILE).exists()
+    assert len(list(tmp_path.glob(f"{saved.STATE_FILE}.aborted-*"))) == 1
 
 
 def test_a_mismatch_after_the_import_keeps_the_file(tmp_path: Path) -> None:
     host = FakeHost()
     host.drop_on_import = {"set 0 policy 3"}
     code, message = run(host, tmp_path)
-    assert code == up.EXIT_FAILED
+    assert code == steps.EXIT_FAILED
     assert "missing after the import: set 0 policy 3" in message
     assert saved_lines(tmp_path) == LINES
 
@@ -223,7 +225,7 @@ def test_a_binding_whose_cgroup_went_is_reported(tmp_path: Path) -> None:
     host = FakeHost()
     host.drop_on_import = {"bind b 8"}
     code, message = run(host, tmp_path)
-    assert code == up.EXIT_OK, message
+    assert code == steps.EXIT_OK, message
     assert "1 bindings" in message and "not bound again" in message and "  bind b 8" in message
 
 
@@ -235,15 +237,15 @@ def test_killed_at_any_step_a_rerun_finishes(
 ) -> None:
     host = FakeHost()
     if step in ("save", "after-save"):
-        real = up.save_state
+        real = saved.save_state
 
-        def save(path: Path, state: up.ModuleState, boot: str) -> None:
+        def save(path: Path, state: saved.ModuleState, boot: str) -> None:
             if step == "after-save":
                 real(path, state, boot)
-            monkeypatch.setattr(up, "save_state", real)
+            monkeypatch.setattr(steps, "save_state", real)
             raise Killed(step)
 
-        monkeypatch.setattr(up, "save_state", save)
+        monkeypatch.setattr(steps, "save_state", save)
     else:
         host.kill_at = step
     with pytest.raises(Killed):
@@ -251,7 +253,7 @@ def test_killed_at_any_step_a_rerun_finishes(
     # Nothing is lost: the module or the saved file holds every line.
     assert tuple(host.lines) == LINES or saved_lines(tmp_path) == LINES
     code, message = run(host, tmp_path)
-    assert code == up.EXIT_OK, message
+    assert code == steps.EXIT_OK, message
     assert (host.version, host.state, tuple(host.lines)) == ("0.2.0", "live", LINES)
 
 
@@ -265,26 +267,26 @@ def test_a_state_saved_before_a_reboot_is_never_imported(tmp_path: Path) -> None
     host.fail.clear()
     host.load(PROBED)  # modules-load.d at boot
     code, message = run(host, tmp_path)
-    assert code == up.EXIT_FAILED and "there is none" in message and "'abort'" in message
+    assert code == steps.EXIT_FAILED and "there is none" in message and "'abort'" in message
     assert host.lines == []
-    assert len(list(tmp_path.glob(f"{up.STATE_FILE}.stale-*"))) == 1
+    assert len(list(tmp_path.glob(f"{saved.STATE_FILE}.stale-*"))) == 1
 
 
 def test_unfinished_state_and_a_busy_module_refuses(tmp_path: Path) -> None:
     host = FakeHost()
-    up.save_state(
-        tmp_path / up.STATE_FILE, up.ModuleState("0.0.9", "exported", ("gpu 0 1",)), "boot-1"
+    saved.save_state(
+        tmp_path / saved.STATE_FILE, saved.ModuleState("0.0.9", "exported", ("gpu 0 1",)), "boot-1"
     )
     code, message = run(host, tmp_path)
-    assert code == up.EXIT_REFUSED and "unfinished upgrade" in message
+    assert code == steps.EXIT_REFUSED and "unfinished upgrade" in message
     assert tuple(host.lines) == LINES and host.state == "live"
 
 
 def test_state_parsing_refuses_other_formats() -> None:
-    with pytest.raises(up.UpgradeError, match="format 2"):
-        up.ModuleState.parse("gpushare-upgrade 2 0.3.0 exported\n")
-    with pytest.raises(up.UpgradeError, match="not a gpushare state"):
-        up.ModuleState.parse("gpu 0 1\n")
+    with pytest.raises(saved.UpgradeError, match="format 2"):
+        saved.ModuleState.parse("gpushare-upgrade 2 0.3.0 exported\n")
+    with pytest.raises(saved.UpgradeError, match="not a gpushare state"):
+        saved.ModuleState.parse("gpu 0 1\n")
 
 
 def test_the_cli_registers_the_command() -> None:
@@ -416,11 +418,11 @@ def test_an_unusable_state_dir_is_found_before_the_export(tmp_path: Path) -> Non
     host = FakeHost()
     blocked = tmp_path / "file"
     blocked.write_text("")
-    code, message = up.Upgrade(host, blocked / "sub" / up.STATE_FILE, module=NEW).run()
-    assert code == up.EXIT_FAILED and "runs on (live); nothing was lost" in message
+    code, message = steps.Upgrade(host, blocked / "sub" / saved.STATE_FILE, module=NEW).run()
+    assert code == steps.EXIT_FAILED and "runs on (live); nothing was lost" in message
     assert host.calls == [] and host.state == "live" and tuple(host.lines) == LINES
     code, message = run(host, tmp_path)  # a writable one: goes
-    assert code == up.EXIT_OK, message
+    assert code == steps.EXIT_OK, message
 
 
 def test_a_state_dir_that_breaks_after_the_export_leaves_the_module_frozen(
@@ -428,17 +430,17 @@ def test_a_state_dir_that_breaks_after_the_export_leaves_the_module_frozen(
 ) -> None:
     host = FakeHost()
 
-    def full(path: Path, state: up.ModuleState, boot: str) -> None:
+    def full(path: Path, state: saved.ModuleState, boot: str) -> None:
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(up, "save_state", full)
+    monkeypatch.setattr(steps, "save_state", full)
     code, message = run(host, tmp_path)
-    assert code == up.EXIT_FAILED
+    assert code == steps.EXIT_FAILED
     assert "frozen (exported) and still holds every registration" in message
     assert host.state == "exported" and tuple(host.lines) == LINES and host.loaded
     monkeypatch.undo()
     code, message = run(host, tmp_path)  # fixed: carries on
-    assert code == up.EXIT_OK, message
+    assert code == steps.EXIT_OK, message
 
 
 def test_a_second_upgrade_at_the_same_time_is_refused(tmp_path: Path) -> None:
@@ -453,8 +455,8 @@ def test_a_second_upgrade_at_the_same_time_is_refused(tmp_path: Path) -> None:
 
     host.write_state = export_then_second  # type: ignore[method-assign]
     code, message = run(host, tmp_path)
-    assert code == up.EXIT_OK, message
-    assert inner[0][0] == up.EXIT_REFUSED and "another nri-gpushare kmod-upgrade" in inner[0][1]
+    assert code == steps.EXIT_OK, message
+    assert inner[0][0] == steps.EXIT_REFUSED and "another nri-gpushare kmod-upgrade" in inner[0][1]
     assert (host.version, host.state, tuple(host.lines)) == ("0.2.0", "live", LINES)
 
 
@@ -464,7 +466,7 @@ def test_killed_after_the_import_a_rerun_finishes(tmp_path: Path) -> None:
 
     def write_then_die(text: str) -> None:
         real(text)
-        if text.startswith(up.MAGIC):
+        if text.startswith(saved.MAGIC):
             raise Killed("after the import")
 
     host.write_state = write_then_die  # type: ignore[method-assign]
@@ -472,9 +474,9 @@ def test_killed_after_the_import_a_rerun_finishes(tmp_path: Path) -> None:
         run(host, tmp_path)
     assert (host.state, tuple(host.lines)) == ("live", LINES) and saved_lines(tmp_path) == LINES
     code, message = run(host, tmp_path)
-    assert code == up.EXIT_OK, message
-    assert not (tmp_path / up.STATE_FILE).exists()
-    assert len(list(tmp_path.glob(f"{up.STATE_FILE}.imported-*"))) == 1
+    assert code == steps.EXIT_OK, message
+    assert not (tmp_path / saved.STATE_FILE).exists()
+    assert len(list(tmp_path.glob(f"{saved.STATE_FILE}.imported-*"))) == 1
 
 
 @pytest.mark.parametrize("how", ["file 0666", "file 0620", "symlink", "dir 0777", "dir 0775"])
@@ -485,7 +487,7 @@ def test_a_state_another_user_could_have_written_is_never_imported(
     host.fail["load /new.ko"] = errno.ENOEXEC
     host.fail["load None"] = errno.ENOENT
     run(host, tmp_path)  # leaves the module unloaded and the state saved
-    path = tmp_path / up.STATE_FILE
+    path = tmp_path / saved.STATE_FILE
     assert saved_lines(tmp_path) == LINES and not host.loaded
     host.fail.clear()
     what, _, mode = how.partition(" ")
@@ -499,7 +501,7 @@ def test_a_state_another_user_could_have_written_is_never_imported(
         path.symlink_to(planted)
     host.calls.clear()
     code, message = run(host, tmp_path)
-    assert code == up.EXIT_FAILED and "another user could have written it" in message
+    assert code == steps.EXIT_FAILED and "another user could have written it" in message
     assert host.calls == [] and not host.loaded, "nothing loaded, nothing imported"
     tmp_path.chmod(0o700)
 
@@ -508,15 +510,15 @@ def test_a_writable_state_dir_is_refused_before_the_export(tmp_path: Path) -> No
     host = FakeHost()
     tmp_path.chmod(0o777)
     code, message = run(host, tmp_path)
-    assert code == up.EXIT_FAILED and "another user could have written it" in message
+    assert code == steps.EXIT_FAILED and "another user could have written it" in message
     assert host.calls == [] and host.state == "live"
     tmp_path.chmod(0o700)
 
 
 def test_the_state_dir_is_created_private(tmp_path: Path) -> None:
     host = FakeHost()
-    code, message = up.Upgrade(host, tmp_path / "new" / up.STATE_FILE, module=NEW).run()
-    assert code == up.EXIT_OK, message
+    code, message = steps.Upgrade(host, tmp_path / "new" / saved.STATE_FILE, module=NEW).run()
+    assert code == steps.EXIT_OK, message
     assert (tmp_path / "new").stat().st_mode & 0o777 == 0o700
 
 
@@ -526,12 +528,12 @@ def test_a_device_opened_right_after_the_import_is_no_failure(tmp_path: Path) ->
 
     def import_then_open(text: str) -> None:
         real(text)
-        if text.startswith(up.MAGIC):  # a CUDA program starts at once
+        if text.startswith(saved.MAGIC):  # a CUDA program starts at once
             host.open_files.append((4242, "python3"))
 
     host.write_state = import_then_open  # type: ignore[method-assign]
     code, message = run(host, tmp_path)
-    assert code == up.EXIT_OK, message
+    assert code == steps.EXIT_OK, message
     assert host.refcount() == len([line for line in LINES if line.startswith("add ")]) + 1
 
 
@@ -542,5 +544,5 @@ def test_a_reference_missing_after_the_import_is_a_failure(
     real = host.refcount
     monkeypatch.setattr(host, "refcount", lambda: (real() or 1) - 1)
     code, message = run(host, tmp_path)
-    assert code == up.EXIT_FAILED and "reference count 1, but 2 containers" in message
+    assert code == steps.EXIT_FAILED and "reference count 1, but 2 containers" in message
     assert saved_lines(tmp_path) == LINES, "the saved state stays"
