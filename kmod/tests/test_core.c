@@ -6,18 +6,6 @@
  */
 #include "test_core.h"
 
-int passed, failed;
-
-void check(bool ok, const char *what, const char *file, int line)
-{
-	if (ok) {
-		passed++;
-		return;
-	}
-	failed++;
-	fprintf(stderr, "%s:%d: FAILED: %s\n", file, line, what);
-}
-
 /* Parse a copy of @text; the command lands in @cmd. */
 int parse(const char *text, struct gs_cmd *cmd)
 {

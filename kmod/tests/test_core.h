@@ -8,13 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "check.h"
 #include "gs_core.h"
 
-extern int passed, failed;
-
-#define CHECK(cond) check((cond), #cond, __FILE__, __LINE__)
-
-void check(bool ok, const char *what, const char *file, int line);
 int parse(const char *text, struct gs_cmd *cmd);
 
 /* test_core_grammar.c */

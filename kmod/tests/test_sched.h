@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "gs_sched.h"
 
 #define US		1000ull
@@ -19,12 +20,6 @@
 #define MAXC		8
 #define MAXP		16
 #define ARRAY_SIZE(a)	(sizeof(a) / sizeof((a)[0]))
-
-extern int passed, failed;
-
-#define CHECK(cond) check((cond), #cond, __FILE__, __LINE__)
-
-void check(bool ok, const char *what, const char *file, int line);
 
 /* A share in percent is within @tol points of @want. */
 static inline bool near(double got, double want, double tol)

@@ -6,18 +6,6 @@
  */
 #include "test_sched.h"
 
-int passed, failed;
-
-void check(bool ok, const char *what, const char *file, int line)
-{
-	if (ok) {
-		passed++;
-		return;
-	}
-	failed++;
-	fprintf(stderr, "%s:%d: FAILED: %s\n", file, line, what);
-}
-
 struct sim sim;
 
 void sim_init(u32 policy, u64 slice_ns)
