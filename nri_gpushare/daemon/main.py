@@ -39,9 +39,7 @@ from nri_gpushare.daemon.status import StatusServer
 from nri_gpushare.host.containerd.client import ContainerdClient, ContainerdUnavailable
 from nri_gpushare.host.containerd.reconcile import Reconciler
 from nri_gpushare.host.devices import (
-    BlockingWorker,
     HostDevices,
-    ModuleMemInfo,
     cgroup_of,
     kill_container,
     library_problem,
@@ -49,9 +47,11 @@ from nri_gpushare.host.devices import (
     write_preload_file,
 )
 from nri_gpushare.host.driver_limits import NvmlMemoryLimits
+from nri_gpushare.host.kmod_worker import OffLoopKernelModule
+from nri_gpushare.host.meminfo import ModuleMemInfo
 from nri_gpushare.host.statefile import StateDirError, StateFile
+from nri_gpushare.host.worker import BlockingWorker
 from nri_gpushare.k8s.events import PodRef, post_pod_event
-from nri_gpushare.kmod.worker import OffLoopKernelModule
 from nri_gpushare.nri.api import nri
 from nri_gpushare.nri.api.lite import Adjustment, ContainerView, Device, MountSpec, PodSandboxView
 from nri_gpushare.nri.stub import EventMask, Plugin, PluginError, Stub

@@ -10,8 +10,6 @@ looked up here so that the domain works on plain values.
 - `kill_container`: the node's `unserved: deny` action.
 - `library_problem`, `write_preload_file`: the interposer's file on the node,
   and the one-line file mounted over a container's /etc/ld.so.preload.
-- `BlockingWorker`: blocking calls (NVML, procfs) awaited off the event loop.
-- `ModuleMemInfo`: memory in use per container and GPU, from gpushare.ko.
 
 NVIDIA's nodes: /dev/nvidiactl and /dev/nvidia<minor> have the fixed major 195
 (nvidiactl is minor 255); where the host lacks them (no driver, test machines)
@@ -22,23 +20,18 @@ kernel module's control device (/dev/gpushare).
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import logging
 import os
-import queue
 import signal
 import stat as statmod
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any
 
 from nri_gpushare.host.statefile import replace_file
 from nri_gpushare.share.model import DeviceNode, Gpu
-from nri_gpushare.share.usage import MemoryUse
 from nri_gpushare.units import quote
 
 log = logging.getLogger(__name__)
@@ -301,103 +294,3 @@ def write_preload_file(directory: str, text: str) -> str:
     finally:
         os.close(dir_fd)
     return path
-
-
-# -- blocking calls off the event loop ------------------------------------------------
-
-T = TypeVar("T")
-
-
-class BlockingWorker:
-    """Blocking calls (NVML, procfs reads) on one daemon thread, awaited under
-    a timeout.  Calls run one at a time in order; while one has run past the
-    timeout (a hung driver or kernel), new calls fail at once with
-    TimeoutError instead of each waiting out the timeout."""
-
-    def __init__(self, name: str, timeout: float = 0.5) -> None:
-        self.name = name
-        self.timeout = timeout
-        self._jobs: queue.SimpleQueue[
-            tuple[concurrent.futures.Future[Any], Callable[[], Any]] | None
-        ] = queue.SimpleQueue()
-        self._started: float | None = None
-        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
-        self._thread.start()
-
-    async def call(self, fn: Callable[[], T], what: str) -> T:
-        started = self._started
-        if started is not None and time.monotonic() - started > self.timeout:
-            raise TimeoutError(
-                f"{self.name} has not answered for {time.monotonic() - started:.1f} s; "
-                f"{what} was not attempted"
-            )
-        job: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._jobs.put((job, fn))
-        waiter = asyncio.wrap_future(job)
-        done, _ = await asyncio.wait({waiter}, timeout=self.timeout)
-        if waiter in done:
-            return waiter.result()
-        waiter.add_done_callback(lambda f: f.cancelled() or f.exception())
-        job.cancel()  # dropped if it has not started
-        raise TimeoutError(f"{self.name} did not answer within {self.timeout:g} s ({what})")
-
-    def close(self) -> None:
-        self._jobs.put(None)
-
-    def _work(self) -> None:
-        while (item := self._jobs.get()) is not None:
-            job, fn = item
-            if not job.set_running_or_notify_cancel():
-                continue
-            self._started = time.monotonic()
-            try:
-                job.set_result(fn())
-            except BaseException as e:  # noqa: BLE001 - handed to the caller
-                job.set_exception(e)
-            finally:
-                self._started = None
-
-
-# -- memory in use, from the kernel module ----------------------------------------------
-
-
-class ModuleMemInfo:
-    """`MemoryUsage` from gpushare.ko's meminfo (/proc/gpushare/<gpu>/<id>/meminfo),
-    read on a worker thread.  `client` is the module's procfs client: its
-    `meminfo(gpu, container_id)` gives `free` and `processes` (pid -> bytes),
-    and `used` (memsize - free) when it read memsize; else used is the quota
-    minus free."""
-
-    def __init__(self, client: object, worker: BlockingWorker) -> None:
-        self.client = client
-        self.worker = worker
-
-    async def usage(
-        self, wanted: Sequence[tuple[int, str, int]]
-    ) -> dict[tuple[int, str], MemoryUse]:
-        read = getattr(self.client, "meminfo", None)
-        if read is None:
-            why = "unknown: this plugin's kernel-module client cannot read meminfo"
-            return {(gpu, cid): MemoryUse(None, {}, why) for gpu, cid, _ in wanted}
-
-        def batch() -> dict[tuple[int, str], MemoryUse]:
-            out = {}
-            for gpu, cid, quota in wanted:
-                try:
-                    info = read(gpu, cid)
-                    processes = {int(p): int(b) for p, b in dict(info.processes).items()}
-                    used = getattr(info, "used", None)  # memsize - free, of one moment
-                    if not isinstance(used, int) or not getattr(info, "memsize", 0):
-                        used = quota - int(info.free)
-                    out[gpu, cid] = MemoryUse(max(0, used), processes, "")
-                except Exception as e:  # noqa: BLE001 - one unreadable entry is shown as such
-                    out[gpu, cid] = MemoryUse(None, {}, f"unknown: meminfo unreadable ({e})")
-            return out
-
-        try:
-            return await self.worker.call(batch, "reading meminfo")
-        except TimeoutError as e:
-            return {(gpu, cid): MemoryUse(None, {}, f"unknown: {e}") for gpu, cid, _ in wanted}
-
-    def close(self) -> None:
-        self.worker.close()

@@ -31,7 +31,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from nri_gpushare.host.devices import BlockingWorker
+from nri_gpushare.host.worker import BlockingWorker
 from nri_gpushare.kmod.cgroup import cgroup2_mounts, cgroup_v2_path
 from nri_gpushare.share.limits import LimitError
 from nri_gpushare.share.model import Gpu

@@ -6,7 +6,7 @@ errno answers become the client interface's exceptions (`refusals`), its
 files plain values (`readings`), a runtime's cgroup name the path the module
 resolves (`cgroup`).  Every call blocks until the
 kernel answers: the plugin runs this client off its event loop, under a
-timeout (`nri_gpushare.kmod.worker`); the CLI and the tests call it directly.
+timeout (`nri_gpushare.host.kmod_worker`); the CLI and the tests call it directly.
 """
 
 from __future__ import annotations

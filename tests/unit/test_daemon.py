@@ -15,8 +15,8 @@ from nri_gpushare.daemon.main import (
     kmod_worker,
 )
 from nri_gpushare.daemon.status import StatusServer
+from nri_gpushare.host.kmod_worker import OffLoopKernelModule
 from nri_gpushare.host.sockets import query_status
-from nri_gpushare.kmod.worker import OffLoopKernelModule
 from nri_gpushare.nri.api import lite, nri
 from nri_gpushare.nri.api.lite import ContainerView, PodSandboxView
 from nri_gpushare.nri.stub import PluginError

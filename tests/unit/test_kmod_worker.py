@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from nri_gpushare.host.kmod_worker import OffLoopKernelModule
 from nri_gpushare.kmod.procfs import ProcfsKernelModule
-from nri_gpushare.kmod.worker import OffLoopKernelModule
 from nri_gpushare.share.kernel import GpuDeclaration, GpuQuota, KmodError, Registration
 from tests.fakes import FakeKernelModule
 

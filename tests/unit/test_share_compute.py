@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nri_gpushare.host.devices import BlockingWorker
+from nri_gpushare.host.worker import BlockingWorker
 from nri_gpushare.kmod.procfs import ProcfsKernelModule
 from nri_gpushare.share.kernel import (
     GpuQuota,

@@ -4,7 +4,8 @@ meminfo, through a fake), and the guards of each share."""
 import threading
 from dataclasses import dataclass, field
 
-from nri_gpushare.host.devices import BlockingWorker, ModuleMemInfo
+from nri_gpushare.host.meminfo import ModuleMemInfo
+from nri_gpushare.host.worker import BlockingWorker
 from nri_gpushare.share.kernel import NotRegistered
 from nri_gpushare.share.model import STANDALONE_SOURCES, ContainerInfo, InterposerPolicy, NodePolicy
 from nri_gpushare.share.service import ShareService

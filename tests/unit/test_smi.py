@@ -12,7 +12,8 @@ import pytest
 
 from nri_gpushare.cli import main as cli
 from nri_gpushare.cli import smi
-from nri_gpushare.host.devices import BlockingWorker, ModuleMemInfo
+from nri_gpushare.host.meminfo import ModuleMemInfo
+from nri_gpushare.host.worker import BlockingWorker
 from nri_gpushare.share.model import STANDALONE_SOURCES, ContainerInfo, InterposerPolicy, NodePolicy
 from nri_gpushare.share.service import ShareService
 from tests.fakes import FakeDevices, FakeKernelModule, GiB, Inline, MiB, done, make_gpus
