@@ -54,7 +54,7 @@ def load_module(args: argparse.Namespace) -> int:
     if not config.kmod_load:
         _say(f"kmod_load is false in the config: not loading {MODULE}")
         return 0
-    from nri_gpushare.ops.kmod_upgrade import STATE_FILE
+    from nri_gpushare.ops.kmod_upgrade_state import STATE_FILE
 
     pending = os.path.join(config.state_dir, STATE_FILE)
     if os.path.lexists(pending):

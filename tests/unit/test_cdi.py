@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from nri_gpushare.local.client import DEFAULT_SOCKET
-from nri_gpushare.ops import cdi
+from nri_gpushare.ops import cdi, cdi_spec
 from nri_gpushare.share.model import Allocation, Gpu, GpuShare, InterposerPolicy
 from nri_gpushare.share.plan import injection_plan
 from tests.fakes import FakeDevices
@@ -62,7 +62,7 @@ def hooks(*extra):
 
 
 def spec_of(gpus=(GPU_B, GPU_A), devices=None, interposer=INTERPOSER, **kw):
-    return cdi.build_spec(
+    return cdi_spec.build_spec(
         list(gpus), devices or FakeDevices(uvm=True, control=True), interposer, HOOK, **kw
     )
 
@@ -103,13 +103,13 @@ def test_two_gpu_spec_whole():
 
 
 def test_device_names_are_valid_cdi_names():
-    names = cdi.device_names(spec_of())
+    names = cdi_spec.device_names(spec_of())
     assert names == ["0", "1", UUID_A, UUID_B, "all"]
-    assert all(cdi.valid_device_name(n) for n in names)
+    assert all(cdi_spec.valid_device_name(n) for n in names)
     for bad in ("", "-0", "0-", "GPU-a/b", "a b", "_x", "x."):
-        assert not cdi.valid_device_name(bad), bad
+        assert not cdi_spec.valid_device_name(bad), bad
     for good in ("0", "15", "a", "GPU-a_b.c:d", "MIG-1"):
-        assert cdi.valid_device_name(good), good
+        assert cdi_spec.valid_device_name(good), good
 
 
 def test_a_uuid_that_is_no_cdi_name_is_refused():
@@ -157,7 +157,7 @@ def test_hooks_carry_a_custom_socket():
 
 def test_hook_path_must_be_absolute():
     with pytest.raises(cdi.CdiError, match="not absolute"):
-        cdi.build_spec([GPU_A], FakeDevices(), None, "nri-gpushare")
+        cdi_spec.build_spec([GPU_A], FakeDevices(), None, "nri-gpushare")
 
 
 def test_no_gpus_no_spec():
@@ -219,17 +219,17 @@ def test_control_device_and_uvm_only_when_present():
 
 def test_minimum_version_rules():
     base = {"kind": "gpushare.io/gpu", "devices": [{"name": "a", "containerEdits": {}}]}
-    assert cdi.minimum_version(base) == "0.3.0"
+    assert cdi_spec.minimum_version(base) == "0.3.0"
     mount = {"mounts": [{"hostPath": "/a", "containerPath": "/b", "type": "bind"}]}
-    assert cdi.minimum_version({**base, "containerEdits": mount}) == "0.4.0"
+    assert cdi_spec.minimum_version({**base, "containerEdits": mount}) == "0.4.0"
     digit = {**base, "devices": [{"name": "0", "containerEdits": {}}]}
-    assert cdi.minimum_version(digit) == "0.5.0"
+    assert cdi_spec.minimum_version(digit) == "0.5.0"
     host_path = {"deviceNodes": [{"path": "/dev/x", "hostPath": "/dev/y"}]}
-    assert cdi.minimum_version({**base, "containerEdits": host_path}) == "0.5.0"
-    assert cdi.minimum_version({**base, "annotations": {"a": "b"}}) == "0.6.0"
-    assert cdi.minimum_version({**base, "kind": "gpushare.io/g.pu"}) == "0.6.0"
+    assert cdi_spec.minimum_version({**base, "containerEdits": host_path}) == "0.5.0"
+    assert cdi_spec.minimum_version({**base, "annotations": {"a": "b"}}) == "0.6.0"
+    assert cdi_spec.minimum_version({**base, "kind": "gpushare.io/g.pu"}) == "0.6.0"
     # ours: device names begin with a digit (and mounts have a type)
-    assert spec_of()["cdiVersion"] == cdi.minimum_version(spec_of()) == "0.5.0"
+    assert spec_of()["cdiVersion"] == cdi_spec.minimum_version(spec_of()) == "0.5.0"
     assert spec_of(interposer=None)["cdiVersion"] == "0.5.0"
 
 
@@ -298,7 +298,7 @@ def test_generate_writes_json_atomically_mode_0644(node_config, tmp_path, capsys
         assert stat.S_IMODE(directory.stat().st_mode) == 0o755
     assert os.listdir(out.parent) == [out.name]  # no temporary file left
     spec = json.loads(out.read_text())
-    assert spec == cdi.build_spec(
+    assert spec == cdi_spec.build_spec(
         [GPU_A, GPU_B], FakeDevices(uvm=True, control=True), None, HOOK, DEFAULT_SOCKET
     )
     lines = capsys.readouterr().out.splitlines()
@@ -335,7 +335,7 @@ def test_format_from_suffix_or_flag(node_config, tmp_path, name, args, fmt):
     out = tmp_path / name
     assert generate("--config", node_config(), "--output", str(out), *args) == 0
     text = out.read_text()
-    expected = cdi.build_spec(
+    expected = cdi_spec.build_spec(
         [GPU_A, GPU_B], FakeDevices(uvm=True, control=True), None, HOOK, DEFAULT_SOCKET
     )
     if fmt == "json":
@@ -350,7 +350,7 @@ def test_stdout(node_config, tmp_path, capsys):
     assert generate("--config", node_config(), "--output", "-") == 0
     captured = capsys.readouterr()
     spec = json.loads(captured.out)  # the spec and nothing else
-    assert cdi.device_names(spec) == ["0", "1", UUID_A, UUID_B, "all"]
+    assert cdi_spec.device_names(spec) == ["0", "1", UUID_A, UUID_B, "all"]
     assert "wrote" not in captured.err
 
 
@@ -449,7 +449,7 @@ def test_nvml_inventory_beats_the_static_one(node_config, capsys):
     nvml = FakeNvml([{"uuid": "GPU-cccccccc-0000-0000-0000-000000000000", "minor": 3}])
     assert generate("--config", config, "--output", "-", nvml=nvml) == 0
     spec = json.loads(capsys.readouterr().out)
-    assert cdi.device_names(spec) == ["0", "GPU-cccccccc-0000-0000-0000-000000000000", "all"]
+    assert cdi_spec.device_names(spec) == ["0", "GPU-cccccccc-0000-0000-0000-000000000000", "all"]
     assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [node("/dev/nvidia3", 195, 3)]
 
 
