@@ -220,6 +220,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
 
 def build_parser() -> argparse.ArgumentParser:
     from nri_gpushare.config import DEFAULT_STATUS_SOCKET
+    from nri_gpushare.names import PROC_ROOT
 
     parser = argparse.ArgumentParser(prog="nri-gpushare", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -238,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     uninstall = sub.add_parser(
         "uninstall", help="unload gpushare.ko (refused while containers are registered)"
     )
-    uninstall.add_argument("--kmod-root", default="/proc/gpushare")
+    uninstall.add_argument("--kmod-root", default=PROC_ROOT)
     uninstall.set_defaults(func=_uninstall)
 
     for module in _COMMAND_MODULES:

@@ -11,7 +11,7 @@ import select
 import pytest
 
 from nri_gpushare.cli import main as cli
-from nri_gpushare.cli import smi
+from nri_gpushare.cli import smi, smi_table, smi_view
 from nri_gpushare.host.meminfo import ModuleMemInfo
 from nri_gpushare.host.worker import BlockingWorker
 from nri_gpushare.share.model import STANDALONE_SOURCES, ContainerInfo, InterposerPolicy, NodePolicy
@@ -23,7 +23,7 @@ P = "gpushare.io/"
 
 
 def test_view_sums_known_use_and_says_why_when_unknown():
-    doc = smi.view(status(), now=0)
+    doc = smi_view.view(status(), now=0)
     assert doc["schema"] == "gpushare-smi/1" and doc["time"] == "1970-01-01T00:00:00Z"
     g0, g1 = doc["gpus"]
     assert (g0["memory_used"], g0["memory_used_why"]) == (4 * GiB, None)
@@ -49,9 +49,9 @@ def test_view_sums_known_use_and_says_why_when_unknown():
 
 
 def test_table_shows_na_with_footnotes_never_zero():
-    text = smi.render(smi.view(status()), local_time="then")
+    text = smi_table.render(smi_view.view(status()), local_time="then")
     lines = text.splitlines()
-    assert max(len(line) for line in lines) <= smi.WIDTH
+    assert max(len(line) for line in lines) <= smi_table.WIDTH
     row = next(line for line in lines if "ml/train" in line)
     cells = [c.strip() for c in row.split("|")[1:-1]]
     assert cells == ["0", "ml/train (main)", "a", "8Gi", "3Gi", "30%", "27.5%", "high", "10,11"]
@@ -65,7 +65,7 @@ def test_table_shows_na_with_footnotes_never_zero():
     assert note.endswith("unknown: kmod: off")
     gpu1 = next(line for line in lines if line.startswith("|   1 | Sim"))
     assert gpu1.split("|")[5].strip() == mark  # GPU 1 used: unknown, not 0
-    assert smi.PID_NOTE in lines
+    assert smi_table.PID_NOTE in lines
 
 
 def test_long_and_hostile_names_are_cut_and_cleaned():
@@ -73,9 +73,9 @@ def test_long_and_hostile_names_are_cut_and_cleaned():
     doc["allocations"][0]["pod"] = "a-very-long-namespace/" + "p" * 80 + "-tail"
     doc["allocations"][0]["name"] = "c\x1b[2Jx"
     doc["allocations"][0]["gpus"][0]["pids"] = list(range(100000, 100020))
-    text = smi.render(smi.view(doc))
+    text = smi_table.render(smi_view.view(doc))
     assert "\x1b" not in text
-    assert max(len(line) for line in text.splitlines()) <= smi.WIDTH
+    assert max(len(line) for line in text.splitlines()) <= smi_table.WIDTH
     row = next(line for line in text.splitlines() if "a-very-lo" in line)
     owner = row.split("|")[2].strip()
     assert owner.startswith("a-very-lo") and owner.endswith("tail (c?[2Jx)") and "…" in owner
@@ -87,7 +87,7 @@ def test_no_containers_and_unserved():
                                             "action": "warned"}])  # fmt: skip
     for gpu in doc["gpus"]:
         gpu["containers"] = []
-    text = smi.render(smi.view(doc))
+    text = smi_table.render(smi_view.view(doc))
     assert "No containers hold a share." in text
     assert "UNSERVED uuuuuuuuuuuu ns/p: asked for 1Gi" in text
     assert "n/a" not in text.split("POLICY")[1].split("\n", 3)[3].split("|")[5]  # used: '-'
@@ -126,8 +126,8 @@ def test_a_long_module_problem_is_wrapped_and_cleaned():
     sends nothing to the terminal."""
     doc = status()
     doc["kmod"] = {"mode": "optional", "loaded": False, "problem": "x\x1b[2J " * 40}
-    text = smi.render(smi.view(doc), local_time="then")
-    assert max(len(line) for line in text.splitlines()) <= smi.WIDTH
+    text = smi_table.render(smi_view.view(doc), local_time="then")
+    assert max(len(line) for line in text.splitlines()) <= smi_table.WIDTH
     assert "\x1b" not in text
 
 
@@ -244,7 +244,7 @@ async def test_status_carries_the_pids_of_the_modules_meminfo():
     a, b = (entry["gpus"][0] for entry in doc["allocations"])
     assert a["pids"] == [17, 4242] and a["memory_used"] == GiB
     assert b["pids"] is None  # unknown, not "no process"
-    rows = smi.view(doc)["containers"]
+    rows = smi_view.view(doc)["containers"]
     assert rows[0]["gpus"][0]["pids"] == [17, 4242]
     assert "isolation none" in rows[1]["gpus"][0]["pids_why"]
 
