@@ -14,18 +14,17 @@ from __future__ import annotations
 from typing import Any, Final
 
 from nri_gpushare.nri.api import fields as F
-from nri_gpushare.nri.api.views import (
+from nri_gpushare.nri.api.request_views import (
     ConfigureRequestView,
     ContainerRequestView,
-    ContainerView,
     PodContainerRequestView,
-    PodSandboxView,
     StateChangeView,
     SynchronizeRequestView,
     UpdateContainerRequestView,
     UpdatePodSandboxRequestView,
     ValidateAdjustmentRequestView,
 )
+from nri_gpushare.nri.api.views import ContainerView, PodSandboxView
 from nri_gpushare.nri.wire import pb
 from nri_gpushare.nri.wire.errors import DecodeError
 

@@ -10,10 +10,11 @@ and ``view.message()`` checks and parses the full betterproto object. It also
 encodes the few responses a plugin sends, byte for byte as betterproto
 serializes the equivalent message.
 
-The parts: `views` (the view types and the checked betterproto parse),
-`decode` (requests into views), `encode` (responses), `fields` (the field
-numbers, as in nri.proto), all on the one protobuf walker `wire.pb`. This
-module is their public face: import from here.
+The parts: `views` (the pod and container views, the checked betterproto
+parse), `request_views` (the requests around them), `decode` (requests into
+views), `encode` (responses), `fields` (the field numbers, as in nri.proto),
+all on the one protobuf walker `wire.pb`. This module is their public face:
+import from here.
 """
 
 from __future__ import annotations
@@ -45,18 +46,17 @@ from nri_gpushare.nri.api.encode import (
     encode_update_container_response,
     encode_validate_adjustment_response,
 )
-from nri_gpushare.nri.api.views import (
+from nri_gpushare.nri.api.request_views import (
     ConfigureRequestView,
     ContainerRequestView,
-    ContainerView,
     PodContainerRequestView,
-    PodSandboxView,
     StateChangeView,
     SynchronizeRequestView,
     UpdateContainerRequestView,
     UpdatePodSandboxRequestView,
     ValidateAdjustmentRequestView,
 )
+from nri_gpushare.nri.api.views import ContainerView, PodSandboxView
 from nri_gpushare.nri.wire.errors import DecodeError
 
 __all__ = [

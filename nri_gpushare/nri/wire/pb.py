@@ -5,9 +5,11 @@ varints, length-delimited and fixed fields, and to emit the fields our
 messages use, byte for byte as the reference encoders do. Both the ttrpc
 envelopes (`wire.ttrpc`) and the NRI hot-path codec (`api.lite`) use it.
 
-The walker is on the plugin's hot path (a CreateContainerRequest walks a few
-hundred fields), so it has fast paths for one-byte keys, varints and lengths,
-and it checks wire types against a table instead of per field in the caller.
+`spans` is the one loop that reads keys and lengths: everything that walks a
+message (`fields`, the request decoders, the lazy views) goes through it. It is
+on the plugin's hot path (a CreateContainerRequest walks a few hundred
+fields), so it has fast paths for one-byte keys, varints and lengths, and it
+checks wire types against a table instead of per field in the caller.
 Malformed input raises `DecodeError` ("malformed <what>: ...").
 """
 
@@ -54,16 +56,27 @@ def read_varint(data: bytes, pos: int, what: str, limit: int = -1) -> tuple[int,
     raise DecodeError(f"malformed {what}: truncated varint at offset {start}")
 
 
-def fields(data: bytes, what: str, wire_types: WireTypes = _NO_TYPES) -> Iterator[tuple[int, Any]]:
-    """Yield (field number, value) for each field of a serialized message.
+def spans(
+    data: bytes,
+    what: str,
+    wire_types: WireTypes = _NO_TYPES,
+    start: int = 0,
+    end: int = -1,
+    runs: bool = False,
+) -> Iterator[tuple[int, int, int, int]]:
+    """The walker: check and yield each field of the message in
+    `data[start:end]` (default: to the end), without copying a value, as
+    (field number, wire type, a, b). For a length-delimited or fixed field,
+    (a, b) are the bounds of its payload in `data`; for a varint field, a is
+    its value and b the position after it. Either way b is where the next
+    field's key starts.
 
-    The value is an `int` for varint fields and `bytes` for length-delimited
-    and fixed fields (typed Any: which one a field has is what `wire_types`
-    guarantees). A field listed in `wire_types` must arrive with that wire
-    type; groups and invalid wire types are refused, and so is a field number
-    of 0 or beyond 2**29 - 1.
+    A field listed in `wire_types` must arrive with that wire type; groups and
+    invalid wire types are refused, and so is a field number of 0 or beyond
+    2**29 - 1. With `runs`, consecutive entries of a repeated length-delimited
+    field 1..15 come as one, the last entry's bounds (all `index` keeps).
     """
-    pos, end = 0, len(data)
+    pos, end = start, len(data) if end < 0 else end
     while pos < end:
         key = data[pos]
         if key < 0x80:
@@ -72,22 +85,22 @@ def fields(data: bytes, what: str, wire_types: WireTypes = _NO_TYPES) -> Iterato
             key = key & 0x7F | data[pos + 1] << 7
             pos += 2
         else:
-            key, pos = read_varint(data, pos, what)
+            key, pos = read_varint(data, pos, what, end)
         number, wire_type = key >> 3, key & 7
         if number == 0 or number > MAX_FIELD:
             raise DecodeError(f"malformed {what}: invalid field number {number}")
-        want = wire_types.get(number, wire_type)
-        if want != wire_type:
+        if wire_types and wire_types.get(number, wire_type) != wire_type:
             raise DecodeError(
-                f"malformed {what}: field {number} has wire type {wire_type}, expected {want}"
+                f"malformed {what}: field {number} has wire type {wire_type},"
+                f" expected {wire_types[number]}"
             )
         if wire_type == VARINT:
             if pos < end and data[pos] < 0x80:
-                value: Any = data[pos]
+                value = data[pos]
                 pos += 1
             else:
-                value, pos = read_varint(data, pos, what)
-            yield number, value
+                value, pos = read_varint(data, pos, what, end)
+            yield number, VARINT, value, pos
             continue
         if wire_type == LEN:
             if pos < end and data[pos] < 0x80:
@@ -97,63 +110,41 @@ def fields(data: bytes, what: str, wire_types: WireTypes = _NO_TYPES) -> Iterato
                 size = data[pos] & 0x7F | data[pos + 1] << 7
                 pos += 2
             else:
-                size, pos = read_varint(data, pos, what)
+                size, pos = read_varint(data, pos, what, end)
+            stop = pos + size
+            if runs and key < 0x80:  # the run's entries: lengths of one or two bytes
+                last = end - 2
+                while stop < last and data[stop] == key:
+                    size = data[stop + 1]
+                    if size < 0x80:
+                        pos = stop + 2
+                    elif data[stop + 2] < 0x80:
+                        size = size & 0x7F | data[stop + 2] << 7
+                        pos = stop + 3
+                    else:
+                        break  # a longer length: the next field, read as usual
+                    stop = pos + size
         elif wire_type == FIXED64:
-            size = 8
+            size, stop = 8, pos + 8
         elif wire_type == FIXED32:
-            size = 4
+            size, stop = 4, pos + 4
         else:
             raise DecodeError(f"malformed {what}: field {number} has wire type {wire_type}")
-        stop = pos + size
-        if stop > end:
-            raise DecodeError(
-                f"malformed {what}: field {number} needs {size} bytes, {end - pos} left"
-            )
-        yield number, data[pos:stop]
-        pos = stop
-
-
-def spans(
-    data: bytes, what: str, wire_types: WireTypes = _NO_TYPES, start: int = 0, end: int = -1
-) -> Iterator[tuple[int, int, int, int]]:
-    """Like `fields`, over `data[start:end]`, without copying a value: yield
-    (field number, wire type, a, b), where (a, b) are the bounds of a
-    length-delimited or fixed field's payload in `data`, and for a varint
-    field a is its value and b the position after it."""
-    pos, end = start, len(data) if end < 0 else end
-    while pos < end:
-        key = data[pos]
-        if key < 0x80:
-            pos += 1
-        else:
-            key, pos = read_varint(data, pos, what, end)
-        number, wire_type = key >> 3, key & 7
-        if number == 0 or number > MAX_FIELD:
-            raise DecodeError(f"malformed {what}: invalid field number {number}")
-        want = wire_types.get(number, wire_type)
-        if want != wire_type:
-            raise DecodeError(
-                f"malformed {what}: field {number} has wire type {wire_type}, expected {want}"
-            )
-        if wire_type == VARINT:
-            value, pos = read_varint(data, pos, what, end)
-            yield number, wire_type, value, pos
-            continue
-        if wire_type == LEN:
-            size, pos = read_varint(data, pos, what, end)
-        elif wire_type == FIXED64:
-            size = 8
-        elif wire_type == FIXED32:
-            size = 4
-        else:
-            raise DecodeError(f"malformed {what}: field {number} has wire type {wire_type}")
-        stop = pos + size
         if stop > end:
             raise DecodeError(
                 f"malformed {what}: field {number} needs {size} bytes, {end - pos} left"
             )
         yield number, wire_type, pos, stop
         pos = stop
+
+
+def fields(data: bytes, what: str, wire_types: WireTypes = _NO_TYPES) -> Iterator[tuple[int, Any]]:
+    """`spans` with values: yield (field number, value) for each field of a
+    serialized message, an `int` for a varint field and `bytes` for a
+    length-delimited or fixed one (typed Any: which one a field has is what
+    `wire_types` guarantees)."""
+    for number, wire_type, a, b in spans(data, what, wire_types):
+        yield number, a if wire_type == VARINT else data[a:b]
 
 
 def text(value: bytes, what: str, number: int) -> str:
@@ -168,6 +159,116 @@ def signed(value: int, bits: int) -> int:
     """Reinterpret a decoded varint as a two's complement integer of `bits` bits."""
     value &= (1 << bits) - 1
     return value - (1 << bits) if value >> (bits - 1) else value
+
+
+# ---------------------------------------------------------------------------
+# Reading a message through an index of its top level (the lazy views')
+# ---------------------------------------------------------------------------
+#
+# `index` walks a message's top level once and keeps where each field lies;
+# a field is then read from there on demand. A repeated field (a map's entries,
+# a list of strings) is read from its *region*, from its first key to its last
+# payload's end: protobuf encoders write a repeated field's entries together,
+# so the region holds little else; entries interleaved with other fields are
+# read all the same.
+
+Index = list[int]
+"""For each field number n below a bound: [3n] the offset of its first
+occurrence's key (-1: absent); [3n+1], [3n+2] its last occurrence's `spans`
+bounds (for a varint: its value, then the position after it)."""
+
+_MAP_ENTRY: WireTypes = {1: LEN, 2: LEN}
+
+
+def index(
+    data: bytes, what: str, wire_types: WireTypes, count: int, start: int = 0, end: int = -1
+) -> Index:
+    """Check the top level of the message in data[start:end] (every field's
+    key and length, nothing copied) and index fields 1 .. count - 1."""
+    idx = [-1] * (3 * count)
+    at = start
+    for number, _, a, b in spans(data, what, wire_types, start, end, True):
+        if number < count:
+            i = 3 * number
+            if idx[i] < 0:
+                idx[i] = at
+            idx[i + 1] = a
+            idx[i + 2] = b
+        at = b
+    return idx
+
+
+def payloads(data: bytes, number: int, start: int, end: int) -> list[tuple[int, int]]:
+    """The payload bounds of each occurrence of field `number` in the checked
+    range data[start:end]."""
+    return [(a, b) for n, _, a, b in spans(data, "", _NO_TYPES, start, end) if n == number]
+
+
+def string_at(data: bytes, idx: Index, number: int, what: str) -> str:
+    """The string field `number` of an indexed message (its last occurrence)."""
+    a = idx[3 * number + 1]
+    return "" if a < 0 else text(data[a : idx[3 * number + 2]], what, number)
+
+
+def varint_at(idx: Index, number: int) -> int:
+    """The varint field `number` of an indexed message (0: absent)."""
+    return 0 if idx[3 * number] < 0 else idx[3 * number + 1]
+
+
+def _region(data: bytes, idx: Index, number: int) -> tuple[bytes, str | None]:
+    """Field `number`'s region, and the same as text when it is all ASCII
+    (then byte offsets are character offsets, and every string in it is valid
+    UTF-8: slicing the text once decoded is cheaper than decoding each string)."""
+    i = 3 * number
+    region = data[idx[i] : idx[i + 2]]
+    return region, region.decode("latin-1") if region.isascii() else None
+
+
+def _entry(data: bytes, what: str) -> tuple[str, str]:
+    """A map<string, string> entry in any layout."""
+    key = value = b""
+    for number, chunk in fields(data, what, _MAP_ENTRY):
+        if number == 1:
+            key = chunk
+        elif number == 2:
+            value = chunk
+    return text(key, what, 1), text(value, what, 2)
+
+
+def string_map(data: bytes, idx: Index, number: int, what: str) -> dict[str, str]:
+    """The map<string, string> field `number` of an indexed message."""
+    if idx[3 * number] < 0:
+        return {}
+    region, ascii_text = _region(data, idx, number)
+    out: dict[str, str] = {}
+    for n, _, a, b in spans(region, what):
+        if n != number:
+            continue
+        # The usual entry: key 1 then value 2, one-byte lengths, nothing else.
+        if b - a >= 4 and region[a] == 0x0A and region[a + 1] < 0x80:
+            p = a + 2 + region[a + 1]
+            if p + 2 <= b and region[p] == 0x12 and p + 2 + region[p + 1] == b:
+                if ascii_text is not None:
+                    out[ascii_text[a + 2 : p]] = ascii_text[p + 2 : b]
+                    continue
+                try:
+                    out[region[a + 2 : p].decode()] = region[p + 2 : b].decode()
+                    continue
+                except UnicodeDecodeError:
+                    pass  # the general path names the field
+        k, v = _entry(region[a:b], what)
+        out[k] = v
+    return out
+
+
+def strings(data: bytes, idx: Index, number: int, what: str) -> list[str]:
+    """The repeated string field `number` of an indexed message."""
+    if idx[3 * number] < 0:
+        return []
+    region, ascii_text = _region(data, idx, number)
+    if ascii_text is not None:
+        return [ascii_text[a:b] for n, _, a, b in spans(region, what) if n == number]
+    return [text(region[a:b], what, number) for a, b in payloads(region, number, 0, len(region))]
 
 
 # ---------------------------------------------------------------------------
