@@ -19,7 +19,14 @@ from enum import IntEnum
 from typing import Final, NamedTuple
 
 from nri_gpushare.nri.wire import pb
-from nri_gpushare.nri.wire.errors import Code, MessageTooLarge, ProtocolError, WireError, as_code
+from nri_gpushare.nri.wire.errors import (
+    Code,
+    DecodeError,
+    MessageTooLarge,
+    ProtocolError,
+    WireError,
+    as_code,
+)
 
 HEADER = struct.Struct(">IIBB")
 MAX_SEND_MESSAGE = 4 << 20
@@ -130,13 +137,9 @@ class StatusField:
     DETAILS: Final = 3  # repeated Any: skipped
 
 
-_REQUEST: pb.WireTypes = {
-    RequestField.SERVICE: pb.LEN,
-    RequestField.METHOD: pb.LEN,
-    RequestField.PAYLOAD: pb.LEN,
-    RequestField.TIMEOUT_NANO: pb.VARINT,
-    RequestField.METADATA: pb.LEN,
-}
+_RQ = RequestField
+_REQUEST_LEN = (_RQ.SERVICE, _RQ.METHOD, _RQ.PAYLOAD, _RQ.METADATA)
+_REQUEST: pb.WireTypes = dict.fromkeys(_REQUEST_LEN, pb.LEN) | {_RQ.TIMEOUT_NANO: pb.VARINT}
 _KEY_VALUE: pb.WireTypes = {KeyValueField.KEY: pb.LEN, KeyValueField.VALUE: pb.LEN}
 _RESPONSE: pb.WireTypes = {ResponseField.STATUS: pb.LEN, ResponseField.PAYLOAD: pb.LEN}
 _STATUS: pb.WireTypes = {StatusField.CODE: pb.VARINT, StatusField.MESSAGE: pb.LEN}
@@ -153,23 +156,17 @@ class Request(NamedTuple):
     metadata: tuple[tuple[str, str], ...] = ()
 
     def encode(self) -> bytes:
-        F = RequestField
-        return b"".join(
-            [
-                pb.string_field(F.SERVICE, self.service),
-                pb.string_field(F.METHOD, self.method),
-                pb.bytes_field(F.PAYLOAD, self.payload),
-                pb.varint_field(F.TIMEOUT_NANO, self.timeout_nano),
-                *(
-                    pb.len_field(
-                        F.METADATA,
-                        pb.string_field(KeyValueField.KEY, k)
-                        + pb.string_field(KeyValueField.VALUE, v),
-                    )
-                    for k, v in self.metadata
-                ),
-            ]
-        )
+        F, KV = RequestField, KeyValueField
+        parts = [
+            pb.string_field(F.SERVICE, self.service),
+            pb.string_field(F.METHOD, self.method),
+            pb.bytes_field(F.PAYLOAD, self.payload),
+            pb.varint_field(F.TIMEOUT_NANO, self.timeout_nano),
+        ]
+        for k, v in self.metadata:
+            entry = pb.string_field(KV.KEY, k) + pb.string_field(KV.VALUE, v)
+            parts.append(pb.len_field(F.METADATA, entry))
+        return b"".join(parts)
 
     @classmethod
     def decode(cls, data: bytes) -> Request:
@@ -196,9 +193,6 @@ class Request(NamedTuple):
         return cls(service, method, payload, timeout, tuple(metadata))
 
 
-_MAX_TIMEOUT_NANO_BYTES = 9  # the fast path's varints: at most 63 bits, no sign to fold
-
-
 def _decode_usual_request(data: bytes) -> Request | None:
     """A Request as ttrpc's Go client writes it (service 1, method 2, payload 3,
     timeout 4 in that order, one-byte service and method lengths, no
@@ -216,36 +210,19 @@ def _decode_usual_request(data: bytes) -> Request | None:
     except UnicodeDecodeError:
         return None
     payload = b""
-    if m < n and data[m] == 0x1A:
-        size = shift = 0
-        pos = m + 1
-        while pos < n and pos - m <= 5:
-            byte = data[pos]
-            pos += 1
-            size |= (byte & 0x7F) << shift
-            shift += 7
-            if byte < 0x80:
-                break
-        else:
-            return None
-        m = pos + size
-        if m > n:
-            return None
-        payload = data[pos:m]
     timeout = 0
-    if m < n and data[m] == 0x20:
-        shift = 0
-        pos = m + 1
-        while pos < n and pos - m <= _MAX_TIMEOUT_NANO_BYTES:
-            byte = data[pos]
-            pos += 1
-            timeout |= (byte & 0x7F) << shift
-            shift += 7
-            if byte < 0x80:
-                break
-        else:
-            return None
-        m = pos
+    try:
+        if m < n and data[m] == 0x1A:
+            size, pos = pb.read_varint(data, m + 1, "", n)
+            m = pos + size
+            if m > n:
+                return None
+            payload = data[pos:m]
+        if m < n and data[m] == 0x20:
+            timeout, m = pb.read_varint(data, m + 1, "", n)
+            timeout = pb.signed(timeout, 64)
+    except DecodeError:
+        return None
     if m != n:
         return None
     return Request(service, method, payload, timeout)
