@@ -310,6 +310,29 @@ async def test_create_container_may_return_updates(result: Any, want: Any) -> No
     assert reply == bytes(want)
 
 
+def _set_but_empty() -> nri.ContainerAdjustment:
+    adjust = nri.ContainerAdjustment()
+    adjust.linux = nri.LinuxContainerAdjustment()  # set, serializes to nothing
+    return adjust
+
+
+@pytest.mark.parametrize(
+    "adjust",
+    [
+        nri.ContainerAdjustment(),
+        _set_but_empty(),
+        nri.ContainerAdjustment(
+            env=[nri.KeyValue(key="A", value="1")],
+            rlimits=[nri.PosixRlimit(type="RLIMIT_NOFILE", hard=2, soft=1)],
+            cdi_devices=[nri.CdiDevice(name="vendor.com/gpu=0")],
+        ),
+    ],
+)
+async def test_a_betterproto_adjustment_is_sent_as_betterproto_sends_it(adjust: Any) -> None:
+    reply = await handle(PluginService(creator((adjust, [UPDATE]))), "CreateContainer", CREATE)
+    assert reply == bytes(nri.CreateContainerResponse(adjust=adjust, update=[UPDATE]))
+
+
 async def test_an_empty_adjustment_is_sent_present() -> None:
     reply = await handle(PluginService(creator(Adjustment())), "CreateContainer", CREATE)
     assert reply == b"\x0a\x00"  # adjust (1), empty

@@ -46,6 +46,9 @@ class Adjustment:
     env: list[tuple[str, str]] = field(default_factory=list)
     devices: list[Device] = field(default_factory=list)
     mounts: list[MountSpec] = field(default_factory=list)
+    serialized: bytes = b""
+    """More ContainerAdjustment fields, serialized, sent after the others: how a
+    handler's betterproto ContainerAdjustment travels (`stub.service`)."""
 
 
 def _wrapped_uint32(number: int, value: int | None) -> bytes:
@@ -125,13 +128,15 @@ _ENV: Final = F.ContainerAdjustment.ENV
 
 def encode_container_adjustment(adj: Adjustment) -> bytes:
     """Serialize `adj` as a ContainerAdjustment (annotations 2, mounts 3, env 4,
-    linux 6 with devices 1); the linux part is left out when there are no devices."""
+    linux 6 with devices 1, then `adj.serialized`); the linux part is left out
+    when there are no devices."""
     A = F.ContainerAdjustment
     parts = [_map_entry(A.ANNOTATIONS, k, v) for k, v in adj.annotations.items()]
     parts += [_cached(m) for m in adj.mounts]
     parts += [_cached((_ENV, k, v)) for k, v in adj.env]
     if adj.devices:
         parts.append(pb.len_field(A.LINUX, b"".join([_cached(d) for d in adj.devices])))
+    parts.append(adj.serialized)
     return b"".join(parts)
 
 

@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import betterproto
@@ -28,6 +28,7 @@ from nri_gpushare.nri.api import lite, nri
 from nri_gpushare.nri.api.lite import ConfigureRequestView, ContainerView, PodSandboxView
 from nri_gpushare.nri.stub.events import BY_EVENT, EVENTS, Delivery, Event, EventSpec, describe_mask
 from nri_gpushare.nri.stub.plugin import (
+    CreateResult,
     Plugin,
     PluginError,
     implemented_events,
@@ -236,9 +237,7 @@ class PluginService:
     async def _create_container(self, payload: bytes) -> bytes:
         request = lite.decode_create_container_request(payload)
         result = await self.plugin.create_container(request.pod, request.container)
-        adjust, updates = result if isinstance(result, tuple) else (result, ())
-        if isinstance(adjust, betterproto.Message):
-            return bytes(nri.CreateContainerResponse(adjust=adjust, update=list(updates)))
+        adjust, updates = _create_reply(result)
         return lite.encode_create_container_response(adjust, _encoded(updates))
 
     async def _update_container(self, payload: bytes) -> bytes:
@@ -268,6 +267,21 @@ class PluginService:
         except PluginError as exc:
             return lite.encode_validate_adjustment_response(reject=True, reason=str(exc))
         return lite.EMPTY  # accepted
+
+
+def _create_reply(
+    result: CreateResult,
+) -> tuple[lite.Adjustment | None, Sequence[betterproto.Message]]:
+    """What create_container returned, as (adjustment, updates), its adjustment
+    the lite one: a betterproto ContainerAdjustment travels serialized in it,
+    and as betterproto would send it (an empty one left out unless it was set)."""
+    adjust, updates = result if isinstance(result, tuple) else (result, ())
+    if isinstance(adjust, nri.ContainerAdjustment):
+        serialized = bytes(adjust)
+        if not serialized and not betterproto.serialized_on_wire(adjust):
+            return None, updates
+        return lite.Adjustment(serialized=serialized), updates
+    return adjust, updates
 
 
 def _encoded(updates: Iterable[betterproto.Message] | None) -> list[bytes]:
