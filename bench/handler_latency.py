@@ -45,7 +45,8 @@ from null_plugin import NullPlugin  # noqa: E402
 from report_common import percentile, write_json  # noqa: E402
 
 from nri_gpushare.config import load_config  # noqa: E402
-from nri_gpushare.daemon import main as daemon  # noqa: E402
+from nri_gpushare.daemon.main import build_service  # noqa: E402
+from nri_gpushare.daemon.nri_handler import GpuShareHandler  # noqa: E402
 from nri_gpushare.nri.api import lite, nri  # noqa: E402
 from nri_gpushare.nri.stub import Stub  # noqa: E402
 from nri_gpushare.share.decisions import configure_logging  # noqa: E402
@@ -97,7 +98,7 @@ async def run(n: int, profile: str | None) -> dict[str, list[float]]:
     log_handler = logging.getLogger().handlers[0]
     assert isinstance(log_handler, logging.StreamHandler)
     log_handler.setStream(log_file)
-    handler = daemon.GpuShareHandler(await daemon.build_service(config, None))
+    handler = GpuShareHandler(await build_service(config, None))
     stubs = {
         "null": Stub(NullPlugin(), name="null", index="10", socket_path="/nonexistent"),
         "gpushare": Stub(handler, name="bench", index="50", socket_path="/nonexistent"),

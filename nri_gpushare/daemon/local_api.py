@@ -33,7 +33,7 @@ from typing import Protocol
 
 from nri_gpushare.host.containerd.client import ContainerdError, ContainerNotFound
 from nri_gpushare.local.protocol import Reply, Request
-from nri_gpushare.share.model import ContainerInfo, Gpu, InjectionPlan, ShareRefused
+from nri_gpushare.share.model import ContainerInfo, Gpu, InjectionPlan, Origin, ShareRefused
 from nri_gpushare.share.service import ShareService
 
 log = logging.getLogger(__name__)
@@ -93,13 +93,15 @@ class LocalApiHandler:
 
     async def __call__(self, request: Request) -> Reply:
         if request.op == "release":
-            released = await self.service.release_local(
+            released = await self.service.local_shares.release_local(
                 request.namespace, request.id, f"released ({request.via or 'hook'} asked)"
             )
             return Reply(True, released=released)
         if request.op == "start":
             try:
-                await self.service.start_local(request.namespace, request.id, request.pid)
+                await self.service.local_shares.start_local(
+                    request.namespace, request.id, request.pid
+                )
             except ShareRefused as e:
                 return self._refused(request, str(e), e.reason)
             return Reply(True)
@@ -108,7 +110,9 @@ class LocalApiHandler:
                 return await self._create(request)
         except TimeoutError:
             # Cancelled inside the service, which undoes what it had reserved.
-            await self.service.release_local(request.namespace, request.id, "placed too late")
+            await self.service.local_shares.release_local(
+                request.namespace, request.id, "placed too late"
+            )
             where = f"{request.namespace}/{request.id}" if request.namespace else request.id
             return self._refused(
                 request,
@@ -142,7 +146,7 @@ class LocalApiHandler:
         """The caller went away before it had the answer: a share it did not
         learn of must not stay booked."""
         if request.op == "create" and reply.ok and reply.plan is not None:
-            await self.service.release_local(
+            await self.service.local_shares.release_local(
                 request.namespace, request.id, "its creator went away before the answer"
             )
 
@@ -186,23 +190,25 @@ class LocalApiHandler:
             pid=r.pid,
         )
         try:
-            plan = await self.service.create_container(
-                info, origin=r.via or "runc", namespace=r.namespace, gpus=gpus
+            plan = await self.service.lifecycle.create_container(
+                info, origin=_origin(r.via), namespace=r.namespace, gpus=gpus
             )
         except ShareRefused as e:  # logged by the service
             return Reply.refused(str(e), e.reason)
         if plan is None or not plan.devices:
             if r.via == "cdi" and r.gpu_minors:
-                await self.service.release_local(r.namespace, r.id, "no share asked")
+                await self.service.local_shares.release_local(r.namespace, r.id, "no share asked")
                 return self._refused(
                     r, _cdi_without_share(where, "it asks for none"), "invalid", labels=labels
                 )
             return Reply(True) if plan is None else Reply(True, plan=plan_json(plan))
         if r.pid:  # the hook runs once the cgroup exists: bind now
             try:
-                await self.service.start_local(r.namespace, r.id, r.pid)
+                await self.service.local_shares.start_local(r.namespace, r.id, r.pid)
             except ShareRefused as e:
-                await self.service.release_local(r.namespace, r.id, "its cgroup cannot be bound")
+                await self.service.local_shares.release_local(
+                    r.namespace, r.id, "its cgroup cannot be bound"
+                )
                 return self._refused(r, str(e), e.reason, labels=labels)
         return Reply(True, plan=plan_json(plan))
 
@@ -219,6 +225,12 @@ class LocalApiHandler:
             ) from None
         except ContainerdError as e:
             raise LabelsUnavailable(f"cannot read its labels from containerd: {e}") from None
+
+
+def _origin(via: str) -> Origin:
+    """The share's origin: the CDI hook's, else gpushare-runc's (the protocol
+    has checked `via`)."""
+    return "cdi" if via == "cdi" else "runc"
 
 
 def container_name(labels: Mapping[str, str], annotations: Mapping[str, str]) -> str:

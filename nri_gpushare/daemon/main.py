@@ -1,47 +1,36 @@
-"""The daemon: the only place where NRI messages meet the share domain.
+"""The daemon: wiring and startup.
 
-`GpuShareHandler` is an NRI plugin (stub API) that turns NRI pods and
-containers into `ContainerInfo` values, asks the `ShareService`, and turns its
-`InjectionPlan` into a ContainerAdjustment.  `run_daemon` wires config,
-inventory, kernel module, the interposer's files, the driver's memory limits
-(NVML), status socket and the NRI stub, and shuts down cleanly on
-SIGTERM/SIGINT.
+`build_service` makes the share service from the config (inventory, kernel
+module, the interposer's files, the driver's memory limits (NVML), the
+records); `run_daemon` wires it to the NRI stub (`nri_handler`), the local
+API, the containerd reconciler (`adapters`), the status socket and the
+metrics (`status`), and shuts down cleanly on SIGTERM/SIGINT.
 
 The event loop never blocks on the kernel module: the service awaits it, and
 the blocking procfs client runs on one worker thread under a timeout
 (`nri_gpushare.kmod.worker`).
-
-A pod refused for fragmentation (the kubelet admitted it, no GPU can take
-it) also gets a ``GPUShareFragmented`` Warning event with config
-``kubernetes.events`` (`PodEvents`), posted in the background: CreateContainer
-never waits for the API server.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
-import importlib.metadata
 import logging
 import signal
-import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar, cast
+from typing import cast
 
 from nri_gpushare.config import Config, ConfigError
+from nri_gpushare.daemon.adapters import ContainerdLabels, PodEvents, ReconcileOwner
 from nri_gpushare.daemon.local_api import LocalApiHandler
 from nri_gpushare.daemon.local_server import LocalApiServer
-from nri_gpushare.daemon.metrics import HandlerLatency, MetricsServer, SnapshotCollector
+from nri_gpushare.daemon.metrics import MetricsServer, SnapshotCollector
 from nri_gpushare.daemon.metrics import Snapshot as MetricsSnapshot
-from nri_gpushare.daemon.status import StatusServer
-from nri_gpushare.host.containerd.client import ContainerdClient, ContainerdUnavailable
+from nri_gpushare.daemon.nri_handler import GpuShareHandler
+from nri_gpushare.daemon.status import StatusDocument, StatusServer
+from nri_gpushare.daemon.status import handler_summary as _summary  # noqa: F401 - bench/null_plugin.py's
 from nri_gpushare.host.containerd.reconcile import Reconciler
 from nri_gpushare.host.devices import (
     HostDevices,
-    cgroup_of,
-    kill_container,
     library_problem,
     load_inventory,
     write_preload_file,
@@ -51,414 +40,18 @@ from nri_gpushare.host.kmod_worker import OffLoopKernelModule
 from nri_gpushare.host.meminfo import ModuleMemInfo
 from nri_gpushare.host.statefile import StateDirError, StateFile
 from nri_gpushare.host.worker import BlockingWorker
-from nri_gpushare.k8s.events import PodRef, post_pod_event
-from nri_gpushare.nri.api import nri
-from nri_gpushare.nri.api.lite import Adjustment, ContainerView, Device, MountSpec, PodSandboxView
-from nri_gpushare.nri.stub import EventMask, Plugin, PluginError, Stub
+from nri_gpushare.nri.stub import Stub
 from nri_gpushare.nri.stub.runtime import RuntimeConnectionLost
 from nri_gpushare.share.interposer import preload_file_text
 from nri_gpushare.share.kernel import KernelModule
-from nri_gpushare.share.model import (
-    ContainerInfo,
-    InjectionPlan,
-    LocalRef,
-    NodePolicy,
-    ShareRefused,
-)
-from nri_gpushare.share.request import COARSE_MARKERS, RAW_MARKERS
-from nri_gpushare.share.service import ShareService, Unserved
+from nri_gpushare.share.model import KmodMode, NodePolicy, Placement, UnservedAction
+from nri_gpushare.share.service import ShareService
 from nri_gpushare.share.usage import GpuTimeSource, MemoryUsage, ModuleGpuTime
 
 log = logging.getLogger(__name__)
 
-ANSWER_WITHIN = 0.8
-"""Share of the runtime's request timeout CreateContainer may take (the rest
-is the runtime's and the wire's)."""
 SAMPLE_EVERY = 5.0
 """Seconds between two readings of every registered container's GPU time."""
-MARK_REMOVAL = "-"
-"""NRI: an adjustment's annotation key with this prefix removes the annotation."""
-
-
-class PodFields(Protocol):
-    """What the domain reads of a pod: a `PodSandboxView` or a `PodHead`."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def namespace(self) -> str: ...
-    @property
-    def uid(self) -> str: ...
-    @property
-    def annotations(self) -> Mapping[str, str]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class PodHead:
-    """A pod as Synchronize keeps it between requests: no view, so no request
-    buffer, stays referenced; annotations only for a pod that may ask."""
-
-    name: str
-    namespace: str
-    uid: str
-    annotations: Mapping[str, str]
-    asking: bool
-
-
-def container_info(pod: PodFields | None, container: ContainerView) -> ContainerInfo:
-    """The domain's view of an NRI container (labels, annotations, env, cgroup)."""
-    env: dict[str, str] = {}
-    for entry in container.env:
-        key, _, value = entry.partition("=")
-        env[key] = value
-    return ContainerInfo(
-        id=container.id,
-        name=container.name,
-        pod_name=pod.name if pod else "",
-        pod_namespace=pod.namespace if pod else "",
-        pod_uid=pod.uid if pod else "",
-        pod_annotations=pod.annotations if pod else {},
-        annotations=container.annotations,
-        labels=container.labels,
-        env=env,
-        cgroups_path=container.cgroups_path,
-        pid=container.pid,
-        running=container.state != nri.ContainerState.CONTAINER_STOPPED,
-    )
-
-
-def may_ask(*views: PodSandboxView | ContainerView) -> bool:
-    """`may_ask_raw` on the views' serialized bytes, searched in place (no
-    copy, nothing decoded)."""
-    for view in views:
-        if view.contains_any(COARSE_MARKERS) and view.contains_any(RAW_MARKERS):
-            return True
-    return False
-
-
-def bare_info(pod: PodFields | None, container: ContainerView) -> ContainerInfo:
-    """`container_info` for a container that cannot ask for a share (`may_ask_raw`
-    said no): its labels, annotations and environment are neither read nor
-    kept, since nothing in the domain reads them for such a container."""
-    return ContainerInfo(
-        id=container.id,
-        name=container.name,
-        pod_name=pod.name if pod else "",
-        pod_namespace=pod.namespace if pod else "",
-        pod_uid=pod.uid if pod else "",
-        cgroups_path=container.cgroups_path,
-        pid=container.pid,
-        running=container.state != nri.ContainerState.CONTAINER_STOPPED,
-    )
-
-
-def adjustment(plan: InjectionPlan) -> Adjustment:
-    """The NRI container adjustment carrying the plan's devices, env, mounts, annotations."""
-    removals = {MARK_REMOVAL + key: "" for key in plan.remove_annotations}
-    return Adjustment(
-        annotations={**plan.annotations, **removals},
-        env=list(plan.env.items()),
-        devices=[
-            Device(path=d.path, type=d.type, major=d.major, minor=d.minor, file_mode=d.mode)
-            for d in plan.devices
-        ],
-        mounts=[
-            MountSpec(destination=m.destination, type=m.type, source=m.source, options=m.options)
-            for m in plan.mounts
-        ],
-    )
-
-
-PostEvent = Callable[[PodRef, str, str], Awaitable[None]]
-"""Posts an event: (pod, reason, message); raises when it was not posted."""
-
-FRAGMENTED = "GPUShareFragmented"
-"""The event reason of a pod refused for fragmentation."""
-
-
-async def post_event(pod: PodRef, reason: str, message: str) -> None:
-    """The API server's, through `nri_gpushare.k8s.events`."""
-    await post_pod_event(pod, reason, message)
-
-
-class PodEvents:
-    """Kubernetes events about pods (config ``kubernetes.events``), each
-    posted by a task of its own, so that the NRI handler that decides never
-    waits for the API server; a failure is logged.  At most `MAX_IN_FLIGHT`
-    are under way: more are logged and dropped (the kubelet's own "Failed"
-    event on the pod carries the same message anyway).
-
-    The kubelet retries a refused container every few seconds for as long as
-    the pod exists, and each post is a new Event object in the API server
-    (the kubelet's own events are aggregated, ours are not): so one
-    container gets at most one event per `REPEAT_AFTER` seconds, whatever
-    number of pods are stuck, remembering the last `MAX_REMEMBERED`
-    containers."""
-
-    MAX_IN_FLIGHT = 16
-    REPEAT_AFTER = 600.0
-    MAX_REMEMBERED = 4096
-
-    def __init__(
-        self, post: PostEvent = post_event, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.post = post
-        self.clock = clock
-        self.tasks: set[asyncio.Task[None]] = set()
-        #: (namespace, pod, uid, container) -> clock() of its last event, oldest first
-        self.posted: dict[tuple[str, str, str, str], float] = {}
-
-    def fragmented(self, c: ContainerInfo, message: str) -> None:
-        """Post `FRAGMENTED` on the container's pod (none outside Kubernetes)."""
-        if not c.pod_name:
-            return
-        now = self.clock()
-        key = (c.pod_namespace[:256], c.pod_name[:256], c.pod_uid[:256], c.name[:256])
-        last = self.posted.get(key)
-        if last is not None and now - last < self.REPEAT_AFTER:
-            log.debug("%s: the %s event was posted lately; not again", c.describe(), FRAGMENTED)
-            return
-        if len(self.tasks) >= self.MAX_IN_FLIGHT:
-            log.warning(
-                "%s: %d Kubernetes events still being posted; the %s event is dropped",
-                c.describe(),
-                len(self.tasks),
-                FRAGMENTED,
-            )
-            return
-        self.posted.pop(key, None)
-        self.posted[key] = now
-        while len(self.posted) > self.MAX_REMEMBERED:
-            del self.posted[next(iter(self.posted))]
-        pod = PodRef(c.pod_namespace, c.pod_name, c.pod_uid)
-        task = asyncio.get_running_loop().create_task(
-            self._send(c, pod, FRAGMENTED, message), name="kubernetes-event"
-        )
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
-    async def _send(self, c: ContainerInfo, pod: PodRef, reason: str, message: str) -> None:
-        try:
-            await self.post(pod, reason, message)
-        except Exception as e:  # the event is extra: its failure is only logged
-            log.warning("%s: the %s event was not posted: %s", c.describe(), reason, e)
-        else:
-            log.info("%s: posted the %s event", c.describe(), reason)
-
-    async def close(self) -> None:
-        """Cancel the events still under way."""
-        for task in list(self.tasks):
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-
-
-Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
-
-
-def timed(event: str) -> Callable[[Handler], Handler]:
-    """Count the time the handler takes in its plugin's `latency` under `event`."""
-
-    def decorate(handler: Handler) -> Handler:
-        @functools.wraps(handler)
-        async def run(self: GpuShareHandler, *args: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                return await handler(self, *args)
-            finally:
-                self.latency.observe(event, time.perf_counter() - started)
-
-        return cast(Handler, run)
-
-    return decorate
-
-
-@dataclass
-class _SyncState:
-    """One Synchronize's pods and containers, gathered request by request."""
-
-    pods: dict[str, PodHead] = field(default_factory=dict)
-    live: list[ContainerInfo] = field(default_factory=list)
-    #: containers whose pod was not sent yet (kept as views: rare)
-    waiting: list[ContainerView] = field(default_factory=list)
-    pods_seen: int = 0
-    containers_seen: int = 0
-
-    def gather(self, pods: list[PodSandboxView], containers: list[ContainerView]) -> None:
-        self.pods_seen += len(pods)
-        self.containers_seen += len(containers)
-        for p in pods:
-            try:
-                asking = may_ask(p)  # its containers are read in full
-                self.pods[p.id] = PodHead(
-                    p.name, p.namespace, p.uid, dict(p.annotations) if asking else {}, asking
-                )
-            except Exception:  # one odd pod must not stop the rest
-                log.exception("a pod unreadable in Synchronize; its containers have no pod")
-        for c in containers:
-            self._container(c, last=False)
-
-    def finish(self) -> list[ContainerInfo]:
-        """The live containers, every request gathered."""
-        for c in self.waiting:
-            self._container(c, last=True)
-        self.waiting = []
-        return self.live
-
-    def _container(self, c: ContainerView, last: bool) -> None:
-        try:
-            pod = self.pods.get(c.pod_sandbox_id)
-            if pod is None and not last:
-                self.waiting.append(c)
-            elif (pod is not None and pod.asking) or may_ask(c):
-                self.live.append(container_info(pod, c))
-            else:  # the usual container: nothing of ours in it nor in its pod
-                self.live.append(bare_info(pod, c))
-        except Exception:  # one odd container must not stop the rest
-            log.exception("a container unreadable in Synchronize; ignored")
-
-
-class GpuShareHandler(Plugin):
-    """NRI events -> share domain."""
-
-    def __init__(
-        self,
-        service: ShareService,
-        request_timeout: Callable[[], float] = lambda: 2.0,
-        events: PodEvents | None = None,
-    ) -> None:
-        self.service = service
-        #: Kubernetes events on refused pods; None: config kubernetes.events is off.
-        self.events = events
-        #: Seconds the runtime waits for an answer (the stub knows; 2 s is NRI's default).
-        self.request_timeout = request_timeout
-        #: Time spent in each handler, per event (the metrics' histogram).
-        self.latency = HandlerLatency()
-        self._sync = _SyncState()
-
-    async def configure(
-        self, config: str, runtime_name: str, runtime_version: str
-    ) -> EventMask | None:
-        self._sync = _SyncState()  # a new connection: what a broken one gathered goes
-        return None
-
-    def synchronize_part(self, pods: list[PodSandboxView], containers: list[ContainerView]) -> bool:
-        """A Synchronize request more follow: reduced to what the domain needs
-        right away, so that no view (and no request buffer) outlives it."""
-        self._sync.gather(pods, containers)
-        return True
-
-    @timed("synchronize")
-    async def synchronize(
-        self, pods: list[PodSandboxView], containers: list[ContainerView]
-    ) -> list[nri.ContainerUpdate]:
-        sync, self._sync = self._sync, _SyncState()
-        sync.gather(pods, containers)
-        live = sync.finish()
-        await self.service.synchronize(live)
-        for entry in list(self.service.unserved.values()):
-            self._deny(entry)
-        log.info(
-            "synchronized: %d pod(s), %d container(s), %d GPU allocation(s), %d unserved",
-            sync.pods_seen,
-            sync.containers_seen,
-            len(self.service.allocations),
-            len(self.service.unserved),
-        )
-        return []
-
-    def _deny(self, entry: Unserved) -> None:
-        """With unserved: deny, end an unserved container (once it has a process)."""
-        if self.service.policy.unserved != "deny" or entry.settled:
-            return
-        info = entry.container
-        outcome = kill_container(info.id, info.pid)
-        entry.action = "denied: " + outcome
-        entry.settled = outcome.startswith(("killed", "already gone"))
-        log.warning("%s: unserved policy deny: %s", info.describe(), entry.action)
-
-    @timed("create_container")
-    async def create_container(
-        self, pod: PodSandboxView, container: ContainerView
-    ) -> Adjustment | None:
-        loop = asyncio.get_running_loop()
-        # Answer before the runtime gives up: a late answer is lost (containerd
-        # creates the container without it), so its share must not stay booked.
-        deadline = loop.time() + ANSWER_WITHIN * self.request_timeout()
-        if not may_ask(container, pod) and not self.service.holds(container.id):
-            return None  # nothing of ours in it: nothing decoded, nothing to do
-        info = container_info(pod, container)
-        try:
-            async with asyncio.timeout_at(deadline):
-                plan = await self.service.create_container(info)  # logs placed / refused
-        except ShareRefused as exc:
-            if exc.reason == "fragmentation" and self.events is not None:
-                self.events.fragmented(info, str(exc))
-            raise PluginError(str(exc)) from None
-        except TimeoutError:
-            raise PluginError(self._late(info)) from None
-        if plan is not None and loop.time() > deadline:
-            await self.service.release(container.id, "placed too late: the runtime gave up")
-            raise PluginError(self._late(info))
-        return adjustment(plan) if plan is not None else None
-
-    def _late(self, info: ContainerInfo) -> str:
-        message = (
-            f"gpushare: {info.describe()}: not placed within the "
-            f"runtime's request timeout ({self.request_timeout():g} s); nothing was reserved, "
-            f"retry"
-        )
-        self.service.decisions.refused_container(info, "timeout", message)
-        return message
-
-    @timed("post_start_container")
-    async def post_start_container(self, pod: PodSandboxView, container: ContainerView) -> None:
-        entry = self.service.unserved.get(container.id)
-        if entry is not None:  # created while the plugin was away: now it has a process
-            entry.container = container_info(pod, container)
-            self._deny(entry)
-
-    def _hand_started(self, container_id: str) -> bool:
-        """The ID holds a share asked for outside NRI: NRI events about a
-        container of the same ID (another namespace) must not touch it."""
-        held = self.service.allocations.get(container_id)
-        return held is not None and held.local
-
-    @timed("start_container")
-    async def start_container(self, pod: PodSandboxView, container: ContainerView) -> None:
-        cid = container.id
-        if self._hand_started(cid):
-            return
-        service = self.service
-        if cid not in service.allocations and cid not in service.registered:
-            # Nothing to bind or limit: nothing decoded (most containers).  One
-            # that asks was created without the plugin: unserved (post-start
-            # applies the node's policy once it has a process).
-            if cid not in service.unserved and may_ask(container, pod):
-                service.started_unserved(container_info(pod, container))
-            return
-        info = container_info(pod, container)
-        try:
-            await self.service.start_container(info)
-        except ShareRefused as exc:
-            self.service.decisions.refused_container(info, exc.reason, str(exc))
-            raise PluginError(str(exc)) from None
-
-    @timed("stop_container")
-    async def stop_container(
-        self, pod: PodSandboxView, container: ContainerView
-    ) -> list[nri.ContainerUpdate]:
-        if not self._hand_started(container.id):
-            await self.service.release(container.id, "stopped (StopContainer)")
-        return []
-
-    @timed("remove_container")
-    async def remove_container(self, pod: PodSandboxView, container: ContainerView) -> None:
-        if not self._hand_started(container.id):
-            await self.service.release(container.id, "removed (RemoveContainer)")
-
-    @timed("stop_pod_sandbox")
-    async def stop_pod_sandbox(self, pod: PodSandboxView) -> None:
-        self.service.pod_stopped(pod.uid, f"{pod.namespace}/{pod.name}", pod.annotations)
 
 
 def kmod_worker(config: Config) -> OffLoopKernelModule | None:
@@ -536,7 +129,7 @@ async def build_service(
     try:
         store.prepare()
     except StateDirError as e:
-        raise ConfigError(str(e)) from None
+        raise ConfigError(str(e)) from None  # its message says it all
     interposer = config.interposer
     if interposer.preload == "ld.so.preload":
         try:
@@ -545,7 +138,7 @@ async def build_service(
             raise ConfigError(
                 f"state_dir {config.state_dir}: cannot write the ld.so.preload file "
                 f"containers get: {e.strerror}"
-            ) from None
+            ) from e
         interposer = dataclasses.replace(interposer, preload_file=preload_file)
     if problem := library_problem(interposer.library):
         log.warning(
@@ -566,12 +159,13 @@ async def build_service(
     policy = NodePolicy(
         memory_reserve_bytes=config.memory_reserve_bytes,
         max_inst=config.max_inst,
-        default_placement=config.placement,
+        # The config has checked each against the model's values.
+        default_placement=cast(Placement, config.placement),
         max_high_priority_per_gpu=config.max_high_priority_per_gpu,
-        kmod_mode=config.kmod,
+        kmod_mode=cast(KmodMode, config.kmod),
         pod_sources=config.pod_sources,
         standalone_sources=config.standalone_sources,
-        unserved=config.unserved,
+        unserved=cast(UnservedAction, config.unserved),
         interposer=interposer,
     )
     service = ShareService(
@@ -595,91 +189,6 @@ async def build_service(
     return service
 
 
-class ContainerdLabels:
-    """Containers' labels from containerd, over one connection opened when
-    first needed (containerd may start after the daemon) and reopened after
-    it broke."""
-
-    def __init__(self, socket_path: str) -> None:
-        self.socket_path = socket_path
-        self._client: ContainerdClient | None = None
-
-    async def labels(self, namespace: str, container_id: str) -> dict[str, str]:
-        if self._client is None:
-            # Shorter than the hook's and the wrapper's wait for the daemon.
-            client = ContainerdClient(self.socket_path, timeout=3.0)
-            await client.__aenter__()
-            self._client = client
-        try:
-            return await self._client.labels(namespace, container_id)
-        except ContainerdUnavailable:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
-
-
-class ReconcileOwner:
-    """The share service as the containerd reconciler's owner of local allocations."""
-
-    def __init__(self, service: ShareService) -> None:
-        self.service = service
-        self._refused: set[tuple[str, str, int]] = set()  # warned once each
-
-    def local_allocations(self) -> list[LocalRef]:
-        return [
-            r
-            for r in self.service.local_allocations()
-            if r.namespace  # a container containerd does not run cannot be checked there
-        ]
-
-    async def release_local(self, namespace: str, container_id: str, why: str) -> None:
-        await self.service.release_local(namespace, container_id, why)
-
-    async def adopt_local(self, namespace: str, container_id: str, pid: int) -> None:
-        """Bind a recovered local share to the cgroup of the task containerd runs."""
-        try:
-            # /proc/PID/cgroup takes the kernel's cgroup lock: off the event loop.
-            path = await asyncio.to_thread(cgroup_of, container_id, pid)
-        except ValueError as e:
-            if (namespace, container_id, pid) not in self._refused:
-                if len(self._refused) >= 4096:  # bounded: at worst a warning again
-                    self._refused.clear()
-                self._refused.add((namespace, container_id, pid))
-                log.warning(
-                    "container %s/%s: its share cannot be bound to the task containerd runs: %s",
-                    namespace,
-                    container_id,
-                    e,
-                )
-            return
-        await self.service.adopt_local(namespace, container_id, pid, path)
-
-
-@functools.cache
-def plugin_version() -> str:
-    """The installed package's version ("unknown" when run from a bare tree)."""
-    try:
-        return importlib.metadata.version("nri-gpushare")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def _summary(samples: Iterable[float]) -> dict[str, float]:
-    """Count, median and p99 of recent handler times, in milliseconds."""
-    ordered = sorted(samples)
-    if not ordered:
-        return {"count": 0}
-
-    def pick(q: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 3)
-
-    return {"count": len(ordered), "p50": pick(0.5), "p99": pick(0.99)}
-
-
 async def run_daemon(
     config: Config, *, socket_path: str | None = None, prelaunched: bool = False
 ) -> int:
@@ -695,7 +204,7 @@ async def run_daemon(
 
     try:
         service = await build_service(config, kmod, limits=limits, usage=usage, gputime=gputime)
-        await service.recover_local()
+        await service.recovery.recover_local()
     except BaseException:
         close()
         raise
@@ -722,33 +231,19 @@ async def run_daemon(
     local_handler = LocalApiHandler(service, labels, config.containerd_socket)
     local_api = LocalApiServer(config.api_socket, local_handler, local_handler.undelivered)
     reconciler = (
-        Reconciler(config.containerd_socket, ReconcileOwner(service))
+        Reconciler(config.containerd_socket, ReconcileOwner(service.local_shares))
         if config.containerd_socket
         else None
     )
 
-    async def snapshot() -> dict[str, Any]:
-        memory = await service.read_usage()
-        nri_state = {
-            "connected": stub.synchronized.is_set(),
-            "sessions": stub.sessions,
-            "last_error": stub.last_error,
-            "handler_ms": {
-                method: _summary(samples) for method, samples in stub.handler_seconds.items()
-            },
-        }
-        containerd = (
-            {"socket": config.containerd_socket, **reconciler.state()}
-            if reconciler is not None
-            else {"socket": "", "connected": False, "last_error": "containerd.socket is off"}
-        )
-        return {
-            "version": plugin_version(),
-            **service.status(memory),
-            "nri": nri_state,
-            "local_api": {"socket": config.api_socket, "requests": local_api.requests},
-            "containerd": containerd,
-        }
+    snapshot = StatusDocument(
+        service,
+        stub,
+        local_api,
+        config.api_socket,
+        config.containerd_socket,
+        reconciler,
+    )
 
     async def metrics_snapshot() -> MetricsSnapshot:
         document = await snapshot()  # then, with nothing awaited, the counters

@@ -27,7 +27,7 @@ import logging
 import socket
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -43,7 +43,9 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from nri_gpushare.config import ConfigError
+from nri_gpushare.daemon.nri_handler import LATENCY_BUCKETS, Histogram
 from nri_gpushare.share.decisions import DECISIONS, REFUSAL_REASONS
+from nri_gpushare.share.model import KMOD_MODES
 
 log = logging.getLogger(__name__)
 
@@ -53,43 +55,8 @@ MAX_CONNECTIONS = 16
 """Connections served at once; more are closed unanswered."""
 IDLE_TIMEOUT = 10.0
 """Seconds a connection may stay silent (sending its request, reading the answer)."""
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-"""Upper bounds (seconds) of the NRI handler latency histogram (+Inf added)."""
-KMOD_MODES = ("required", "optional", "off")
 LABEL_CHARS = 128
 """A label value taken from a container (its name) is cut to this many characters."""
-
-
-# -- what the handlers count, read on the loop ----------------------------------------
-
-
-@dataclass
-class Histogram:
-    """Observations in `LATENCY_BUCKETS` (non-cumulative; the last is +Inf)."""
-
-    counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
-    total: float = 0.0
-
-    def observe(self, seconds: float) -> None:
-        i = next((i for i, le in enumerate(LATENCY_BUCKETS) if seconds <= le), -1)
-        self.counts[i] += 1
-        self.total += seconds
-
-    def copy(self) -> Histogram:
-        return Histogram(list(self.counts), self.total)
-
-
-@dataclass
-class HandlerLatency:
-    """Time spent in the plugin's NRI handlers, per event (on the event loop)."""
-
-    events: dict[str, Histogram] = field(default_factory=dict)
-
-    def observe(self, event: str, seconds: float) -> None:
-        self.events.setdefault(event, Histogram()).observe(seconds)
-
-    def copy(self) -> dict[str, Histogram]:
-        return {event: h.copy() for event, h in self.events.items()}
 
 
 @dataclass(frozen=True)

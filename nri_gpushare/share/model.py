@@ -8,18 +8,28 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from nri_gpushare.units import format_bytes, quote
 
-PLACEMENTS = ("binpack", "spread")
-PRIORITIES = ("normal", "high")
-ISOLATIONS = ("full", "memory", "none")
-ORIGINS = ("", "cdi", "runc")
+Placement = Literal["binpack", "spread"]
+Priority = Literal["normal", "high"]
+Isolation = Literal["full", "memory", "none"]
+Origin = Literal["", "cdi", "runc"]
 """How a share was asked for: "" NRI, "cdi" the CDI hook, "runc" gpushare-runc."""
-KMOD_MODES = ("required", "optional", "off")
-UNSERVED_ACTIONS = ("warn", "deny")
-PRELOAD_MODES = ("ld.so.preload", "env")
-LIBRARY_MISSING_ACTIONS = ("refuse", "warn")
+KmodMode = Literal["required", "optional", "off"]
+UnservedAction = Literal["warn", "deny"]
+PreloadMode = Literal["ld.so.preload", "env"]
+LibraryMissingAction = Literal["refuse", "warn"]
+
+PLACEMENTS: tuple[Placement, ...] = get_args(Placement)
+PRIORITIES: tuple[Priority, ...] = get_args(Priority)
+ISOLATIONS: tuple[Isolation, ...] = get_args(Isolation)
+ORIGINS: tuple[Origin, ...] = get_args(Origin)
+KMOD_MODES: tuple[KmodMode, ...] = get_args(KmodMode)
+UNSERVED_ACTIONS: tuple[UnservedAction, ...] = get_args(UnservedAction)
+PRELOAD_MODES: tuple[PreloadMode, ...] = get_args(PreloadMode)
+LIBRARY_MISSING_ACTIONS: tuple[LibraryMissingAction, ...] = get_args(LibraryMissingAction)
 DEFAULT_LIBRARY = "/usr/lib/nri-gpushare/libgpushare.so"
 DEFAULT_CONTAINER_LIBRARY = "/usr/lib/gpushare/libgpushare.so"
 ETC_LD_SO_PRELOAD = "/etc/ld.so.preload"
@@ -76,8 +86,8 @@ class InterposerPolicy:
 
     library: str = DEFAULT_LIBRARY
     container_path: str = DEFAULT_CONTAINER_LIBRARY
-    preload: str = "ld.so.preload"
-    missing: str = "refuse"
+    preload: PreloadMode = "ld.so.preload"
+    missing: LibraryMissingAction = "refuse"
     allow_managed: bool = False
     preload_file: str = ""
 
@@ -141,12 +151,12 @@ class NodePolicy:
 
     memory_reserve_bytes: int = 0
     max_inst: int = 16
-    default_placement: str = "binpack"
+    default_placement: Placement = "binpack"
     max_high_priority_per_gpu: int = 1
-    kmod_mode: str = "optional"
+    kmod_mode: KmodMode = "optional"
     pod_sources: SourcePolicy = POD_SOURCES
     standalone_sources: SourcePolicy = STANDALONE_SOURCES
-    unserved: str = "warn"
+    unserved: UnservedAction = "warn"
     interposer: InterposerPolicy | None = None
 
     def sources_for(self, c: ContainerInfo) -> SourcePolicy:
@@ -234,12 +244,12 @@ class Allocation:
     name: str
     pod: str  # "namespace/name", "" outside Kubernetes
     shares: tuple[GpuShare, ...]
-    priority: str = "normal"
-    isolation: str = "full"
+    priority: Priority = "normal"
+    isolation: Isolation = "full"
     interposer: bool = False  # libgpushare.so was injected (recorded; not in the annotation)
     #: How it was asked for: "" through NRI (a Kubernetes pod), "cdi" (the CDI
     #: hook) or "runc" (gpushare-runc) for containers NRI does not see.
-    origin: str = ""
+    origin: Origin = ""
     namespace: str = ""  # the containerd namespace of a container asked for outside NRI
     #: resources.limits: resource short name ("gpu-memory") -> the device IDs the
     #: kubelet gave the container, as ranges ("0-7"); empty when it asked otherwise.

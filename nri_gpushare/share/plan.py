@@ -11,6 +11,18 @@ The interposer: a share that was given it (`Allocation.interposer`, decided at
 create from its isolation and whether the node has the library) gets the
 mounts and variables of `interposer.interposer_injection`.
 
+The ``gpushare.io/assigned`` annotation says what the container was given,
+for people and tools (``crictl inspect``); compact JSON, keys sorted::
+
+    {"gpus": [{"core": 30, "index": 0, "memory": 2147483648, "uuid": "GPU-..."}],
+     "isolation": "full", "priority": "normal", "version": 1}
+
+It is output only: the plugin never reads it back as a grant (a container or
+its pod can set it), and one found on a container's input is ignored with a
+warning and removed.  Recovery uses the daemon's records and the kernel
+module (`records`), and only compares a live container's annotation with
+what the record says it was given.
+
 Device nodes: the common NVIDIA nodes, one per GPU, and the kernel module's
 control device when the container is registered with the module.  Which nodes
 the host has is asked through `DeviceLookup` (the daemon wires in the host's,
@@ -19,20 +31,23 @@ the host has is asked through `DeviceLookup` (the daemon wires in the host's,
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 from nri_gpushare.names import ASSIGNED
-from nri_gpushare.share.assigned import assigned_annotation
 from nri_gpushare.share.interposer import interposer_injection
 from nri_gpushare.share.model import (
     Allocation,
     DeviceNode,
     Gpu,
+    GpuShare,
     InjectionPlan,
     InterposerPolicy,
     Mount,
 )
+
+ASSIGNED_VERSION = 1
 
 
 class DeviceLookup(Protocol):
@@ -76,3 +91,19 @@ def injection_plan(
         mounts, more = interposer_injection(interposer, container_env or {})
         env.update(more)
     return InjectionPlan(tuple(nodes), env, {ASSIGNED: assigned_annotation(alloc)}, mounts)
+
+
+def share_json(s: GpuShare) -> dict[str, Any]:
+    """One GPU share as the annotation, the records and the status document write it."""
+    return {"index": s.index, "uuid": s.uuid, "memory": s.memory_bytes, "core": s.core_percent}
+
+
+def assigned_annotation(alloc: Allocation) -> str:
+    """The gpushare.io/assigned value for an allocation."""
+    data: Mapping[str, Any] = {
+        "version": ASSIGNED_VERSION,
+        "gpus": [share_json(s) for s in alloc.shares],
+        "priority": alloc.priority,
+        "isolation": alloc.isolation,
+    }
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))

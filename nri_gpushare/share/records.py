@@ -42,11 +42,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from nri_gpushare.names import ASSIGNED, RESOURCES
-from nri_gpushare.share.assigned import assigned_annotation, share_json
 from nri_gpushare.share.ids import format_ids, parse_ids
 from nri_gpushare.share.kernel import Registration
 from nri_gpushare.share.kmod_link import registered_as
@@ -59,6 +58,7 @@ from nri_gpushare.share.model import (
     Gpu,
     GpuShare,
 )
+from nri_gpushare.share.plan import assigned_annotation, share_json
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,36 @@ class MemoryStore:
 
     def append(self, text: str) -> None:
         self.text = (self.text or "") + text
+
+
+class Journal:
+    """The records kept as a journal: each change appended to `store`, the
+    whole table (`current`) rewritten every `COMPACT_AFTER` changes."""
+
+    def __init__(self, store: AllocationStore, current: Callable[[], Iterable[Allocation]]) -> None:
+        self.store = store
+        self.current = current
+        self.changes = 0  # lines appended since the last snapshot
+
+    def append(self, line: str) -> None:
+        """Append a change, compacting now and then; raises OSError."""
+        if self.changes >= COMPACT_AFTER:
+            self.rewrite()
+        self.store.append(line)
+        self.changes += 1
+
+    def rewrite(self) -> None:
+        """Rewrite the records as the table; raises OSError."""
+        self.store.replace(snapshot(self.current()))
+        self.changes = 0
+
+    def or_log(self, write: Callable[[], None]) -> None:
+        """`write`, its OSError logged: stale records are harmless, since
+        recovery checks them against live containers."""
+        try:
+            write()
+        except OSError as e:
+            log.error("cannot record allocations: %s", e)
 
 
 def _line(data: object) -> str:

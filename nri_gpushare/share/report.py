@@ -48,10 +48,10 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from nri_gpushare.share.assigned import share_json
 from nri_gpushare.share.limits import LimitLink
 from nri_gpushare.share.model import Allocation, Gpu, NodePolicy
 from nri_gpushare.share.placement import Ledger
+from nri_gpushare.share.plan import share_json
 from nri_gpushare.share.usage import ComputeUse, MemoryUse, SchedState
 
 NOT_READ = MemoryUse(None, why="unknown: not read")

@@ -7,13 +7,8 @@ import asyncio
 import pytest
 
 from nri_gpushare.config import ConfigError, parse_config
-from nri_gpushare.daemon.main import (
-    GpuShareHandler,
-    adjustment,
-    build_service,
-    container_info,
-    kmod_worker,
-)
+from nri_gpushare.daemon.main import build_service, kmod_worker
+from nri_gpushare.daemon.nri_handler import GpuShareHandler, adjustment, container_info
 from nri_gpushare.daemon.status import StatusServer
 from nri_gpushare.host.kmod_worker import OffLoopKernelModule
 from nri_gpushare.host.sockets import query_status
@@ -265,7 +260,7 @@ async def test_synchronize_survives_odd_containers_and_denies_unserved(tmp_path,
     handler = GpuShareHandler(await build_service(config, None))
     killed = []
     monkeypatch.setattr(
-        "nri_gpushare.daemon.main.kill_container",
+        "nri_gpushare.daemon.nri_handler.kill_container",
         lambda cid, pid: killed.append((cid, pid)) or f"killed (process {pid})",
     )
     pod = pod_asking_1gi()
@@ -294,7 +289,7 @@ async def test_a_split_synchronize_gathered_part_by_part_is_one_synchronize(tmp_
     assert handler._sync.waiting == [asked]  # web's pod came first in the same request
     await handler.configure("", "containerd", "1.7.24")  # the connection broke: start again
     assert handler.synchronize_part([plain], [web, asked]) is True
-    caplog.set_level("INFO", logger="nri_gpushare.daemon.main")
+    caplog.set_level("INFO", logger="nri_gpushare.daemon.nri_handler")
     assert await handler.synchronize([pod], []) == []
     assert list(handler.service.unserved) == ["c1"]
     assert "synchronized: 2 pod(s), 2 container(s)" in caplog.text
@@ -307,7 +302,7 @@ async def test_a_create_the_runtime_gave_up_on_leaves_nothing_booked(tmp_path, m
     )
     handler = GpuShareHandler(await build_service(config, None), request_timeout=lambda: 0.2)
     service = handler.service
-    record = service._record
+    record = service.journal.append
 
     def slow_record(line: str) -> None:  # a disk so slow that the answer comes too late
         import time
@@ -315,7 +310,7 @@ async def test_a_create_the_runtime_gave_up_on_leaves_nothing_booked(tmp_path, m
         time.sleep(0.3)
         record(line)
 
-    monkeypatch.setattr(service, "_record", slow_record)
+    monkeypatch.setattr(service.journal, "append", slow_record)
     pod = pod_asking_1gi()
     ctr = lite.decode_container(bytes(nri.Container(id="c1", pod_sandbox_id="p", name="main")))
     with pytest.raises(PluginError, match="not placed within the runtime's request timeout"):
@@ -333,7 +328,7 @@ async def test_deny_reaches_a_container_that_starts_after_synchronize(tmp_path, 
         killed.append(pid)
         return f"killed (process {pid})" if pid else "not running: nothing to kill"
 
-    monkeypatch.setattr("nri_gpushare.daemon.main.kill_container", kill)
+    monkeypatch.setattr("nri_gpushare.daemon.nri_handler.kill_container", kill)
     pod = pod_asking_1gi()
     created = nri.Container(
         id="c1", pod_sandbox_id="p", name="main", state=nri.ContainerState.CONTAINER_CREATED
@@ -450,8 +445,8 @@ async def test_a_container_started_without_its_share_is_unserved(tmp_path):
 
 
 async def test_the_reconcile_owner_adopts_with_the_tasks_cgroup(monkeypatch, caplog):
-    import nri_gpushare.daemon.main as daemon_module
-    from nri_gpushare.daemon.main import ReconcileOwner
+    import nri_gpushare.daemon.adapters as daemon_module
+    from nri_gpushare.daemon.adapters import ReconcileOwner
 
     adopted: list[tuple[str, str, int, str]] = []
 

@@ -243,15 +243,15 @@ def decisions(lines):
 
 async def test_service_logs_placed_refused_released_once_each(captured):
     svc = make()
-    await svc.create_container(ctr("a", gpu_memory="8Gi", gpu_core="30"))
-    await svc.create_container(ctr("a", gpu_memory="8Gi", gpu_core="30"))  # asked again
+    await svc.lifecycle.create_container(ctr("a", gpu_memory="8Gi", gpu_core="30"))
+    await svc.lifecycle.create_container(ctr("a", gpu_memory="8Gi", gpu_core="30"))  # asked again
     with pytest.raises(ShareRefused):
-        await svc.create_container(ctr("b", gpu_memory="40Gi"))
+        await svc.lifecycle.create_container(ctr("b", gpu_memory="40Gi"))
     with pytest.raises(ShareRefused):
-        await svc.create_container(ctr("c", gpu_memory="lots"))
-    await svc.create_container(ctr("d"))  # asks for nothing: no decision
-    assert await svc.release("a", "stopped (StopContainer)")
-    assert not await svc.release("a", "removed (RemoveContainer)")
+        await svc.lifecycle.create_container(ctr("c", gpu_memory="lots"))
+    await svc.lifecycle.create_container(ctr("d"))  # asks for nothing: no decision
+    assert await svc.lifecycle.release("a", "stopped (StopContainer)")
+    assert not await svc.lifecycle.release("a", "removed (RemoveContainer)")
     text, _ = captured()
     got = decisions([line for line in text if "decision=" in line])
     assert [(d["decision"], d["container"]) for d in got] == [
@@ -270,8 +270,8 @@ async def test_service_logs_placed_refused_released_once_each(captured):
 
 async def test_synchronize_logs_the_release_of_containers_gone(captured):
     svc = make()
-    await svc.create_container(ctr("a", gpu_memory="1Gi"))
-    await svc.synchronize([])  # the runtime no longer has it
+    await svc.lifecycle.create_container(ctr("a", gpu_memory="1Gi"))
+    await svc.recovery.synchronize([])  # the runtime no longer has it
     text, _ = captured()
     got = decisions([line for line in text if "decision=" in line])
     assert [(d["decision"], d["container"]) for d in got] == [("placed", "a"), ("released", "a")]

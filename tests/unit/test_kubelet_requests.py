@@ -13,14 +13,15 @@ import logging
 import pytest
 
 from nri_gpushare.config import parse_config
-from nri_gpushare.daemon.main import FRAGMENTED, GpuShareHandler, PodEvents, build_service
+from nri_gpushare.daemon.adapters import FRAGMENTED, PodEvents
+from nri_gpushare.daemon.main import build_service
 from nri_gpushare.daemon.metrics import Snapshot
+from nri_gpushare.daemon.nri_handler import GpuShareHandler
 from nri_gpushare.k8s.events import PodRef
 from nri_gpushare.names import ASSIGNED, CORE, COUNT, KUBELET_ANNOTATIONS, MEMORY
 from nri_gpushare.nri.api import lite, nri
 from nri_gpushare.nri.stub import PluginError
 from nri_gpushare.share import records
-from nri_gpushare.share.assigned import assigned_annotation
 from nri_gpushare.share.decisions import REFUSAL_REASONS, refusal_reason
 from nri_gpushare.share.kernel import GpuQuota, Registration
 from nri_gpushare.share.model import (
@@ -31,6 +32,7 @@ from nri_gpushare.share.model import (
     ShareRefused,
     SourcePolicy,
 )
+from nri_gpushare.share.plan import assigned_annotation
 from nri_gpushare.share.records import MemoryStore
 from nri_gpushare.share.request import ignored, parse_request
 from nri_gpushare.share.service import ShareService
@@ -373,11 +375,11 @@ async def test_status_and_records_carry_the_ids():
     svc = service()
     await svc.start()
     c = pod(limits(memory=8, core=60, count=2))
-    plan = await svc.create_container(c)
+    plan = await svc.lifecycle.create_container(c)
     assert plan.env["GPUSHARE_MEMORY_LIMIT"] == f"{4 * GiB},{4 * GiB}"
     assert plan.env["GPUSHARE_CORE_LIMIT"] == "30,30"
     other = pod(cid="d", pod_annotations={P + "gpu-memory": "1Gi"})
-    await svc.create_container(other)
+    await svc.lifecycle.create_container(other)
     entries = {a["container_id"]: a for a in svc.status()["allocations"]}
     want = {"gpu-core": "0-59", "gpu-count": "0-1", "gpu-memory": "0-7"}
     assert entries["c"]["kubelet"] == want
@@ -435,13 +437,13 @@ async def test_a_record_with_garbled_ids_keeps_its_share_and_the_container_gives
     svc = service(kmod=kmod, store=MemoryStore())
     await svc.start()
     c = pod(limits(memory=4, core=20))
-    lc = live(c, await svc.create_container(c))
+    lc = live(c, await svc.lifecycle.create_container(c))
     text = svc.store.load().replace('"gpu-memory":"0-3"', '"gpu-memory":"junk"')
     assert "junk" in text
     kmod.regs.clear()  # the module lost it (reloaded) or is not there: the record is all
     fresh = service(kmod=kmod, store=MemoryStore(text))
     await fresh.start()
-    await fresh.synchronize([lc])
+    await fresh.recovery.synchronize([lc])
     want = {"gpu-core": "0-19", "gpu-memory": "0-3"}
     assert fresh.allocations["c"].kubelet == want
     assert fresh.status()["allocations"][0]["kubelet"] == want
@@ -453,12 +455,12 @@ async def test_restart_recovers_the_ids_from_the_records_or_the_container():
     svc = service(kmod=kmod, store=MemoryStore())
     await svc.start()
     c = pod(limits(memory=4, core=20))
-    lc = live(c, await svc.create_container(c))
+    lc = live(c, await svc.lifecycle.create_container(c))
     want = {"gpu-core": "0-19", "gpu-memory": "0-3"}
     for store in (MemoryStore(svc.store.load()), MemoryStore()):  # records; the module only
         fresh = service(kmod=kmod, store=store)
         await fresh.start()
-        await fresh.synchronize([lc])
+        await fresh.recovery.synchronize([lc])
         assert fresh.allocations["c"].kubelet == want
         assert fresh.status()["allocations"][0]["kubelet"] == want
 
@@ -468,11 +470,11 @@ async def test_when_the_module_wins_over_a_record_the_ids_stay():
     svc = service(kmod=kmod, store=MemoryStore())
     await svc.start()
     c = pod(limits(memory=4))
-    lc = live(c, await svc.create_container(c))
+    lc = live(c, await svc.lifecycle.create_container(c))
     kmod.regs["c"] = Registration("c", (GpuQuota(1, 2 * GiB, 0),))  # differs from the record
     fresh = service(kmod=kmod, store=MemoryStore(svc.store.load()))
     await fresh.start()
-    await fresh.synchronize([lc])
+    await fresh.recovery.synchronize([lc])
     alloc = fresh.allocations["c"]
     assert alloc.shares[0].index == 1 and alloc.kubelet == {"gpu-memory": "0-3"}
 
@@ -495,7 +497,7 @@ async def two_gpus_with_10gib_free() -> ShareService:
     svc = service(gpus=make_gpus(2, 16 * GiB))
     await svc.start()
     for i in range(2):
-        await svc.create_container(
+        await svc.lifecycle.create_container(
             pod(
                 cid=f"fill{i}", pod_annotations={P + "gpu-memory": "6Gi", P + "gpu-devices": str(i)}
             )
@@ -506,7 +508,7 @@ async def two_gpus_with_10gib_free() -> ShareService:
 async def test_twelve_gib_on_two_gpus_with_ten_free_each_is_fragmentation():
     svc = await two_gpus_with_10gib_free()
     with pytest.raises(ShareRefused) as info:
-        await svc.create_container(pod(limits(memory=12), cid="big"))
+        await svc.lifecycle.create_container(pod(limits(memory=12), cid="big"))
     e = info.value
     assert e.reason == "fragmentation" and e.key == "gpushare.io/gpu-memory"
     text = str(e)
@@ -520,7 +522,7 @@ async def test_twelve_gib_on_two_gpus_with_ten_free_each_is_fragmentation():
     assert "big" not in svc.allocations
     assert svc.decisions.refusals == {"fragmentation": 1}
     # split over both GPUs it fits
-    await svc.create_container(pod(limits(memory=12, count=2), cid="split"))
+    await svc.lifecycle.create_container(pod(limits(memory=12, count=2), cid="split"))
     assert svc.allocations["split"].shares[0].memory_bytes == 6 * GiB
 
 
@@ -528,7 +530,7 @@ async def test_fragmentation_for_several_gpus_and_compute():
     svc = service(gpus=make_gpus(3, 16 * GiB))
     await svc.start()
     for i, core in enumerate((70, 50, 40)):
-        await svc.create_container(
+        await svc.lifecycle.create_container(
             pod(
                 cid=f"fill{i}",
                 pod_annotations={
@@ -539,7 +541,7 @@ async def test_fragmentation_for_several_gpus_and_compute():
             )
         )
     with pytest.raises(ShareRefused) as info:  # 2 x 55%: 140% free, only GPU 2 has 60%
-        await svc.create_container(pod(limits(memory=2, core=110, count=2), cid="x"))
+        await svc.lifecycle.create_container(pod(limits(memory=2, core=110, count=2), cid="x"))
     assert info.value.reason == "fragmentation"
     assert "only 1 GPU has 1024Mi and 55% compute free, 2 needed" in str(info.value)
     assert "GPU 0 (" in str(info.value) and "15360Mi and 30% compute free" in str(info.value)
@@ -552,7 +554,7 @@ async def test_not_fragmentation_when_the_total_is_short_or_the_request_is_an_an
         pod(pod_annotations={P + "gpu-memory": "12Gi"}, cid="annotation"),
     ):
         with pytest.raises(ShareRefused) as info:
-            await svc.create_container(c)
+            await svc.lifecycle.create_container(c)
         assert info.value.reason == "capacity", str(info.value)
     assert svc.decisions.refusals == {"capacity": 2}
 
@@ -561,13 +563,13 @@ async def test_max_inst_is_the_usual_refusal():
     svc = service(gpus=make_gpus(2, 16 * GiB), max_inst=1)
     await svc.start()
     for i in range(2):
-        await svc.create_container(
+        await svc.lifecycle.create_container(
             pod(
                 cid=f"fill{i}", pod_annotations={P + "gpu-memory": "1Gi", P + "gpu-devices": str(i)}
             )
         )
     with pytest.raises(ShareRefused) as info:
-        await svc.create_container(pod(limits(memory=2), cid="x"))
+        await svc.lifecycle.create_container(pod(limits(memory=2), cid="x"))
     assert info.value.reason == "capacity" and "max_inst 1" in str(info.value)
 
 
@@ -578,11 +580,11 @@ async def test_a_gpu_full_of_containers_does_not_hide_fragmentation():
     await svc.start()
     fills = [(0, "1Gi"), (0, "1Gi"), (1, "13Gi"), (2, "13Gi")]
     for n, (i, size) in enumerate(fills):
-        await svc.create_container(
+        await svc.lifecycle.create_container(
             pod(cid=f"fill{n}", pod_annotations={P + "gpu-memory": size, P + "gpu-devices": str(i)})
         )
     with pytest.raises(ShareRefused) as info:
-        await svc.create_container(pod(limits(memory=4), cid="x"))
+        await svc.lifecycle.create_container(pod(limits(memory=4), cid="x"))
     e = info.value
     assert e.reason == "fragmentation", str(e)
     text = str(e)
@@ -591,7 +593,7 @@ async def test_a_gpu_full_of_containers_does_not_hide_fragmentation():
     assert "14336Mi and 100% compute free (holds 2 containers, max_inst 2: not in" in text
     # 3 GiB fits GPU 1 or 2; 7 GiB is more than the counted total: stale, capacity
     with pytest.raises(ShareRefused) as info:
-        await svc.create_container(pod(limits(memory=7), cid="y"))
+        await svc.lifecycle.create_container(pod(limits(memory=7), cid="y"))
     assert info.value.reason == "capacity"
     assert svc.decisions.refusals == {"fragmentation": 1, "capacity": 1}
 
@@ -644,7 +646,7 @@ async def handler_on_two_gpus(tmp_path, events: PodEvents | None) -> GpuShareHan
     )
     handler = GpuShareHandler(await build_service(config, None), events=events)
     for i in range(2):
-        await handler.service.create_container(
+        await handler.service.lifecycle.create_container(
             pod(
                 cid=f"fill{i}", pod_annotations={P + "gpu-memory": "6Gi", P + "gpu-devices": str(i)}
             )

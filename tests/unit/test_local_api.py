@@ -160,14 +160,14 @@ async def test_a_pod_and_a_local_container_compete_for_the_last_memory():
         pod_uid="u",
         pod_annotations={P + "gpu-memory": "3Gi"},
     )
-    await svc.create_container(pod)
+    await svc.lifecycle.create_container(pod)
     labels = Labels({("default", "c1"): {P + "gpu-memory": "3Gi"}})
     reply = await LocalApiHandler(svc, labels)(create())
     assert not reply.ok and reply.reason == "capacity"
-    await svc.release("pod-c")
+    await svc.lifecycle.release("pod-c")
     assert (await LocalApiHandler(svc, labels)(create())).ok
     with pytest.raises(ShareRefused):
-        await svc.create_container(pod)
+        await svc.lifecycle.create_container(pod)
 
 
 async def test_an_id_held_in_another_namespace_or_by_a_pod_is_refused():
@@ -190,7 +190,7 @@ async def test_an_id_held_in_another_namespace_or_by_a_pod_is_refused():
         pod_annotations={P + "gpu-memory": "1Gi"},
     )
     with pytest.raises(ShareRefused, match="runc:a"):
-        await svc.create_container(pod)
+        await svc.lifecycle.create_container(pod)
 
 
 async def test_release_frees_only_a_local_share_of_that_namespace():
@@ -206,7 +206,7 @@ async def test_release_frees_only_a_local_share_of_that_namespace():
         pod_uid="u",
         pod_annotations={P + "gpu-memory": "1Gi"},
     )
-    await svc.create_container(pod)
+    await svc.lifecycle.create_container(pod)
     assert await handler(Request("release", "other", "c1")) == Reply(True, released=False)
     assert await handler(Request("release", "k8s.io", "pod-c")) == Reply(True, released=False)
     assert "pod-c" in svc.allocations
@@ -221,7 +221,7 @@ async def test_start_binds_the_registration_to_the_cgroup_given_at_create():
     await handler(create())
     assert await handler(Request("start", "default", "c1", pid=4242)) == Reply(True)
     assert kmod.cgroups["c1"] == "/default/c1"
-    assert svc.local_allocations()[0].pid == 4242
+    assert svc.local_shares.local_allocations()[0].pid == 4242
 
 
 async def test_the_cdi_hook_binds_at_once_and_is_held_to_its_devices():
@@ -275,7 +275,7 @@ async def test_nri_synchronize_keeps_local_shares():
     svc, kmod = await make()
     labels = Labels({("default", "c1"): {P + "gpu-memory": "3Gi"}})
     await LocalApiHandler(svc, labels)(create())
-    await svc.synchronize([])  # the pods' runtime came back with no pods
+    await svc.recovery.synchronize([])  # the pods' runtime came back with no pods
     assert "c1" in svc.allocations and "c1" in kmod.regs
     assert svc.ledger.usage[0].memory_bytes + svc.ledger.usage[1].memory_bytes == 3 * GiB
 
@@ -286,15 +286,15 @@ async def test_a_restarted_daemon_recovers_local_shares_from_its_records():
     labels = Labels({("default", "c1"): {P + "gpu-memory": "3Gi"}})
     await LocalApiHandler(svc, labels)(create())
     again, _ = await make(kmod=kmod, store=store)
-    await again.recover_local()
+    await again.recovery.recover_local()
     alloc = again.allocations["c1"]
     assert (alloc.origin, alloc.namespace) == ("runc", "default")
     assert "c1" in again.registered
-    refs = again.local_allocations()
+    refs = again.local_shares.local_allocations()
     assert [(r.namespace, r.container_id, r.pid, r.since) for r in refs] == [
         ("default", "c1", 0, 0.0)
     ]
-    await again.synchronize([])
+    await again.recovery.synchronize([])
     assert "c1" in again.allocations
 
 
@@ -306,14 +306,14 @@ async def test_a_recovered_share_whose_start_was_missed_is_adopted_and_bound():
     svc, kmod = await make(store=store)
     await LocalApiHandler(svc, Labels({("default", "c1"): {P + "gpu-memory": "3Gi"}}))(create())
     again, _ = await make(kmod=kmod, store=store)
-    await again.recover_local()
+    await again.recovery.recover_local()
     assert "c1" not in kmod.cgroups
-    assert not await again.adopt_local("other-ns", "c1", 42, "/other-ns/c1")
-    assert not await again.adopt_local("default", "c2", 42, "/default/c2")
-    assert await again.adopt_local("default", "c1", 42, "/default/c1")
+    assert not await again.local_shares.adopt_local("other-ns", "c1", 42, "/other-ns/c1")
+    assert not await again.local_shares.adopt_local("default", "c2", 42, "/default/c2")
+    assert await again.local_shares.adopt_local("default", "c1", 42, "/default/c1")
     assert kmod.cgroups["c1"] == "/default/c1"
-    assert [r.pid for r in again.local_allocations()] == [42]
-    assert not await again.adopt_local("default", "c1", 43, "/default/elsewhere")
+    assert [r.pid for r in again.local_shares.local_allocations()] == [42]
+    assert not await again.local_shares.adopt_local("default", "c1", 43, "/default/elsewhere")
     assert kmod.cgroups["c1"] == "/default/c1"
 
 
@@ -323,18 +323,19 @@ async def test_a_failed_adoption_is_tried_again_and_a_start_after_recovery_leave
     labels = Labels({("default", "c1"): {P + "gpu-memory": "3Gi"}})
     await LocalApiHandler(svc, labels)(create())
     again, _ = await make(kmod_mode="required", kmod=kmod, store=store)
-    await again.recover_local()
+    await again.recovery.recover_local()
     # The wrapper's start reaches the restarted daemon, which knows no cgroup
     # for it: nothing is bound and the pid stays unknown, for the reconciler.
     handler = LocalApiHandler(again, labels)
     assert (await handler(Request("start", "default", "c1", pid=42))).ok
-    assert "c1" not in kmod.cgroups and [r.pid for r in again.local_allocations()] == [0]
+    refs = again.local_shares.local_allocations()
+    assert "c1" not in kmod.cgroups and [r.pid for r in refs] == [0]
     # The module refuses the bind: nothing is half done, the next pass retries.
     kmod.fail_next["bind_cgroup"] = KmodError("gpushare.ko has not answered", errno.ETIMEDOUT)
     with pytest.raises(ShareRefused):
-        await again.adopt_local("default", "c1", 42, "/default/c1")
-    assert [r.pid for r in again.local_allocations()] == [0]
-    assert await again.adopt_local("default", "c1", 42, "/default/c1")
+        await again.local_shares.adopt_local("default", "c1", 42, "/default/c1")
+    assert [r.pid for r in again.local_shares.local_allocations()] == [0]
+    assert await again.local_shares.adopt_local("default", "c1", 42, "/default/c1")
     assert kmod.cgroups["c1"] == "/default/c1"
 
 
@@ -344,7 +345,7 @@ async def test_recovery_registers_a_share_the_module_lost():
     await LocalApiHandler(svc, Labels({("default", "c1"): {P + "gpu-memory": "3Gi"}}))(create())
     fresh = FakeKernelModule()
     again, _ = await make(kmod=fresh, store=store)
-    await again.recover_local()
+    await again.recovery.recover_local()
     assert "c1" in fresh.regs and "c1" in again.registered
 
 
@@ -497,7 +498,7 @@ async def test_a_kubernetes_container_with_a_cdi_device_needs_its_nri_share():
         pod_uid="u",
         pod_annotations={P + "gpu-memory": "1Gi"},
     )
-    await svc.create_container(pod)
+    await svc.lifecycle.create_container(pod)
     again = await handler(
         create("k1", "k8s.io", via="cdi", pid=9, gpu_minors=(0,), annotations=annotations)
     )
@@ -541,7 +542,7 @@ async def test_a_bind_the_module_refuses_fails_the_cdi_create_and_frees_the_shar
 
 
 async def test_nri_events_for_the_same_id_leave_a_hand_started_share_alone():
-    from nri_gpushare.daemon.main import GpuShareHandler
+    from nri_gpushare.daemon.nri_handler import GpuShareHandler
     from nri_gpushare.nri.api import lite, nri
 
     svc, kmod = await make()

@@ -13,12 +13,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from nri_gpushare.config import ConfigError
 from nri_gpushare.daemon import metrics
 from nri_gpushare.daemon.metrics import (
-    HandlerLatency,
     MetricsServer,
     Snapshot,
     SnapshotCollector,
     families,
 )
+from nri_gpushare.daemon.nri_handler import HandlerLatency
 from nri_gpushare.share.decisions import REFUSAL_REASONS
 
 GiB = 1 << 30

@@ -209,7 +209,7 @@ def setup():
 
 async def test_status_shows_target_and_used_over_the_last_minute(setup: Setup) -> None:
     svc, procfs = setup.svc, setup.procfs
-    await svc.create_container(ctr("a", gpu_memory="1Gi", gpu_core="30"))
+    await svc.lifecycle.create_container(ctr("a", gpu_memory="1Gi", gpu_core="30"))
     [share] = setup.shares("a")
     assert (share["compute_target"], share["compute_used_pct"]) == (30, None)
     assert share["compute_used_why"] == "unknown: no sample yet"
@@ -233,10 +233,10 @@ async def test_registered_shares_are_read_except_isolation_none(setup: Setup) ->
     """isolation memory is registered with weight 0 and scheduled as best effort
     (the interposer gates it in module mode), so its GPU time is measured too."""
     svc, procfs = setup.svc, setup.procfs
-    await svc.create_container(ctr("a", gpu_memory="1Gi", gpu_core="30"))
-    await svc.create_container(ctr("m", gpu_memory="1Gi", isolation="memory"))
-    await svc.create_container(ctr("n", gpu_memory="1Gi", isolation="none"))
-    await svc.create_container(ctr("b", gpu_memory="1Gi"))  # no gpu-core: best effort
+    await svc.lifecycle.create_container(ctr("a", gpu_memory="1Gi", gpu_core="30"))
+    await svc.lifecycle.create_container(ctr("m", gpu_memory="1Gi", isolation="memory"))
+    await svc.lifecycle.create_container(ctr("n", gpu_memory="1Gi", isolation="none"))
+    await svc.lifecycle.create_container(ctr("b", gpu_memory="1Gi"))  # no gpu-core: best effort
     procfs.gputimes.update({(0, "a"): 0, (0, "b"): 0, (0, "m"): 0})
     await svc.sample_compute(now=0.0)
     assert sorted(procfs.reads) == [(0, "a"), (0, "b"), (0, "m")]
@@ -252,27 +252,27 @@ async def test_registered_shares_are_read_except_isolation_none(setup: Setup) ->
 
 async def test_released_and_created_again_with_the_same_id_starts_afresh(setup: Setup) -> None:
     svc, procfs = setup.svc, setup.procfs
-    await svc.create_container(ctr("a", gpu_memory="1Gi", gpu_core="30"))
+    await svc.lifecycle.create_container(ctr("a", gpu_memory="1Gi", gpu_core="30"))
     procfs.gputimes[0, "a"] = 0
     await svc.sample_compute(now=0.0)
     procfs.gputimes[0, "a"] = 3 * S
     await svc.sample_compute(now=10.0)
     assert setup.shares("a")[0]["compute_used_pct"] == 30.0
-    await svc.release("a")
-    await svc.create_container(ctr("a", gpu_memory="1Gi", gpu_core="30"))
+    await svc.lifecycle.release("a")
+    await svc.lifecycle.create_container(ctr("a", gpu_memory="1Gi", gpu_core="30"))
     # Between two samples: the new registration's counter is already past the old one.
     procfs.gputimes[0, "a"] = 4 * S
     await svc.sample_compute(now=15.0)
     [share] = setup.shares("a")
     assert share["compute_used_pct"] is None and "one sample" in str(share["compute_used_why"])
-    await svc.release("a")
+    await svc.lifecycle.release("a")
     await svc.sample_compute(now=20.0)
     assert len(svc.compute) == 0  # a removed container's samples are forgotten
 
 
 async def test_module_unloaded_then_reloaded(setup: Setup) -> None:
     svc, procfs = setup.svc, setup.procfs
-    await svc.create_container(ctr("a", gpu_memory="1Gi", gpu_core="30"))
+    await svc.lifecycle.create_container(ctr("a", gpu_memory="1Gi", gpu_core="30"))
     procfs.gputimes[0, "a"] = 40 * S
     await svc.sample_compute(now=0.0)
     await svc.sample_compute(now=5.0)
@@ -291,7 +291,7 @@ async def test_module_unloaded_then_reloaded(setup: Setup) -> None:
 
 async def test_an_older_module_without_gputime_is_unknown_not_an_error(setup: Setup) -> None:
     svc, procfs = setup.svc, setup.procfs
-    await svc.create_container(ctr("a", gpu_memory="1Gi", gpu_core="30"))
+    await svc.lifecycle.create_container(ctr("a", gpu_memory="1Gi", gpu_core="30"))
     procfs.gputimes[0, "a"] = None
     await svc.sample_compute(now=0.0)
     [share] = setup.shares("a")
@@ -301,14 +301,14 @@ async def test_an_older_module_without_gputime_is_unknown_not_an_error(setup: Se
 async def test_standalone_and_unregistered_shares_say_why() -> None:
     setup = Setup(FakeKernelModule(loaded=False))
     try:
-        await setup.svc.create_container(ctr("a", gpu_memory="1Gi", gpu_core="30"))
+        await setup.svc.lifecycle.create_container(ctr("a", gpu_memory="1Gi", gpu_core="30"))
         await setup.svc.sample_compute(now=0.0)
         assert setup.procfs.reads == []
         [share] = setup.shares("a")
         assert share["compute_target"] == 30 and share["compute_policy"] is None
         assert share["compute_rule"].startswith("standalone: the interposer holds each process")
         assert share["compute_used_why"].startswith("unknown: standalone")
-        await setup.svc.create_container(ctr("b", gpu_memory="1Gi"))
+        await setup.svc.lifecycle.create_container(ctr("b", gpu_memory="1Gi"))
         [b] = setup.shares("b")
         assert b["compute_used_why"] == "unknown: not registered (the kernel module is not loaded)"
         assert b["compute_target"] is None
@@ -324,7 +324,7 @@ async def test_a_failing_reader_still_lets_status_answer() -> None:
     setup = Setup()
     setup.svc.gputime = Broken()
     try:
-        await setup.svc.create_container(ctr("a", gpu_memory="1Gi", gpu_core="30"))
+        await setup.svc.lifecycle.create_container(ctr("a", gpu_memory="1Gi", gpu_core="30"))
         await setup.svc.sample_compute(now=0.0)
         assert setup.shares("a")[0]["compute_used_why"] == "unknown: RuntimeError"
     finally:
@@ -403,7 +403,7 @@ def test_policy_rules() -> None:
 async def test_core_and_priority_reach_the_registration(container, quota) -> None:
     setup = Setup()
     try:
-        await setup.svc.create_container(container)
+        await setup.svc.lifecycle.create_container(container)
         assert setup.kmod.regs["a"].quotas == (quota,)
     finally:
         setup.close()

@@ -75,7 +75,7 @@ def ctr(cid, isolation=None, env=None, memory="2Gi"):
 @pytest.mark.parametrize("isolation", [None, "full", "memory"])
 async def test_full_and_memory_get_the_library_and_ld_so_preload(isolation):
     svc, _ = make()
-    plan = await svc.create_container(ctr("c1", isolation))
+    plan = await svc.lifecycle.create_container(ctr("c1", isolation))
     assert plan.mounts == (LIBRARY_MOUNT, PRELOAD_MOUNT)
     assert "LD_PRELOAD" not in plan.env and "GPUSHARE_ALLOW_MANAGED" not in plan.env
     assert svc.allocations["c1"].interposer is True
@@ -87,7 +87,7 @@ async def test_full_and_memory_get_the_library_and_ld_so_preload(isolation):
 async def test_isolation_none_gets_nothing_and_needs_no_library():
     library = Library("does not exist")
     svc, _ = make(library)
-    plan = await svc.create_container(ctr("c1", "none"))
+    plan = await svc.lifecycle.create_container(ctr("c1", "none"))
     assert plan.mounts == ()
     assert "LD_PRELOAD" not in plan.env
     assert library.asked == []
@@ -99,23 +99,23 @@ async def test_no_interposer_on_the_node_injects_nothing():
     svc = ShareService(
         make_gpus(1), NodePolicy(pod_sources=STANDALONE_SOURCES), None, FakeDevices()
     )
-    plan = await svc.create_container(ctr("c1"))
+    plan = await svc.lifecycle.create_container(ctr("c1"))
     assert plan.mounts == () and svc.allocations["c1"].interposer is False
     assert "no interposer" in svc.status()["allocations"][0]["unguarded"]["interposer"]
 
 
 async def test_preload_env_puts_ours_first_and_keeps_theirs():
     svc, _ = make(preload="env", preload_file="")
-    plan = await svc.create_container(ctr("c1", env={"LD_PRELOAD": "/opt/their.so"}))
+    plan = await svc.lifecycle.create_container(ctr("c1", env={"LD_PRELOAD": "/opt/their.so"}))
     assert plan.mounts == (LIBRARY_MOUNT,)
     assert plan.env["LD_PRELOAD"] == f"{IN_CONTAINER}:/opt/their.so"
-    plan = await svc.create_container(ctr("c2"))
+    plan = await svc.lifecycle.create_container(ctr("c2"))
     assert plan.env["LD_PRELOAD"] == IN_CONTAINER
 
 
 async def test_allow_managed_and_another_container_path():
     svc, _ = make(allow_managed=True, container_path="/opt/gs/lib.so")
-    plan = await svc.create_container(ctr("c1"))
+    plan = await svc.lifecycle.create_container(ctr("c1"))
     assert plan.env["GPUSHARE_ALLOW_MANAGED"] == "1"
     assert plan.mounts[0] == Mount(LIB, "/opt/gs/lib.so", options=RO)
     assert preload_file_text(svc.policy.interposer) == "/opt/gs/lib.so\n"
@@ -124,7 +124,7 @@ async def test_allow_managed_and_another_container_path():
 async def test_missing_library_refuses_with_advice_and_reserves_nothing():
     svc, kmod = make(Library("does not exist"))
     with pytest.raises(ShareRefused) as info:
-        await svc.create_container(ctr("c1", "memory"))
+        await svc.lifecycle.create_container(ctr("c1", "memory"))
     message = str(info.value)
     assert info.value.reason == "interposer"
     assert f"{LIB} does not exist on this node" in message
@@ -138,14 +138,14 @@ async def test_missing_library_refuses_with_advice_and_reserves_nothing():
 async def test_a_share_that_does_not_fit_is_refused_for_that_first():
     svc, _ = make(Library("does not exist"))
     with pytest.raises(ShareRefused) as info:
-        await svc.create_container(ctr("c1", memory="17Gi"))
+        await svc.lifecycle.create_container(ctr("c1", memory="17Gi"))
     assert info.value.reason == "capacity"
 
 
 async def test_missing_library_with_warn_creates_without_it(caplog):
     caplog.set_level(logging.WARNING)
     svc, kmod = make(Library("does not exist"), missing="warn")
-    plan = await svc.create_container(ctr("c1"))
+    plan = await svc.lifecycle.create_container(ctr("c1"))
     assert plan.mounts == () and "LD_PRELOAD" not in plan.env
     assert "created without the CUDA interposer (interposer.missing: warn)" in caplog.text
     assert "c1" in kmod.regs  # still registered: the module's books stay right
@@ -158,17 +158,17 @@ async def test_missing_library_with_warn_creates_without_it(caplog):
 async def test_asked_again_gives_the_same_mounts():
     svc, _ = make()
     c = ctr("c1")
-    assert await svc.create_container(c) == await svc.create_container(c)
+    assert await svc.lifecycle.create_container(c) == await svc.lifecycle.create_container(c)
 
 
 async def test_the_interposer_survives_a_restart_in_the_records():
     store = MemoryStore()
     svc, _ = make(store=store)
-    plans = {cid: await svc.create_container(ctr(cid, iso)) for cid, iso in [("a", None)]}
+    plans = {cid: await svc.lifecycle.create_container(ctr(cid, iso)) for cid, iso in [("a", None)]}
     library = Library("does not exist")
     warned, _ = make(library, store=store, missing="warn")
     # The library went missing meanwhile: warned-about create, recorded without it.
-    plans["b"] = await warned.create_container(ctr("b"))
+    plans["b"] = await warned.lifecycle.create_container(ctr("b"))
     assert '"interposer":true' in store.text and store.text.count("interposer") == 1
     again, _ = make(store=store, kmod=FakeKernelModule(loaded=False))
     live = []
@@ -185,7 +185,7 @@ async def test_the_interposer_survives_a_restart_in_the_records():
                 annotations=dict(plan.annotations),
             )
         )
-    await again.synchronize(live)
+    await again.recovery.synchronize(live)
     assert again.allocations["a"].interposer is True
     assert again.allocations["b"].interposer is False
 

@@ -36,7 +36,7 @@ def service(gpus=None, policy=None, kmod=None):
 
 
 async def placed(svc, c):
-    plan = await svc.create_container(c)
+    plan = await svc.lifecycle.create_container(c)
     assert plan is not None
     return [s.index for s in svc.allocations[c.id].shares]
 
@@ -48,7 +48,7 @@ def snapshot(svc, kmod):
 async def refuse(svc, kmod, c) -> ShareRefused:
     before = snapshot(svc, kmod)
     with pytest.raises(ShareRefused) as info:
-        await svc.create_container(c)
+        await svc.lifecycle.create_container(c)
     assert snapshot(svc, kmod) == before, "a refusal must leave nothing reserved"
     assert c.id not in svc.allocations
     return info.value
@@ -111,7 +111,7 @@ async def test_multi_gpu_gets_ascending_gpus_in_list_order(used, expected):
     svc, _ = service()
     await placed(svc, pod("a", {P + "gpu-devices": "0", P + "gpu-memory": used}))
     c = pod("b", {P + "gpu-memory": "8Gi,2Gi", P + "gpu-count": "3"})
-    await svc.create_container(c)
+    await svc.lifecycle.create_container(c)
     assert [(s.index, s.memory_bytes) for s in svc.allocations[c.id].shares] == expected
 
 
@@ -128,7 +128,7 @@ async def test_list_order_refusal_explains_ascending_order():
 async def test_explicit_devices_keep_their_order():
     svc, _ = service()
     c = pod("a", {P + "gpu-devices": "3,1", P + "gpu-memory": "4Gi,2Gi"})
-    await svc.create_container(c)
+    await svc.lifecycle.create_container(c)
     assert [(s.index, s.memory_bytes) for s in svc.allocations[c.id].shares] == [
         (3, 4 * GiB),
         (1, 2 * GiB),
@@ -280,14 +280,14 @@ async def test_release_frees_capacity():
     c = pod("a", {P + "gpu-memory": "32Gi"})
     await placed(svc, c)
     await refuse(svc, kmod, pod("b", {P + "gpu-memory": "1Mi"}))
-    assert await svc.release(c.id)
+    assert await svc.lifecycle.release(c.id)
     await placed(svc, pod("b", {P + "gpu-memory": "1Mi"}))
 
 
 async def test_cgpu_three_one_on_four_gpus():
     svc, kmod = service()
     c = pod("cgpu", {}, env={"ALIYUN_COM_GPU_MEM_CONTAINER": "3,1"})
-    plan = await svc.create_container(c)
+    plan = await svc.lifecycle.create_container(c)
     assert plan.env["GPUSHARE_MEMORY_LIMIT"] == ",".join(str(g * GiB) for g in (3, 1, 1, 1))
     assert [s.index for s in svc.allocations[c.id].shares] == [0, 1, 2, 3]
     assert [q.memory_bytes for q in kmod.regs[c.id].quotas] == [3 * GiB, GiB, GiB, GiB]
@@ -300,7 +300,7 @@ async def test_egpu_string_is_honoured():
         "NVIDIA_VISIBLE_DEVICES": "2,1",
     }
     c = pod("egpu", {}, env=env)
-    plan = await svc.create_container(c)
+    plan = await svc.lifecycle.create_container(c)
     assert [(s.index, s.memory_bytes, s.core_percent) for s in svc.allocations[c.id].shares] == [
         (2, 3276 * MiB, 10),
         (1, 3276 * MiB, 10),
@@ -324,27 +324,31 @@ def unguarded(gpus=None, **policy):
 
 async def test_compute_boundary_without_module():
     svc = unguarded()
-    await svc.create_container(pod("a", {P + "gpu-memory": "1Gi", P + "gpu-core": "95"}))
+    await svc.lifecycle.create_container(pod("a", {P + "gpu-memory": "1Gi", P + "gpu-core": "95"}))
     with pytest.raises(ShareRefused, match="exceeds the free 5% by 5%"):
-        await svc.create_container(pod("b", {P + "gpu-memory": "1Gi", P + "gpu-core": "10"}))
-    await svc.create_container(pod("c", {P + "gpu-memory": "1Gi", P + "gpu-core": "5"}))
+        await svc.lifecycle.create_container(
+            pod("b", {P + "gpu-memory": "1Gi", P + "gpu-core": "10"})
+        )
+    await svc.lifecycle.create_container(pod("c", {P + "gpu-memory": "1Gi", P + "gpu-core": "5"}))
     with pytest.raises(ShareRefused, match="exceeds the free 0% by 5%"):
-        await svc.create_container(pod("d", {P + "gpu-memory": "1Gi", P + "gpu-core": "5"}))
+        await svc.lifecycle.create_container(
+            pod("d", {P + "gpu-memory": "1Gi", P + "gpu-core": "5"})
+        )
     assert svc.status()["gpus"][0]["core_allocated"] == 100
 
 
 async def test_memory_boundary_without_module():
     svc = unguarded(memory_reserve_bytes=GiB)
-    await svc.create_container(pod("a", {P + "gpu-memory": "14Gi"}))
+    await svc.lifecycle.create_container(pod("a", {P + "gpu-memory": "14Gi"}))
     with pytest.raises(ShareRefused, match="by 1Mi"):
-        await svc.create_container(pod("b", {P + "gpu-memory": "1025Mi"}))
-    await svc.create_container(pod("c", {P + "gpu-memory": "1Gi"}))
+        await svc.lifecycle.create_container(pod("b", {P + "gpu-memory": "1025Mi"}))
+    await svc.lifecycle.create_container(pod("c", {P + "gpu-memory": "1Gi"}))
     assert svc.status()["gpus"][0]["memory_free"] == 0
 
 
 async def test_max_inst_boundary_without_module():
     svc = unguarded(max_inst=2)
     for name in ("a", "b"):
-        await svc.create_container(pod(name, {P + "gpu-memory": "1Gi"}))
+        await svc.lifecycle.create_container(pod(name, {P + "gpu-memory": "1Gi"}))
     with pytest.raises(ShareRefused, match="containers"):
-        await svc.create_container(pod("c", {P + "gpu-memory": "1Gi"}))
+        await svc.lifecycle.create_container(pod("c", {P + "gpu-memory": "1Gi"}))

@@ -73,7 +73,7 @@ class ShareMachine(RuleBasedStateMachine):
         )
         before = (copy.deepcopy(self.svc.status()), dict(self.kmod.regs))
         try:
-            plan = done(self.svc.create_container(c))
+            plan = done(self.svc.lifecycle.create_container(c))
         except ShareRefused as refusal:
             # The plugin must refuse over-commit itself, never lean on the
             # module's backstop (with kmod: off there is none).
@@ -81,7 +81,7 @@ class ShareMachine(RuleBasedStateMachine):
             assert (self.svc.status(), dict(self.kmod.regs)) == before
             return cid
         assert plan is not None
-        done(self.svc.start_container(c))
+        done(self.svc.lifecycle.start_container(c))
         self.live[cid] = ContainerInfo(
             id=cid,
             name=c.name,
@@ -98,14 +98,14 @@ class ShareMachine(RuleBasedStateMachine):
     @rule(cid=containers)
     def stop(self, cid):
         managed = cid in self.live
-        assert done(self.svc.release(cid)) == managed
+        assert done(self.svc.lifecycle.release(cid)) == managed
         self.live.pop(cid, None)  # a stopped container is not reported by Synchronize
         self.enforced.discard(cid)
 
     @rule(cid=consumes(containers))
     def remove(self, cid):
         self.stop(cid)
-        assert done(self.svc.release(cid)) is False
+        assert done(self.svc.lifecycle.release(cid)) is False
 
     @rule(reload_module=st.booleans())
     def restart(self, reload_module):
@@ -114,7 +114,7 @@ class ShareMachine(RuleBasedStateMachine):
             self.kmod.unload()
             self.kmod.load()
         self.svc = ShareService(GPUS, POLICY, Inline(self.kmod), FakeDevices(), self.svc.store)
-        done(self.svc.synchronize(list(self.live.values())))
+        done(self.svc.recovery.synchronize(list(self.live.values())))
         assert self.svc.status() == before
 
     @invariant()
@@ -148,7 +148,7 @@ class ShareMachine(RuleBasedStateMachine):
 
     def teardown(self):
         for cid in list(self.live):
-            assert done(self.svc.release(cid))
+            assert done(self.svc.lifecycle.release(cid))
         status = self.svc.status()
         assert status["allocations"] == []
         assert all(

@@ -74,8 +74,8 @@ async def test_used_comes_from_the_modules_meminfo():
     )
     usage = ModuleMemInfo(procfs, BlockingWorker("test-meminfo"))
     svc = service(usage)
-    await svc.create_container(ctr("a", gpu_memory="2Gi,1Gi", gpu_count="2"))
-    await svc.create_container(ctr("b", gpu_memory="1Gi", isolation="none"))
+    await svc.lifecycle.create_container(ctr("a", gpu_memory="2Gi,1Gi", gpu_count="2"))
+    await svc.lifecycle.create_container(ctr("b", gpu_memory="1Gi", isolation="none"))
     doc = svc.status(await svc.read_usage())
     entries = {a["container_id"]: a for a in doc["allocations"]}
     a0, a1 = entries["a"]["gpus"]
@@ -89,7 +89,7 @@ async def test_used_comes_from_the_modules_meminfo():
 
 async def test_used_is_unknown_without_the_module_and_says_why():
     svc = service(kmod=FakeKernelModule(loaded=False))
-    await svc.create_container(ctr("a", gpu_memory="1Gi"))
+    await svc.lifecycle.create_container(ctr("a", gpu_memory="1Gi"))
     [share] = svc.status(await svc.read_usage())["allocations"][0]["gpus"]
     assert share["memory_used"] is None
     assert share["memory_used_why"] == "unknown: not registered (the kernel module is not loaded)"
@@ -99,7 +99,7 @@ async def test_used_is_unknown_without_the_module_and_says_why():
     assert "counts per process" in entry["unguarded"]["kernel-ledger"]
 
     off = service(kmod_mode="off")
-    await off.create_container(ctr("a", gpu_memory="1Gi"))
+    await off.lifecycle.create_container(ctr("a", gpu_memory="1Gi"))
     [share] = off.status(await off.read_usage())["allocations"][0]["gpus"]
     assert share["memory_used_why"] == "unknown: kmod: off"
     assert service().status()["allocations"] == []
@@ -107,14 +107,14 @@ async def test_used_is_unknown_without_the_module_and_says_why():
 
 async def test_a_client_without_meminfo_or_a_stuck_module_is_unknown():
     svc = service(ModuleMemInfo(object(), BlockingWorker("test-meminfo")))
-    await svc.create_container(ctr("a", gpu_memory="1Gi"))
+    await svc.lifecycle.create_container(ctr("a", gpu_memory="1Gi"))
     [share] = svc.status(await svc.read_usage())["allocations"][0]["gpus"]
     assert "cannot read meminfo" in share["memory_used_why"]
 
     procfs = FakeProcfs({})
     usage = ModuleMemInfo(procfs, BlockingWorker("test-meminfo", timeout=0.05))
     svc = service(usage)
-    await svc.create_container(ctr("a", gpu_memory="1Gi"))
+    await svc.lifecycle.create_container(ctr("a", gpu_memory="1Gi"))
     [share] = svc.status(await svc.read_usage())["allocations"][0]["gpus"]
     assert "meminfo unreadable (a: not registered)" in share["memory_used_why"]
     procfs.block = threading.Event()
@@ -132,14 +132,14 @@ async def test_usage_read_failure_still_answers():
             raise RuntimeError("bug")
 
     svc = service(Broken())
-    await svc.create_container(ctr("a", gpu_memory="1Gi"))
+    await svc.lifecycle.create_container(ctr("a", gpu_memory="1Gi"))
     [share] = svc.status(await svc.read_usage())["allocations"][0]["gpus"]
     assert share["memory_used_why"] == "unknown: RuntimeError"
 
 
 def test_status_without_usage_says_not_read():
     svc = service()
-    done(svc.create_container(ctr("a", gpu_memory="1Gi")))
+    done(svc.lifecycle.create_container(ctr("a", gpu_memory="1Gi")))
     [share] = svc.status()["allocations"][0]["gpus"]
     assert (share["memory_used"], share["memory_used_why"]) == (None, "unknown: not read")
     assert MemoryUse(None).processes == {}

@@ -99,8 +99,15 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from nri_gpushare.names import CORE, KEY_PREFIX, RESOURCES
-from nri_gpushare.share.model import ContainerInfo, Gpu, NodePolicy
+from nri_gpushare.names import CORE, KEY_PREFIX, KUBELET_PREFIX, RESOURCES
+from nri_gpushare.share.model import (
+    ContainerInfo,
+    Gpu,
+    Isolation,
+    NodePolicy,
+    Placement,
+    Priority,
+)
 from nri_gpushare.share.request.cgpu import from_cgpu, memory_dev
 from nri_gpushare.share.request.egpu import from_egpu
 from nri_gpushare.share.request.keys import KEYS, from_keys
@@ -111,7 +118,7 @@ from nri_gpushare.share.request.kubelet import (
     kubelet_ids,
     settings_for,
 )
-from nri_gpushare.share.request.settings import Context, Settings, merge
+from nri_gpushare.share.request.settings import NOTHING, Context, Settings, merge
 from nri_gpushare.share.request.sources import (
     REQUEST_ENV,
     ignored,
@@ -146,9 +153,9 @@ class ShareRequest:
     memory_bytes: tuple[int, ...]
     core_percent: tuple[int, ...]  # 0 = no compute limit on that GPU
     devices: tuple[int, ...] | None  # GPU indexes; None: placement chooses
-    priority: str
-    placement: str
-    isolation: str
+    priority: Priority
+    placement: Placement
+    isolation: Isolation
     keys: Mapping[str, str]  # attribute -> the key a person changes
     memory_dev_bytes: int | None = None  # ALIYUN_COM_GPU_MEM_DEV, informative
     #: resources.limits: resource short name -> the kubelet's device IDs (ranges)
@@ -194,6 +201,12 @@ def may_ask_raw(*raw: bytes) -> bool:
 
 
 _REQUEST_ENV = frozenset(REQUEST_ENV)
+_CGPU_MEMORY = "ALIYUN_COM_GPU_MEM_CONTAINER"
+_CGPU_MEMORY_DEV = "ALIYUN_COM_GPU_MEM_DEV"
+
+
+def _any_key(prefix: str, *mappings: Mapping[str, str]) -> bool:
+    return any(key.startswith(prefix) for mapping in mappings for key in mapping)
 
 
 def may_ask(c: ContainerInfo) -> bool:
@@ -221,15 +234,20 @@ def parse_request(c: ContainerInfo, gpus: Sequence[Gpu], policy: NodePolicy) -> 
 
 def _parse(c: ContainerInfo, gpus: Sequence[Gpu], policy: NodePolicy) -> ShareRequest | None:
     """`parse_request` without the `may_ask` shortcut."""
-    check_forged(c)
+    # Each syntax's parser runs only where its keys or variables are present
+    # (without them it says nothing): most containers use one syntax.
+    kubelet = _any_key(KUBELET_PREFIX, c.pod_annotations, c.annotations, c.labels)
+    if kubelet:
+        check_forged(c)
     sources = policy.sources_for(c)
     ctx = Context(visible(c, sources), gpus, policy)
-    ids = kubelet_ids(ctx) if kubelet_allowed(c, sources) else {}
+    ids = kubelet_ids(ctx) if kubelet and kubelet_allowed(c, sources) else {}
     upper = merge(ctx, settings_for(ctx, ids), from_keys(ctx))
     if _opted_out(ctx, upper):
         return None
-    env = merge(ctx, from_cgpu(ctx), from_egpu(ctx))
-    merged = merge(ctx, upper, env)
+    env = ctx.c.env
+    cgpu = from_cgpu(ctx) if "CGPU_DISABLE" in env or _CGPU_MEMORY in env else NOTHING
+    merged = merge(ctx, upper, merge(ctx, cgpu, from_egpu(ctx) if "EGPU" in env else NOTHING))
     if merged.memory is None:
         _demand_without_memory(ctx, merged)
         return None
@@ -341,6 +359,6 @@ def _resolve(ctx: Context, m: Settings, kubelet: Mapping[str, str]) -> ShareRequ
         placement=placement,
         isolation=isolation,
         keys=keys,
-        memory_dev_bytes=memory_dev(ctx),
+        memory_dev_bytes=memory_dev(ctx) if _CGPU_MEMORY_DEV in ctx.c.env else None,
         kubelet=kubelet,
     )

@@ -7,6 +7,7 @@ variable.
 
 from __future__ import annotations
 
+from nri_gpushare.share.model import Priority
 from nri_gpushare.share.request.settings import NOTHING, Context, Setting, Settings
 from nri_gpushare.share.request.values import Invalid, int_list
 from nri_gpushare.units import GiB, quote
@@ -99,7 +100,7 @@ def _weight(ctx: Context) -> Setting[tuple[int, ...]] | None:
     return Setting((core,), f"environment {var}={quote(w)} ({core}%)", var, "env")
 
 
-def _priority(ctx: Context) -> Setting[str] | None:
+def _priority(ctx: Context) -> Setting[Priority] | None:
     var = "ALIYUN_COM_GPU_HIGH_PRIO"
     p = ctx.c.env.get(var)
     if p is None:
@@ -107,6 +108,5 @@ def _priority(ctx: Context) -> Setting[str] | None:
     flag = p.strip().lower()
     if flag not in TRUE + FALSE:
         raise ctx.fail(f"{var}={quote(p)}: must be 1 (high) or 0 (normal)", var)
-    return Setting(
-        "high" if flag in TRUE else "normal", f"environment {var}={quote(p)}", var, "env"
-    )
+    priority: Priority = "high" if flag in TRUE else "normal"
+    return Setting(priority, f"environment {var}={quote(p)}", var, "env")

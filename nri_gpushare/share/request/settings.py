@@ -9,7 +9,15 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Generic, TypeVar
 
-from nri_gpushare.share.model import ContainerInfo, Gpu, NodePolicy, ShareRefused
+from nri_gpushare.share.model import (
+    ContainerInfo,
+    Gpu,
+    Isolation,
+    NodePolicy,
+    Placement,
+    Priority,
+    ShareRefused,
+)
 from nri_gpushare.share.request.values import GpuList, equal, same_list
 
 T = TypeVar("T")
@@ -35,9 +43,9 @@ class Settings:
     core: Setting[tuple[int, ...]] | None = None
     count: Setting[int] | None = None
     devices: Setting[tuple[int, ...]] | None = None
-    priority: Setting[str] | None = None
-    placement: Setting[str] | None = None
-    isolation: Setting[str] | None = None
+    priority: Setting[Priority] | None = None
+    placement: Setting[Placement] | None = None
+    isolation: Setting[Isolation] | None = None
 
     def present(self) -> dict[str, Setting[object]]:
         """attribute -> setting, for the attributes that are set."""

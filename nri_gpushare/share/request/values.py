@@ -9,6 +9,7 @@ Every value is someone else's: numbers are bounded before int() (`is_number`,
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from nri_gpushare.share.model import Gpu
 from nri_gpushare.units import SizeError, parse_size, quote
@@ -94,13 +95,18 @@ def core_list(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def choice(allowed: Sequence[str]) -> Callable[[str], str]:
+Choice = TypeVar("Choice", bound=str)
+
+
+def choice(allowed: Sequence[Choice]) -> Callable[[str], Choice]:
     """A parser for one of `allowed`, case-insensitive."""
 
-    def parse(text: str) -> str:
-        if text.lower() not in allowed:
-            raise Invalid(f"must be one of {', '.join(allowed)}")
-        return text.lower()
+    def parse(text: str) -> Choice:
+        lowered = text.lower()
+        for value in allowed:
+            if value == lowered:
+                return value
+        raise Invalid(f"must be one of {', '.join(allowed)}")
 
     return parse
 
