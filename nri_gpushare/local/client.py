@@ -54,7 +54,7 @@ def ask(request: Request, path: str = DEFAULT_SOCKET, timeout: float = DEFAULT_T
     except OSError as e:
         raise Unavailable(
             f"cannot reach the nri-gpushare daemon at {path}: {e.strerror or e}; is it running?"
-        ) from None
+        ) from e
     if not chunks:
         raise Unavailable(f"the nri-gpushare daemon ({path}) closed without answering")
     return decode_reply(b"".join(chunks))

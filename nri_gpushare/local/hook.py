@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Literal
 
 from nri_gpushare.local.client import DEFAULT_SOCKET, DEFAULT_TIMEOUT, Unavailable, ask
 from nri_gpushare.local.oci import (
@@ -40,7 +41,8 @@ from nri_gpushare.local.oci import (
 from nri_gpushare.local.protocol import ProtocolError, Request
 
 SOCKET_ENV = "GPUSHARE_API_SOCKET"
-ACTIONS = ("create-runtime", "poststop")
+Action = Literal["create-runtime", "poststop"]
+ACTIONS: tuple[Action, ...] = ("create-runtime", "poststop")
 
 USAGE = """\
 usage: nri-gpushare hook {{create-runtime|poststop}} [--socket PATH] [--timeout SECONDS]
@@ -77,9 +79,10 @@ def _say(message: str) -> None:
         pass
 
 
-def parse_args(argv: list[str]) -> tuple[str, str, float]:
+def parse_args(argv: list[str]) -> tuple[Action, str, float]:
     """(action, socket, timeout) from the hook's arguments; _Usage when they are wrong."""
-    action, socket, timeout = "", os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET, DEFAULT_TIMEOUT
+    action: Action | None = None
+    socket, timeout = os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET, DEFAULT_TIMEOUT
     args = list(argv)
     while args:
         arg = args.pop(0)
@@ -100,11 +103,11 @@ def parse_args(argv: list[str]) -> tuple[str, str, float]:
                     timeout = -1.0
                 if not 0 < timeout <= 3600:
                     raise _Usage(f"--timeout {value[:40]!r}: not a number of seconds in (0, 3600]")
-        elif arg in ACTIONS and not action:
-            action = arg
+        elif arg in ACTIONS and action is None:
+            action = next(a for a in ACTIONS if a == arg)
         else:
             raise _Usage(f"unexpected argument {arg[:80]!r}")
-    if not action:
+    if action is None:
         raise _Usage("which hook? create-runtime or poststop")
     return action, socket, timeout
 

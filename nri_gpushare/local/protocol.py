@@ -46,13 +46,16 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 VERSION = 1
 MAX_MESSAGE = 4 << 20
 """Bytes one request or reply may take (a container's whole environment fits)."""
-OPS = ("create", "start", "release")
-VIAS = ("cdi", "runc", "")
+Op = Literal["create", "start", "release"]
+Via = Literal["cdi", "runc", ""]
+"""Who asks: the CDI hook, gpushare-runc, or "" (not sent: a start or a release)."""
+OPS: tuple[Op, ...] = get_args(Op)
+VIAS: tuple[Via, ...] = get_args(Via)
 MAX_ENTRIES = 4096
 """env or annotation entries one request may carry."""
 MAX_TEXT = 64 << 10
@@ -67,10 +70,10 @@ class ProtocolError(ValueError):
 
 @dataclass(frozen=True)
 class Request:
-    op: str
+    op: Op
     namespace: str
     id: str
-    via: str = ""
+    via: Via = ""
     bundle: str = ""
     pid: int = 0
     cgroups_path: str = ""

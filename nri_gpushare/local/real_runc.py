@@ -7,6 +7,10 @@ from __future__ import annotations
 import os
 import sys
 
+TYPE_CHECKING = False  # typing is not imported: it costs a container start milliseconds
+if TYPE_CHECKING:
+    from typing import Literal
+
 RUNC_ENV = "GPUSHARE_RUNC"
 FALLBACK_RUNC = ("/usr/sbin/runc", "/usr/bin/runc")
 
@@ -40,7 +44,13 @@ def find_runc(self_path: str) -> str | None:
     return None
 
 
-def tell(message: str, level: str, log: tuple[str, str] | None, *, stderr: bool = True) -> None:
+def tell(
+    message: str,
+    level: Literal["error", "warning"],
+    log: tuple[str, str] | None,
+    *,
+    stderr: bool = True,
+) -> None:
     """``gpushare: message`` on stderr and, with runc's --log, in that log in
     runc's format (json: what containerd's shim reads the failure from).  The
     daemon's refusals come prefixed already."""
