@@ -128,7 +128,7 @@ def read_config(bundle: str) -> dict[str, Any]:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError as e:
-        raise OciError(f"{path}: cannot open: {e.strerror or e}") from None
+        raise OciError(f"{path}: cannot open: {e.strerror or e}") from e
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -142,7 +142,7 @@ def read_config(bundle: str) -> dict[str, Any]:
             if size > MAX_CONFIG:
                 raise OciError(f"{path}: more than {MAX_CONFIG} bytes")
     except OSError as e:
-        raise OciError(f"{path}: cannot read: {e.strerror or e}") from None
+        raise OciError(f"{path}: cannot read: {e.strerror or e}") from e
     finally:
         os.close(fd)
     return load_config(b"".join(chunks), path)
@@ -359,13 +359,13 @@ def read_pid_file(path: str) -> int:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError as e:
-        raise OciError(f"{path}: cannot open: {e.strerror or e}") from None
+        raise OciError(f"{path}: cannot open: {e.strerror or e}") from e
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OciError(f"{path}: not a regular file")
         text = os.read(fd, 64)
     except OSError as e:
-        raise OciError(f"{path}: cannot read: {e.strerror or e}") from None
+        raise OciError(f"{path}: cannot read: {e.strerror or e}") from e
     finally:
         os.close(fd)
     try:
