@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nri_gpushare.daemon.main import _summary  # noqa: E402
+from nri_gpushare.daemon.status import handler_summary  # noqa: E402
 from nri_gpushare.nri.api.lite import ContainerView, PodSandboxView  # noqa: E402
 from nri_gpushare.nri.stub import Plugin, Stub  # noqa: E402
 
@@ -40,7 +40,7 @@ async def main(socket_path: str, stats: Path | None) -> None:
     loop.add_signal_handler(signal.SIGTERM, lambda: asyncio.ensure_future(stub.stop()))
     await stub.run()
     if stats is not None:
-        summary = {method: _summary(s) for method, s in stub.handler_seconds.items()}
+        summary = {method: handler_summary(s) for method, s in stub.handler_seconds.items()}
         stats.write_text(json.dumps(summary))
 
 
