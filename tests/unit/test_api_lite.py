@@ -534,6 +534,14 @@ def test_map_entries_in_any_layout() -> None:
     assert lite.decode_pod_sandbox(raw).annotations == {long_key: "v", "a": "1"}
 
 
+def test_a_map_value_cut_short_behind_a_long_length_is_refused() -> None:
+    # The value's length is two bytes (133) and one byte short of it is there:
+    # no reading of the first length byte alone (5) may make it fit.
+    entry = b"\x0a\x01k\x12\x85\x01" + b"v" * 132
+    with pytest.raises(DecodeError):
+        _ = lite.decode_pod_sandbox(lite_pb.len_field(6, entry)).annotations
+
+
 def test_repeated_singular_messages_are_merged() -> None:
     pod_a, pod_b = bytes(nri.PodSandbox(id="i")), bytes(nri.PodSandbox(name="n"))
     ctr = bytes(nri.Container(id="c", linux=nri.LinuxContainer(cgroups_path="/a")))

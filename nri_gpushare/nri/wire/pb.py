@@ -247,7 +247,7 @@ def string_map(data: bytes, idx: Index, number: int, what: str) -> dict[str, str
         # The usual entry: key 1 then value 2, one-byte lengths, nothing else.
         if b - a >= 4 and region[a] == 0x0A and region[a + 1] < 0x80:
             p = a + 2 + region[a + 1]
-            if p + 2 <= b and region[p] == 0x12 and p + 2 + region[p + 1] == b:
+            if p + 2 <= b and region[p] == 0x12 and region[p + 1] == b - p - 2 < 0x80:
                 if ascii_text is not None:
                     out[ascii_text[a + 2 : p]] = ascii_text[p + 2 : b]
                     continue
