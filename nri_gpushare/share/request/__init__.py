@@ -205,8 +205,16 @@ _CGPU_MEMORY = "ALIYUN_COM_GPU_MEM_CONTAINER"
 _CGPU_MEMORY_DEV = "ALIYUN_COM_GPU_MEM_DEV"
 
 
-def _any_key(prefix: str, *mappings: Mapping[str, str]) -> bool:
-    return any(key.startswith(prefix) for mapping in mappings for key in mapping)
+def _kubelet_keys(c: ContainerInfo) -> bool:
+    """Whether `c` carries a ``gpushare.io/kubelet.`` key where the device
+    plugin's are read (a pod's container annotations) or refused as forged
+    (its pod's annotations; a container outside a pod: its labels too)."""
+    mappings = (c.pod_annotations, c.annotations) + (() if c.pod_name else (c.labels,))
+    for mapping in mappings:
+        for key in mapping:
+            if key.startswith(KUBELET_PREFIX):
+                return True
+    return False
 
 
 def may_ask(c: ContainerInfo) -> bool:
@@ -236,13 +244,13 @@ def _parse(c: ContainerInfo, gpus: Sequence[Gpu], policy: NodePolicy) -> ShareRe
     """`parse_request` without the `may_ask` shortcut."""
     # Each syntax's parser runs only where its keys or variables are present
     # (without them it says nothing): most containers use one syntax.
-    kubelet = _any_key(KUBELET_PREFIX, c.pod_annotations, c.annotations, c.labels)
+    kubelet = _kubelet_keys(c)
     if kubelet:
         check_forged(c)
     sources = policy.sources_for(c)
     ctx = Context(visible(c, sources), gpus, policy)
     ids = kubelet_ids(ctx) if kubelet and kubelet_allowed(c, sources) else {}
-    upper = merge(ctx, settings_for(ctx, ids), from_keys(ctx))
+    upper = merge(ctx, settings_for(ctx, ids) if ids else NOTHING, from_keys(ctx))
     if _opted_out(ctx, upper):
         return None
     env = ctx.c.env
@@ -262,7 +270,7 @@ def _parse(c: ContainerInfo, gpus: Sequence[Gpu], policy: NodePolicy) -> ShareRe
             merged.memory.key,
             "forbidden",
         )
-    return _resolve(ctx, merged, canonical(ids))
+    return _resolve(ctx, merged, canonical(ids) if ids else {})
 
 
 def _no_uncounted_core(ctx: Context, merged: Settings) -> None:
