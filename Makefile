@@ -2,9 +2,16 @@
 #   make demo   a private containerd, the plugin on a simulated GPU inventory,
 #               and a pod that gets a GPU share
 #   make test   the whole test suite (unit, real containerd, real kernel in qemu)
+# and, for everyday work, the fast tier that make test includes:
+#   make check  lint, types, the layering contracts, the C unit tests and the
+#               Python unit tests, side by side (under 3 minutes on 2 cores)
 PYTHON := .venv/bin/python
+# Workers for pytest-xdist in the fast tier (pytest -n).
+CHECK_WORKERS ?= 2
 
-.PHONY: demo test prereqs kmod lint bench report install-node
+.PHONY: demo test check prereqs kmod lint bench report install-node check-static \
+	check-ruff check-mypy check-layers check-kmod check-interposer check-unit \
+	check-shell check-checkpatch check-interposer-all
 
 prereqs:
 	bash scripts/install-prereqs.sh
@@ -20,6 +27,49 @@ lint: prereqs
 
 test: prereqs
 	bash scripts/test.sh
+
+# The fast tier: its parts run side by side (make -j), each one's output
+# printed whole when it ends.  No containerd, no qemu, no root needed.
+CHECK_PARTS := check-unit check-kmod check-mypy check-ruff check-layers check-interposer
+check: prereqs
+	$(MAKE) --no-print-directory -j4 --output-sync=target $(CHECK_PARTS)
+
+check-ruff:
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+
+check-mypy:
+	.venv/bin/mypy
+
+check-layers:
+	.venv/bin/lint-imports
+
+check-kmod:
+	$(MAKE) -C kmod check
+
+check-interposer:
+	$(MAKE) -C libgpushare unit
+
+# make test's first step (scripts/test.sh): the static checks and the C tests.
+check-static: check-ruff check-mypy check-layers check-kmod check-shell check-checkpatch \
+	check-interposer-all
+
+check-shell:
+	shellcheck scripts/*.sh .ci/run kmod/fetch-checkpatch.sh tests/guest/harness/init.sh \
+		libgpushare/tests/run_cuda.sh
+
+check-checkpatch:
+	$(MAKE) -C kmod checkpatch
+
+# The interposer's C unit tests and its C driver tests in every lookup mode.
+check-interposer-all:
+	$(MAKE) -C libgpushare check
+
+# tests/unit, and the harness's own tests that boot nothing (tests/guest/
+# test_harness.py without the guest mark), with pytest-xdist.
+check-unit:
+	$(PYTHON) -m pytest -q -p no:cacheprovider -n $(CHECK_WORKERS) --dist worksteal tests/unit \
+		tests/guest/test_harness.py -m 'not guest and not containerd'
 
 bench: prereqs
 	$(PYTHON) bench/create_latency.py

@@ -1,18 +1,75 @@
 #!/usr/bin/env bash
-# The whole test suite: lint (ruff check and format, mypy --strict, shellcheck,
-# checkpatch), the kernel module's user-space unit tests, the CUDA interposer's
-# C tests (on its fake driver), then pytest (unit tests, the interposer under
-# cuda-bindings, the real containerd test bed, and the real kernel module in a
-# qemu guest).  Every prerequisite is installed by scripts/install-prereqs.sh;
-# with CI=true a missing one fails the run instead of skipping.
+# The whole test suite (`make test`; .ci/run calls exactly that): lint (ruff
+# check and format, mypy --strict, the layering contracts, shellcheck,
+# checkpatch), the kernel module's user-space unit tests, the CUDA
+# interposer's C tests (on its fake driver), then every pytest test (unit
+# tests, the interposer under cuda-bindings, the real containerd test bed, and
+# the real kernel module in a qemu guest).  Every prerequisite is installed by
+# scripts/install-prereqs.sh; with CI=true a missing one fails the run instead
+# of skipping.
+#
+# Where the time goes, and how it is spent side by side on two cores:
+#   1. the static checks and the C tests, in parallel (make -j);
+#   2. the interposer's pytest files (libgpushare/tests) alone: they measure
+#      GPU-time shares on the fake driver and want quiet cores;
+#   3. two lanes at once, each printed whole when it ends:
+#      guest  the tests marked `guest` (a qemu guest each, one at a time:
+#             under TCG a guest wants both cores for itself);
+#      host   the rest (unit, the containerd test bed) with pytest-xdist,
+#             each test file on one worker (a file's tests share its
+#             containerd).
+# GPUSHARE_TEST_WORKERS sets the host lane's workers (default 2).
+#
+# With arguments, they are pytest's, and one pytest run replaces steps 2-3,
+# as before: e.g. `scripts/test.sh -x tests/integration/test_trust.py`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CI="${CI:-}"
-.venv/bin/ruff check .
-.venv/bin/ruff format --check .
-.venv/bin/mypy
-shellcheck scripts/*.sh .ci/run kmod/fetch-checkpatch.sh tests/guest/harness/init.sh \
-	libgpushare/tests/run_cuda.sh
-make -C kmod check checkpatch
-make -C libgpushare check
-exec .venv/bin/python -m pytest -ra -q "$@"
+py=.venv/bin/python
+pytest=("$py" -m pytest -ra -q -p no:cacheprovider)
+
+make --no-print-directory -j4 --output-sync=target check-static
+
+if [ $# -gt 0 ]; then
+	exec "${pytest[@]}" "$@"
+fi
+
+logs=$(mktemp -d "${TMPDIR:-/tmp}/gpushare-test.XXXXXX")
+declare -A lane_of=()
+failed=()
+
+# lane NAME CMD...: CMD in the background, its output into $logs/NAME.log.
+lane() {
+	local name=$1
+	shift
+	echo "test.sh: lane $name: $*"
+	"$@" >"$logs/$name.log" 2>&1 &
+	lane_of[$!]=$name
+}
+
+# Wait for every lane; print each one's output whole as it ends.
+finish() {
+	local pid rc name
+	while [ ${#lane_of[@]} -gt 0 ]; do
+		rc=0
+		wait -n -p pid "${!lane_of[@]}" || rc=$?
+		name=${lane_of[$pid]}
+		unset "lane_of[$pid]"
+		echo "=================== lane $name (exit $rc, at ${SECONDS}s) ==================="
+		cat "$logs/$name.log"
+		[ "$rc" = 0 ] || failed+=("$name")
+	done
+	if [ ${#failed[@]} -gt 0 ]; then
+		echo "test.sh: FAILED: ${failed[*]} (logs in $logs)" >&2
+		exit 1
+	fi
+}
+
+lane interposer "${pytest[@]}" libgpushare/tests
+finish
+lane guest "${pytest[@]}" -m guest tests
+lane host "${pytest[@]}" -m 'not guest' -n "${GPUSHARE_TEST_WORKERS:-2}" --dist loadfile tests
+finish
+
+rm -rf "$logs"
+echo "test.sh: every lane passed (${SECONDS}s)"
