@@ -27,7 +27,6 @@ from nri_gpushare.daemon.metrics import MetricsServer, SnapshotCollector
 from nri_gpushare.daemon.metrics import Snapshot as MetricsSnapshot
 from nri_gpushare.daemon.nri_handler import GpuShareHandler
 from nri_gpushare.daemon.status import StatusDocument, StatusServer
-from nri_gpushare.daemon.status import handler_summary as _summary  # noqa: F401 - bench/null_plugin.py's
 from nri_gpushare.host.containerd.reconcile import Reconciler
 from nri_gpushare.host.devices import (
     HostDevices,
