@@ -77,8 +77,20 @@ def spans(
     field 1..15 come as one, the last entry's bounds (all `index` keeps).
     """
     pos, end = start, len(data) if end < 0 else end
+    run_key = -1  # the last one-byte key of a length-delimited field: checked
     while pos < end:
         key = data[pos]
+        if key == run_key and pos + 1 < end and data[pos + 1] < 0x80:
+            # The next entry of a repeated field, with a one-byte length.
+            pos += 2
+            stop = pos + data[pos - 1]
+            if stop > end:
+                raise DecodeError(
+                    f"malformed {what}: field {key >> 3} needs {stop - pos} bytes, {end - pos} left"
+                )
+            yield key >> 3, LEN, pos, stop
+            pos = stop
+            continue
         if key < 0x80:
             pos += 1
         elif pos + 1 < end and data[pos + 1] < 0x80:  # two-byte key: fields 16..2047
@@ -112,6 +124,8 @@ def spans(
             else:
                 size, pos = read_varint(data, pos, what, end)
             stop = pos + size
+            if key < 0x80:
+                run_key = key
             if runs and key < 0x80:  # the run's entries: lengths of one or two bytes
                 last = end - 2
                 while stop < last and data[stop] == key:
