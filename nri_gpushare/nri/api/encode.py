@@ -141,7 +141,9 @@ def encode_container_adjustment(adj: Adjustment) -> bytes:
 
 
 def _repeated(number: int, items: Sequence[bytes]) -> bytes:
-    return b"".join(pb.len_field(number, item) for item in items)
+    if not items:  # the usual case: nothing to join
+        return b""
+    return b"".join([pb.len_field(number, item) for item in items])
 
 
 def encode_create_container_response(

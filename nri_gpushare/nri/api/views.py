@@ -144,7 +144,10 @@ class _LazyMessage:
     def contains_any(self, needles: Iterable[bytes]) -> bool:
         """Whether any of `needles` occurs in the serialized message."""
         buf, start, end = self.buf, self.start, self.end
-        return any(buf.find(n, start, end) >= 0 for n in needles)
+        for needle in needles:
+            if buf.find(needle, start, end) >= 0:
+                return True
+        return False
 
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):

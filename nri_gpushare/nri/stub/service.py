@@ -129,7 +129,10 @@ class PluginService:
         finally:
             watchdog.cancel()
             elapsed = time.perf_counter() - started
-            self.handler_seconds.setdefault(method, deque(maxlen=_TIMING_SAMPLES)).append(elapsed)
+            samples = self.handler_seconds.get(method)
+            if samples is None:
+                samples = self.handler_seconds[method] = deque(maxlen=_TIMING_SAMPLES)
+            samples.append(elapsed)
             if elapsed > budget:
                 message = (
                     f"{method} answered after {elapsed:.3f} s,"
