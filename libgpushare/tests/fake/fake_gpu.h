@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The fake GPU's per-process record, in the simulated GPU's shared file
- * (FAKECUDA_GPU_STATE): written by the fake driver (fake_cuda.c) of each
+ * (FAKECUDA_GPU_STATE): written by the fake driver (fake_cuda_gpu.c) of each
  * process for itself, read by the fake NVML (fake_nvml.c) of any process,
  * as the real NVML reads the real driver's.
  *
