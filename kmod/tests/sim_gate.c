@@ -2,9 +2,9 @@
 /*
  * The gates of the deep-queue model (sim.h), on the application's thread.
  *
- * GATE_NEW, libgpushare/src/sched.c's paced gate (ABI 4; its paced_launch()
- * and probe_record()), with one addition of this model (gs_pace.h's tail
- * probe, no_tail: without it):
+ * GATE_NEW, libgpushare/src/gate*.c's paced gate (ABI 4; gate_pace.c's
+ * gate_paced_launch() and gate_probe_record()), with one addition of this
+ * model (gs_pace.h's tail probe, no_tail: without it):
  *   - under a grant (now < until) each launch asks the pacer: GO launches;
  *     PROBE records a probe event, then launches (with GS_PACE_PENDING
  *     pending it first waits for the oldest, polling every POLL_NS; at

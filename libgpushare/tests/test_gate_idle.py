@@ -1,4 +1,4 @@
-"""The compute gate's slices end on time (tests/../src/sched.c): a process
+"""The compute gate's slices end on time (src/gate*.c): a process
 that launches briefly then idles is charged its work, not its idle time; a
 drain does not wait without limit for work that waits for a later launch;
 a container deleted and registered again is gated again.
