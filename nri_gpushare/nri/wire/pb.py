@@ -221,7 +221,13 @@ def payloads(data: bytes, number: int, start: int, end: int) -> list[tuple[int, 
 def string_at(data: bytes, idx: Index, number: int, what: str) -> str:
     """The string field `number` of an indexed message (its last occurrence)."""
     a = idx[3 * number + 1]
-    return "" if a < 0 else text(data[a : idx[3 * number + 2]], what, number)
+    if a < 0:
+        return ""
+    value = data[a : idx[3 * number + 2]]
+    try:
+        return value.decode()
+    except UnicodeDecodeError:
+        return text(value, what, number)  # raises, naming the field
 
 
 def varint_at(idx: Index, number: int) -> int:
