@@ -48,3 +48,23 @@ def test_report_quick_runs_every_benchmark(tmp_path: Path) -> None:
     assert len(pngs) >= len(report.BENCHMARKS), text
     for png in pngs:
         assert (tmp_path / png).read_bytes().startswith(PNG_MAGIC), png
+
+
+def test_handler_ab_compares_two_trees(tmp_path: Path) -> None:
+    """bench/handler_ab.py against this tree's own HEAD, at tiny sizes: both
+    trees run, each arm gets a ratio (no timing is judged)."""
+    out = tmp_path / "ab.json"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "handler_ab.py"), "--base", "HEAD"]
+        + ["--rounds", "2", "--requests", "20", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    doc = json.loads(out.read_text())
+    assert doc["benchmark"] == "handler_ab" and doc["base"] == "HEAD"
+    for arm in ("null", "gpushare", "gpushare-plain"):
+        assert doc["figures"][f"{arm} ratio"] > 0
+        assert len(doc["rounds"]["base"][arm]) == len(doc["rounds"]["this"][arm]) == 2
