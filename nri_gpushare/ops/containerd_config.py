@@ -19,10 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from nri_gpushare.ops.containerd_nri import ConfigEditError, NoTempFileError
-from nri_gpushare.ops.containerd_nri import parse_go_duration as parse_go_duration
-
-# parse_go_duration is re-exported: tests/unit/test_fuzz_containerd.py and the
-# fuzz inventory know it by this module.
 
 
 @dataclass(frozen=True)

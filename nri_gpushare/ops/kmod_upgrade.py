@@ -35,15 +35,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from nri_gpushare.names import PROC_ROOT
-from nri_gpushare.ops.kmod_upgrade_state import COMMENT as COMMENT
 from nri_gpushare.ops.kmod_upgrade_state import FALLBACK, MODULE, STATE_FILE, UpgradeError
-from nri_gpushare.ops.kmod_upgrade_state import ModuleState as ModuleState
-from nri_gpushare.ops.kmod_upgrade_state import load_saved as load_saved
-from nri_gpushare.ops.kmod_upgrade_state import save_state as save_state
 from nri_gpushare.ops.kmod_upgrade_steps import Upgrade
-
-# COMMENT, ModuleState, load_saved and save_state are re-exported: the fuzz
-# tests, their inventory and tests/guest/kmod_guest_upgrade.py know them here.
 
 
 class Host(Protocol):

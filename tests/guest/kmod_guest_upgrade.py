@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from nri_gpushare.kmod import abi
-from nri_gpushare.ops.kmod_upgrade import STATE_FILE, ModuleState, save_state
+from nri_gpushare.ops.kmod_upgrade_state import STATE_FILE, ModuleState, save_state
 from tests.guest.kmod_race_support import (
     delete_module,
     finit_module,

@@ -2,7 +2,7 @@
 (anyone with containerd's socket can Publish any topic, type and payload:
 nri_gpushare.host.containerd.client.decode_envelope and the reconciler's
 timestamps) and the durations `enable` reads from containerd's config
-(nri_gpushare.ops.containerd_config.parse_go_duration).
+(nri_gpushare.ops.containerd_nri.parse_go_duration).
 
 Properties: decode_envelope never raises and fills a container ID, PID and
 exit status only from a payload of the topic's own type; epoch gives a
@@ -27,7 +27,7 @@ from nri_gpushare.host.containerd.client import (
 from nri_gpushare.host.containerd.generated.containerd import events as ev
 from nri_gpushare.host.containerd.generated.containerd.services.events import v1 as events
 from nri_gpushare.host.containerd.verdicts import epoch
-from nri_gpushare.ops.containerd_config import parse_go_duration
+from nri_gpushare.ops.containerd_nri import parse_go_duration
 from tests.unit.test_fuzz_common import fuzz, text_with_odd_unicode
 
 TYPES = {

@@ -83,7 +83,7 @@ PARSERS: dict[str, tuple[str, ...]] = {
     # Recovery: the state file and its records, the saved kmod-upgrade state.
     "nri_gpushare.host.statefile": ("StateFile.load",),
     "nri_gpushare.share.records": ("decode",),
-    "nri_gpushare.ops.kmod_upgrade": ("ModuleState.parse", "load_saved"),
+    "nri_gpushare.ops.kmod_upgrade_state": ("ModuleState.parse", "load_saved"),
     # The node's config and inventory.
     "nri_gpushare.config": ("parse_config", "load_config", "parse_quantity"),
     # The kernel module's procfs tree, mountinfo, a runtime's cgroup paths.
@@ -110,7 +110,7 @@ PARSERS: dict[str, tuple[str, ...]] = {
     # containerd: events anyone with its socket can publish; its config's durations.
     "nri_gpushare.host.containerd.client": ("decode_envelope",),
     "nri_gpushare.host.containerd.verdicts": ("epoch",),
-    "nri_gpushare.ops.containerd_config": ("parse_go_duration",),
+    "nri_gpushare.ops.containerd_nri": ("parse_go_duration",),
 }
 
 EXEMPT: dict[str, str] = {

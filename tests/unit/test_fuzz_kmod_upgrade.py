@@ -19,7 +19,7 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nri_gpushare.ops.kmod_upgrade import COMMENT, ModuleState, UpgradeError, load_saved
+from nri_gpushare.ops.kmod_upgrade_state import COMMENT, ModuleState, UpgradeError, load_saved
 from tests.unit.test_fuzz_common import fuzz, refused_only, text_with_odd_unicode
 
 STATE = (
