@@ -33,7 +33,7 @@ from nri_gpushare.share.kernel import KernelModule
 from nri_gpushare.share.lifecycle import Lifecycle
 from nri_gpushare.share.limits import MemoryLimits
 from nri_gpushare.share.local_shares import LocalShares
-from nri_gpushare.share.model import Allocation, ContainerInfo, Gpu, InjectionPlan, NodePolicy
+from nri_gpushare.share.model import Allocation, Gpu, NodePolicy
 from nri_gpushare.share.plan import DeviceLookup
 from nri_gpushare.share.recovery import Recovery
 from nri_gpushare.share.report import status_document
@@ -191,18 +191,3 @@ class ShareService(ShareTable):
                     ComputeUse(None, None, why) if why else self.compute.use((s.index, cid))
                 )
         return out
-
-    # -- kept for tests/unit/test_nvml_limits.py and test_smi.py (theirs to move to the
-    # parts); everything else calls `lifecycle` and `recovery`.
-
-    async def create_container(self, c: ContainerInfo) -> InjectionPlan | None:
-        return await self.lifecycle.create_container(c)
-
-    async def start_container(self, c: ContainerInfo) -> None:
-        await self.lifecycle.start_container(c)
-
-    async def release(self, container_id: str, why: str = "released") -> bool:
-        return await self.lifecycle.release(container_id, why)
-
-    async def synchronize(self, live: Sequence[ContainerInfo]) -> None:
-        await self.recovery.synchronize(live)

@@ -280,30 +280,30 @@ def ctr(cid, isolation="full", pid=0, annotations=None):
 async def test_limits_are_set_at_start_and_cleared_at_release():
     limits = FakeLimits()
     svc = service(limits)
-    await svc.create_container(ctr("c1"))
+    await svc.lifecycle.create_container(ctr("c1"))
     assert limits.set == {}  # no cgroup yet
     assert svc.status()["allocations"][0]["unguarded"]["nvml-limit"] == (
         "set when the container starts"
     )
-    await svc.start_container(ctr("c1"))
+    await svc.lifecycle.start_container(ctr("c1"))
     assert limits.set == {(0, "/k8s.io/c1"): 2 * GiB, (1, "/k8s.io/c1"): GiB}
     [entry] = svc.status()["allocations"]
     assert entry["guards"] == ["nvml-limit"]  # no interposer here: the module only books it
     assert [g["nvml_limit"] for g in entry["gpus"]] == [True, True]
     assert "nvml-limit" not in entry["unguarded"]
-    await svc.release("c1")
+    await svc.lifecycle.release("c1")
     assert limits.set == {} and sorted(limits.cleared) == [(0, "/k8s.io/c1"), (1, "/k8s.io/c1")]
-    await svc.release("c1")  # idempotent: nothing cleared twice
+    await svc.lifecycle.release("c1")  # idempotent: nothing cleared twice
     assert len(limits.cleared) == 2
 
 
 async def test_isolation_none_gets_no_limit_and_unsupported_gpus_say_why():
     limits = FakeLimits({1: "the driver does not support it (MIG mode)"})
     svc = service(limits)
-    await svc.create_container(ctr("none", "none"))
-    await svc.start_container(ctr("none", "none"))
-    await svc.create_container(ctr("mem", "memory"))
-    await svc.start_container(ctr("mem", "memory"))
+    await svc.lifecycle.create_container(ctr("none", "none"))
+    await svc.lifecycle.start_container(ctr("none", "none"))
+    await svc.lifecycle.create_container(ctr("mem", "memory"))
+    await svc.lifecycle.start_container(ctr("mem", "memory"))
     assert limits.set == {(0, "/k8s.io/mem"): 2 * GiB}
     entries = {a["container_id"]: a for a in svc.status()["allocations"]}
     assert [g["nvml_limit"] for g in entries["mem"]["gpus"]] == [True, False]
@@ -319,8 +319,8 @@ async def test_a_failed_set_is_logged_and_shown(caplog):
     limits = FakeLimits()
     limits.fail = "cgroup /sys/fs/cgroup/k8s.io/c1 does not exist"
     svc = service(limits)
-    await svc.create_container(ctr("c1"))
-    await svc.start_container(ctr("c1"))
+    await svc.lifecycle.create_container(ctr("c1"))
+    await svc.lifecycle.start_container(ctr("c1"))
     assert "driver memory limit on GPU 0 not set" in caplog.text
     [entry] = svc.status()["allocations"]
     assert "nvml-limit" not in entry["guards"]
@@ -330,8 +330,8 @@ async def test_a_failed_set_is_logged_and_shown(caplog):
 async def test_synchronize_sets_them_again_and_clears_dropped_ones():
     store = MemoryStore()
     first = service(FakeLimits(), store)
-    kept = await first.create_container(ctr("kept"))
-    await first.create_container(ctr("forged"))
+    kept = await first.lifecycle.create_container(ctr("kept"))
+    await first.lifecycle.create_container(ctr("forged"))
     limits = FakeLimits()
     second = service(limits, store)
     live = [
@@ -339,7 +339,7 @@ async def test_synchronize_sets_them_again_and_clears_dropped_ones():
         ctr("forged", pid=11),  # does not carry its adjustment: holds no share
         ctr("created", pid=0, annotations=dict(kept.annotations)),
     ]
-    await second.synchronize(live)
+    await second.recovery.synchronize(live)
     assert set(second.allocations) == {"kept"}
     assert limits.set == {(0, "/k8s.io/kept"): 2 * GiB, (1, "/k8s.io/kept"): GiB}
     assert sorted(limits.cleared) == [(0, "/k8s.io/forged"), (1, "/k8s.io/forged")]
@@ -347,8 +347,8 @@ async def test_synchronize_sets_them_again_and_clears_dropped_ones():
 
 async def test_without_driver_limits_status_says_off():
     svc = service(None)
-    await svc.create_container(ctr("c1"))
-    await svc.start_container(ctr("c1"))
+    await svc.lifecycle.create_container(ctr("c1"))
+    await svc.lifecycle.start_container(ctr("c1"))
     doc = svc.status()
     assert doc["nvml_memory_limits"] == {"mode": "off", "gpus": {}}
     assert doc["allocations"][0]["unguarded"]["nvml-limit"] == "nvml_memory_limits: off"

@@ -228,7 +228,7 @@ async def test_status_carries_the_pids_of_the_modules_meminfo():
     try:
         for cid, isolation in (("a", "full"), ("b", "none")):
             annotations = {P + "gpu-memory": "2Gi", P + "isolation": isolation}
-            await svc.create_container(
+            await svc.lifecycle.create_container(
                 ContainerInfo(
                     id=cid,
                     name=cid,
