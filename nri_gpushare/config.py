@@ -18,14 +18,19 @@ from nri_gpushare.kmod.abi import MAX_GPUS
 from nri_gpushare.names import DEFAULT_DEVICE_PLUGIN_DIR, PROC_ROOT
 from nri_gpushare.share.model import (
     ETC_LD_SO_PRELOAD,
+    KMOD_MODES,
     LIBRARY_MISSING_ACTIONS,
+    PLACEMENTS,
     POD_SOURCES,
     PRELOAD_MODES,
     STANDALONE_SOURCES,
     UNSERVED_ACTIONS,
     Gpu,
     InterposerPolicy,
+    KmodMode,
+    Placement,
     SourcePolicy,
+    UnservedAction,
 )
 from nri_gpushare.units import parse_size
 
@@ -61,16 +66,16 @@ class Config:
     registration_timeout: float = 5.0  # containerd's plugin_registration_timeout
     status_socket: str = DEFAULT_STATUS_SOCKET
     log_level: LogLevel = "info"
-    kmod: str = "optional"
+    kmod: KmodMode = "optional"
     kmod_root: str = PROC_ROOT
-    placement: str = "binpack"
+    placement: Placement = "binpack"
     memory_reserve_bytes: int = 0
     max_inst: int = 16
     max_high_priority_per_gpu: int = 1
     use_nvml: bool = True
     inventory: tuple[Gpu, ...] = field(default_factory=tuple)
     state_dir: str = DEFAULT_STATE_DIR
-    unserved: str = "warn"
+    unserved: UnservedAction = "warn"
     pod_sources: SourcePolicy = POD_SOURCES
     standalone_sources: SourcePolicy = STANDALONE_SOURCES
     #: The CUDA interposer (`interposer:`); preload_file is filled in by the daemon.
@@ -347,9 +352,9 @@ def parse_config(data: object, source: str = "<config>") -> Config:
         registration_timeout=timeouts["registration_timeout"],
         status_socket=top.get("status_socket", defaults.status_socket, str),
         log_level=top.choice("log_level", defaults.log_level, LOG_LEVELS),
-        kmod=top.choice("kmod", defaults.kmod, ("required", "optional", "off")),
+        kmod=top.choice("kmod", defaults.kmod, KMOD_MODES),
         kmod_root=top.get("kmod_root", defaults.kmod_root, str),
-        placement=top.choice("placement", defaults.placement, ("binpack", "spread")),
+        placement=top.choice("placement", defaults.placement, PLACEMENTS),
         memory_reserve_bytes=top.quantity("memory_reserve", defaults.memory_reserve_bytes),
         max_inst=top.int_range("max_inst", defaults.max_inst, 1, 25),
         max_high_priority_per_gpu=top.int_range(

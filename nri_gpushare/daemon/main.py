@@ -8,7 +8,7 @@ metrics (`status`), and shuts down cleanly on SIGTERM/SIGINT.
 
 The event loop never blocks on the kernel module: the service awaits it, and
 the blocking procfs client runs on one worker thread under a timeout
-(`nri_gpushare.kmod.worker`).
+(`nri_gpushare.host.kmod_worker`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import asyncio
 import dataclasses
 import logging
 import signal
-from typing import cast
 
 from nri_gpushare.config import Config, ConfigError
 from nri_gpushare.daemon.adapters import ContainerdLabels, PodEvents, ReconcileOwner
@@ -43,7 +42,7 @@ from nri_gpushare.nri.stub import Stub
 from nri_gpushare.nri.stub.runtime import RuntimeConnectionLost
 from nri_gpushare.share.interposer import preload_file_text
 from nri_gpushare.share.kernel import KernelModule
-from nri_gpushare.share.model import KmodMode, NodePolicy, Placement, UnservedAction
+from nri_gpushare.share.model import NodePolicy
 from nri_gpushare.share.service import ShareService
 from nri_gpushare.share.usage import GpuTimeSource, MemoryUsage, ModuleGpuTime
 
@@ -159,12 +158,12 @@ async def build_service(
         memory_reserve_bytes=config.memory_reserve_bytes,
         max_inst=config.max_inst,
         # The config has checked each against the model's values.
-        default_placement=cast(Placement, config.placement),
+        default_placement=config.placement,
         max_high_priority_per_gpu=config.max_high_priority_per_gpu,
-        kmod_mode=cast(KmodMode, config.kmod),
+        kmod_mode=config.kmod,
         pod_sources=config.pod_sources,
         standalone_sources=config.standalone_sources,
-        unserved=cast(UnservedAction, config.unserved),
+        unserved=config.unserved,
         interposer=interposer,
     )
     service = ShareService(

@@ -4,7 +4,7 @@
 `nri_gpushare.kmod.procfs`) and an in-memory fake used by unit tests
 (`tests/fakes.py`) implement it.  `KernelModule` is the same requests, awaited:
 the share domain uses only that one, and the daemon gives it a
-`KernelModuleClient` run off the event loop (`nri_gpushare.kmod.worker`).
+`KernelModuleClient` run off the event loop (`nri_gpushare.host.kmod_worker`).
 
 Both follow the module's rules: a double registration is `AlreadyRegistered`
 (EEXIST), an unknown container is `NotRegistered` (ENOENT), over-commit is

@@ -2,7 +2,7 @@
 what the kernel module's ledger counts (the interposer reserves there before
 each allocation); and the share of each GPU's time they got.
 
-The daemon wires in `MemoryUsage` (`nri_gpushare.host.devices.ModuleMemInfo`, reading
+The daemon wires in `MemoryUsage` (`nri_gpushare.host.meminfo.ModuleMemInfo`, reading
 /proc/gpushare/<gpu>/<id>/meminfo) and `GpuTimeSource` (`ModuleGpuTime`,
 reading /proc/gpushare/<gpu>/<id>/gputime, sampled every few seconds into a
 `ComputeMeter`); without the module both are unknown, and status says why.
@@ -74,7 +74,7 @@ class GpuTimeSource(Protocol):
 
 
 class Worker(Protocol):
-    """Runs a blocking call off the event loop (nri_gpushare.host.devices.BlockingWorker)."""
+    """Runs a blocking call off the event loop (nri_gpushare.host.worker.BlockingWorker)."""
 
     async def call(self, fn: Callable[[], T], what: str) -> T: ...
 

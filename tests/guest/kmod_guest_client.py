@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from nri_gpushare.kmod import abi
-from nri_gpushare.kmod.procfs import GpuState, ProcfsKernelModule
+from nri_gpushare.kmod.procfs import ProcfsKernelModule
+from nri_gpushare.kmod.readings import GpuState
 from nri_gpushare.share.kernel import (
     AlreadyRegistered,
     GpuDeclaration,

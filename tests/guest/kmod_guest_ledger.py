@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from nri_gpushare.kmod import abi
-from nri_gpushare.kmod.procfs import ProcfsKernelModule, parse_meminfo
+from nri_gpushare.kmod.procfs import ProcfsKernelModule
+from nri_gpushare.kmod.readings import parse_meminfo
 from tests.guest.kmod_support import (
     DEV,
     NOBODY,

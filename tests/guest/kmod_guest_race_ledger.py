@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from nri_gpushare.kmod import abi
-from nri_gpushare.kmod.procfs import parse_meminfo
+from nri_gpushare.kmod.readings import parse_meminfo
 from tests.guest.kmod_race_support import (
     Tally,
     Workers,

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from nri_gpushare.kmod import abi
-from nri_gpushare.kmod.procfs import parse_meminfo
+from nri_gpushare.kmod.readings import parse_meminfo
 from nri_gpushare.ops import kmod_admin as admin
 
 REPO = Path(__file__).resolve().parents[2]
