@@ -10,14 +10,21 @@
 #
 # Where the time goes, and how it is spent side by side on two cores:
 #   1. the static checks and the C tests, in parallel (make -j);
-#   2. the interposer's pytest files (libgpushare/tests) alone: they measure
-#      GPU-time shares on the fake driver and want quiet cores;
+#   2. on quiet cores, one after the other (each measures shares of time and
+#      fails when other work takes the CPUs it waits for):
+#      the interposer's pytest files (libgpushare/tests: GPU-time shares on
+#      the fake driver), then the module's in-guest suite
+#      (tests/guest/test_kmod.py: its scheduler tests in the guest);
 #   3. two lanes at once, each printed whole when it ends:
-#      guest  the tests marked `guest` (a qemu guest each, one at a time:
-#             under TCG a guest wants both cores for itself);
-#      host   the rest (unit, the containerd test bed) with pytest-xdist,
-#             each test file on one worker (a file's tests share its
-#             containerd).
+#      guest  the other tests marked `guest` (the e2e and fault suites in the
+#             guest, the harness's boots), one qemu guest at a time: under
+#             TCG a guest wants both cores for itself;
+#      host   the rest (unit, the containerd test bed, and the installer
+#             test, marked `containerd` and `guest`, whose one boot is short)
+#             with pytest-xdist, each test file on one worker (a file's
+#             tests share its containerd).
+#   The -m expressions of step 3 are each other's complement, and step 2's
+#   files are left out of them: no test is run twice or left out.
 # GPUSHARE_TEST_WORKERS sets the host lane's workers (default 2).
 #
 # With arguments, they are pytest's, and one pytest run replaces steps 2-3,
@@ -26,13 +33,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CI="${CI:-}"
 py=.venv/bin/python
-pytest=("$py" -m pytest -ra -q -p no:cacheprovider)
+pytest=("$py" -m pytest -ra -q -p no:cacheprovider --durations=15)
 
 make --no-print-directory -j4 --output-sync=target check-static
 
 if [ $# -gt 0 ]; then
 	exec "${pytest[@]}" "$@"
 fi
+
+# Byte-compile the project's Python once (__pycache__, git-ignored): every
+# plugin, CLI and gpushare-runc process the tests start, on the host and in
+# the guests (where compiling under TCG costs seconds per process), reads it
+# instead of compiling again, whatever PYTHONDONTWRITEBYTECODE says.
+"$py" -m compileall -q -j 0 nri_gpushare tests bench >/dev/null
 
 logs=$(mktemp -d "${TMPDIR:-/tmp}/gpushare-test.XXXXXX")
 declare -A lane_of=()
@@ -65,10 +78,14 @@ finish() {
 	fi
 }
 
+kmod=tests/guest/test_kmod.py
 lane interposer "${pytest[@]}" libgpushare/tests
 finish
-lane guest "${pytest[@]}" -m guest tests
-lane host "${pytest[@]}" -m 'not guest' -n "${GPUSHARE_TEST_WORKERS:-2}" --dist loadfile tests
+lane kmod-guest "${pytest[@]}" "$kmod"
+finish
+lane guest "${pytest[@]}" -m 'guest and not containerd' --ignore="$kmod" tests
+lane host "${pytest[@]}" -m 'not guest or containerd' -n "${GPUSHARE_TEST_WORKERS:-2}" \
+	--dist loadfile tests
 finish
 
 rm -rf "$logs"
