@@ -13,7 +13,8 @@
 #   2. on quiet cores, one after the other (each measures shares of time and
 #      fails when other work takes the CPUs it waits for):
 #      the interposer's pytest files (libgpushare/tests: GPU-time shares on
-#      the fake driver), then the module's in-guest suite
+#      the fake driver; two files at a time, as each uses a tenth of a core),
+#      then the module's in-guest suite
 #      (tests/guest/test_kmod.py: its scheduler tests in the guest);
 #   3. two lanes at once, each printed whole when it ends:
 #      guest  the other tests marked `guest` (the e2e and fault suites in the
@@ -79,7 +80,7 @@ finish() {
 }
 
 kmod=tests/guest/test_kmod.py
-lane interposer "${pytest[@]}" libgpushare/tests
+lane interposer "${pytest[@]}" -n 2 --dist loadfile libgpushare/tests
 finish
 lane kmod-guest "${pytest[@]}" "$kmod"
 finish
