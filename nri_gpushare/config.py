@@ -44,7 +44,6 @@ _UUID = re.compile(r"^GPU-[0-9A-Za-z-]+$")
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 LogFormat = Literal["text", "json"]
-"""One log line per decision: text or json."""
 NvmlLimitsMode = Literal["auto", "off"]
 """Driver-native memory limits through NVML: used where the driver has them, or never."""
 LOG_LEVELS: tuple[LogLevel, ...] = get_args(LogLevel)
