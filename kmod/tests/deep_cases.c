@@ -378,7 +378,7 @@ static void s11(void)
 		CHECK(got >= 0.9 && got <= 1.1, "S11 %llu us x%u: %.3f",
 		      (unsigned long long)(deep_d[i / 2] / US), f[i % 2], got);
 	}
-	/* Recorded: the gate as sched.c has it, without the tail probe. */
+	/* Recorded: the gate as src/gate*.c has it, without the tail probe. */
 	got = overestimate(5 * MS, 2, true, SEC, &busy);
 	printf("S11 no tail probe, 5 ms kernels estimated at 10 ms: %.1f %%",
 	       busy);

@@ -3,7 +3,7 @@
  * The deep-queue model of test_deep.c, in simulated time (ns).  One GPU,
  * containers of one process each, the scheduler core (gs_sched.c) and the
  * gate's pacer (libgpushare/src/pace.c) linked in as they are, and the
- * gate (libgpushare/src/sched.c) modelled on its design: sim_gate.c (the
+ * gate (libgpushare/src/gate*.c) modelled on its design: sim_gate.c (the
  * launch path), sim_drain.c (drains, the releaser), sim_sched.c (the
  * module's side: wake-ups, audited releases).
  *

@@ -1,5 +1,5 @@
 """The interposer against the real module, inside the guest: the compute
-gate of libgpushare.so (libgpushare/src/sched.c) in module mode, asking
+gate of libgpushare.so (libgpushare/src/gate*.c) in module mode, asking
 gpushare.ko's scheduler (GPUSHARE_IOC_SCHED) for the GPU, end to end.
 
 Each simulated container is a registered container bound to its own
