@@ -40,7 +40,7 @@ class OffLoopKernelModule:
     def __init__(self, client: KernelModuleClient, timeout: float = DEFAULT_TIMEOUT) -> None:
         self.client = client
         self.timeout = timeout
-        self._worker = BlockingWorker("gpushare-kmod", timeout)
+        self._worker = BlockingWorker("gpushare-kmod", timeout, strict=True)
 
     # -- KernelModule ---------------------------------------------------------------------
 

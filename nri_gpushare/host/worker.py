@@ -9,11 +9,15 @@ worker thread, awaited from the event loop under a timeout.
   interrupted: it goes on, so a caller treats a timed-out call as possibly
   done.  One that had not started yet is dropped, except `must_run` calls,
   which always run.
-- While one call has been running for longer than `timeout` (or its caller
-  gave up on it), the worker is stuck: new calls fail at once with
-  `WorkerStuck` instead of each waiting out its timeout (`must_run` calls
-  are still queued), so a hung driver or kernel costs a caller at most one
-  timeout.
+- While one call has been running for longer than `timeout`, the worker is
+  stuck: new calls fail at once with `WorkerStuck` instead of each waiting
+  out its timeout (`must_run` calls are still queued), so a hung driver or
+  kernel costs a caller at most one timeout.
+- `strict` (the kernel module's rules): a cancelled caller's call is dropped
+  too when it has not started, and a running call whose caller timed out
+  makes the worker stuck at once.  Without it (NVML, procfs reads), a
+  cancelled caller's call still runs, and the worker is stuck only once a
+  call has run past the timeout.
 """
 
 from __future__ import annotations
@@ -55,9 +59,10 @@ class BlockingWorker:
     """One daemon thread running blocking calls in order (see the module's
     docstring); `name` names the thread and the errors' messages."""
 
-    def __init__(self, name: str, timeout: float = 0.5) -> None:
+    def __init__(self, name: str, timeout: float = 0.5, *, strict: bool = False) -> None:
         self.name = name
         self.timeout = timeout
+        self.strict = strict
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._started: float | None = None  # monotonic start of the running call
         self._running = ""  # what it is doing
@@ -72,12 +77,14 @@ class BlockingWorker:
 
     def stuck_for(self) -> float | None:
         """Seconds the running call has taken, when that is more than `timeout`
-        (or its caller already gave up on it); None when the worker is not stuck."""
+        (or, `strict`, its caller already gave up on it); None when the worker
+        is not stuck."""
         started, current = self._started, self._current
         if started is None or current is None:
             return None
         age = time.monotonic() - started
-        return age if age > self.timeout or current is self._overdue else None
+        overdue = self.strict and current is self._overdue
+        return age if age > self.timeout or overdue else None
 
     async def call(self, fn: Callable[[], T], what: str, *, must_run: bool = False) -> T:
         """`fn()`'s result, run on the thread; `what` says what it does."""
@@ -92,10 +99,10 @@ class BlockingWorker:
         try:
             done, _ = await asyncio.wait({waiter}, timeout=self.timeout)
         except asyncio.CancelledError:
-            # The caller went away: a call that has not started is dropped,
-            # like one whose caller timed out.
+            # The caller went away: `strict`, a call that has not started is
+            # dropped, like one whose caller timed out; else it still runs.
             waiter.add_done_callback(_ignore_outcome)
-            if not must_run:
+            if self.strict and not must_run:
                 job.cancel()
             raise
         if waiter in done:

@@ -1,6 +1,7 @@
 """The one worker for blocking calls (nri_gpushare.host.worker): its own
-errors, as the NVML and meminfo readers see them; the kernel module's
-adapter over it is tested in test_kmod_worker.py."""
+errors, under the kernel module's rules (`strict`) and as the NVML and
+meminfo readers have it; the kernel module's adapter over it is tested in
+test_kmod_worker.py."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from nri_gpushare.host.worker import BlockingWorker, WorkerStuck, WorkerTimeout
 
 async def test_a_hung_call_times_out_then_fails_the_next_at_once() -> None:
     release = threading.Event()
-    worker = BlockingWorker("test-nvml", timeout=0.1)
+    worker = BlockingWorker("test-nvml", timeout=0.1, strict=True)
     try:
         with pytest.raises(WorkerTimeout, match=r"test-nvml did not answer within 0\.1 s \(hang\)"):
             await worker.call(lambda: release.wait(2.0), "hang")
@@ -28,9 +29,9 @@ async def test_a_hung_call_times_out_then_fails_the_next_at_once() -> None:
         worker.close()
 
 
-async def test_a_cancelled_callers_call_never_runs() -> None:
+async def test_strict_a_cancelled_callers_call_never_runs() -> None:
     release, ran = threading.Event(), []
-    worker = BlockingWorker("test-nvml", timeout=5)
+    worker = BlockingWorker("test-kmod", timeout=5, strict=True)
     first = asyncio.create_task(worker.call(lambda: release.wait(2.0), "first"))
     await asyncio.sleep(0.05)
     queued = asyncio.create_task(worker.call(lambda: ran.append("queued"), "queued"))
@@ -43,3 +44,38 @@ async def test_a_cancelled_callers_call_never_runs() -> None:
     assert await worker.call(lambda: ran.append("after") or 3, "after") == 3
     assert ran == ["after"]
     worker.close()
+
+
+async def test_a_cancelled_callers_call_still_runs_unless_strict() -> None:
+    """As before the one worker: a StartContainer whose caller went away still
+    sets the driver's memory limit it had asked for."""
+    release, ran = threading.Event(), []
+    worker = BlockingWorker("test-nvml", timeout=5)
+    first = asyncio.create_task(worker.call(lambda: release.wait(2.0), "first"))
+    await asyncio.sleep(0.05)
+    queued = asyncio.create_task(worker.call(lambda: ran.append("queued"), "queued"))
+    await asyncio.sleep(0)
+    queued.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await queued
+    release.set()
+    assert await first is True
+    assert await worker.call(lambda: ran.append("after") or 3, "after") == 3
+    assert ran == ["queued", "after"]
+    worker.close()
+
+
+@pytest.mark.parametrize("strict", [False, True])
+async def test_a_caller_giving_up_makes_it_stuck_only_when_strict(strict: bool) -> None:
+    release = threading.Event()
+    worker = BlockingWorker("test", timeout=0.2, strict=strict)
+    try:
+        call = asyncio.create_task(worker.call(lambda: release.wait(2.0), "hang"))
+        await asyncio.sleep(0.05)
+        worker._overdue = worker._current  # its caller gave up on it (as a timeout does)
+        assert (worker.stuck_for() is not None) is strict
+        release.set()
+        assert await call is True
+    finally:
+        release.set()
+        worker.close()
