@@ -15,6 +15,7 @@
 #include <linux/err.h>
 #include <linux/kernfs.h>
 #include <linux/nsproxy.h>
+#include <linux/percpu-refcount.h>
 #include <linux/sched.h>
 #include <linux/string.h>
 #include <linux/workqueue.h>
@@ -23,15 +24,18 @@
 
 /*
  * The cgroup @ctr is bound to, or NULL when it is unbound or that cgroup
- * has been removed (rmdir marks it dying before it returns).  Under
- * gs_lock, or under RCU: a cgroup is freed a grace period after its last
- * reference goes.
+ * has been removed (rmdir kills cgrp->self's reference count before it
+ * returns).  Under gs_lock, or under RCU: a cgroup is freed a grace period
+ * after its last reference goes.  The count itself is tested: css_is_dying()
+ * did so until a 2025 change (mainline, and 6.12.y's backport) made it test
+ * a CSS_DYING flag, which is set on subsystem states only, never on
+ * cgrp->self.
  */
 struct cgroup *gs_bound(const struct gs_ctr *ctr)
 {
 	struct cgroup *cgrp = READ_ONCE(ctr->cgrp);
 
-	return cgrp && !css_is_dying(&cgrp->self) ? cgrp : NULL;
+	return cgrp && !percpu_ref_is_dying(&cgrp->self.refcnt) ? cgrp : NULL;
 }
 
 /*
