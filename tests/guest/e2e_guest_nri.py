@@ -543,6 +543,12 @@ async def test_a_ctr_container_is_registered_bound_and_released_like_a_pod(bed, 
         assert alloc["registered"] is True
     finally:
         ctr("task", "kill", "-s", "SIGKILL", cid)
+        deadline = time.monotonic() + SLOW  # kill only signals: rm once it has stopped
+        while [cid, "STOPPED"] not in [
+            [f[0], f[-1]] for f in map(str.split, ctr("task", "ls").splitlines()[1:]) if f
+        ]:
+            assert time.monotonic() < deadline, f"task {cid} did not stop"
+            time.sleep(0.05)
         ctr("task", "rm", cid)
     assert registered() == [] and refcount() == 0
     assert plugin.status()["allocations"] == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -84,12 +85,29 @@ def init_env(pid: int) -> dict[str, str]:
     return env_of([entry.decode() for entry in raw.split(b"\0") if entry])
 
 
-def task_pid(bed: Containerd, cid: str) -> int:
+def task_fields(bed: Containerd, cid: str) -> list[str]:
+    """`ctr task ls`'s line of the task: its ID, pid and status."""
     for line in ctr(bed, "task", "ls").stdout.splitlines()[1:]:
         fields = line.split()
         if fields[0] == cid:
-            return int(fields[1])
+            return fields
     raise AssertionError(f"no task {cid}")
+
+
+def task_pid(bed: Containerd, cid: str) -> int:
+    return int(task_fields(bed, cid)[1])
+
+
+def kill_and_remove(bed: Containerd, cid: str) -> None:
+    """`ctr task kill -s SIGKILL`, then `ctr task rm` once the task has
+    stopped: kill only sends the signal, and an rm at once can find the task
+    still running (seen on a loaded machine)."""
+    ctr(bed, "task", "kill", "-s", "SIGKILL", cid)
+    deadline = time.monotonic() + STUCK
+    while task_fields(bed, cid)[2] != "STOPPED":
+        assert time.monotonic() < deadline, f"task {cid} did not stop after SIGKILL"
+        time.sleep(0.05)
+    ctr(bed, "task", "rm", cid)
 
 
 def bundle_config(bed: Containerd, cid: str) -> dict:
@@ -124,8 +142,7 @@ async def test_ctr_run_with_a_label_gets_its_share_next_to_a_pod(bed, start_plug
     spec = bundle_config(bed, cid)  # what the wrapper gave runc
     assert P + "assigned" in spec["annotations"]
     assert "/dev/nvidia0" in [d["path"] for d in spec["linux"]["devices"]]
-    ctr(bed, "task", "kill", "-s", "SIGKILL", cid)
-    ctr(bed, "task", "rm", cid)
+    kill_and_remove(bed, cid)
     assert cid not in local(plugin)
     assert reserved(plugin)[0][0] == 3 * GiB
 
@@ -209,8 +226,7 @@ async def test_a_task_deleted_behind_the_daemons_back_is_reconciled(bed, start_p
         ctr_run(bed, runtime, cid, ["sleep", "3600"], "-d", "--label", P + "gpu-memory=2Gi")
     assert set(local(plugin)) == {gone, alive}
     plugin.kill()  # SIGKILL: nothing is said on the way out
-    ctr(bed, "task", "kill", "-s", "SIGKILL", gone)
-    ctr(bed, "task", "rm", gone)  # the wrapper cannot reach the daemon: released by nobody
+    kill_and_remove(bed, gone)  # the wrapper cannot reach the daemon: released by nobody
     bed.restart()
     again = start_plugin(bed, **settings)
     deadline = asyncio.get_running_loop().time() + STUCK

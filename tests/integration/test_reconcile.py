@@ -74,6 +74,20 @@ async def until(check: Callable[[], object], what: str) -> None:
         await asyncio.sleep(0.05)
 
 
+async def kill_and_remove(bed: Containerd, name: str) -> None:
+    """SIGKILL a task, then remove it once it has stopped: kill only sends the
+    signal, and an rm at once can find the task still running."""
+    await actr(bed, "tasks", "kill", "-s", "SIGKILL", name)
+    deadline = asyncio.get_running_loop().time() + STUCK
+    while True:
+        listed = [line.split() for line in (await actr(bed, "tasks", "ls")).splitlines()[1:]]
+        if [name, "STOPPED"] in [[f[0], f[-1]] for f in listed if f]:
+            break
+        assert asyncio.get_running_loop().time() < deadline, f"task {name} did not stop"
+        await asyncio.sleep(0.05)
+    await actr(bed, "tasks", "rm", name)
+
+
 @contextlib.asynccontextmanager
 async def following(bed: Containerd, owner: Owner) -> AsyncIterator[Reconciler]:
     """A running Reconciler that has made its first pass.  The period is long:
@@ -107,16 +121,14 @@ async def test_released_on_events_and_by_the_listing_after_a_restart(
 
     async with following(bed, owner) as reconciler:
         assert owner.released == []  # all three run, with the pids of their allocations
-        await actr(bed, "tasks", "kill", "-s", "SIGKILL", a)
-        await actr(bed, "tasks", "rm", a)
+        await kill_and_remove(bed, a)
         await until(lambda: owner.released, "a's release")
         assert owner.ids() == [a]
         assert TASK_EXIT in owner.released[0][2]  # the init's exit, before the rm
         assert reconciler.state()["released"] == 1
 
     # Nobody follows: b's task goes, and containerd restarts (it replays nothing).
-    await actr(bed, "tasks", "kill", "-s", "SIGKILL", b)
-    await actr(bed, "tasks", "rm", b)
+    await kill_and_remove(bed, b)
     await asyncio.to_thread(bed.restart)
 
     async with following(bed, owner) as reconciler:
