@@ -16,7 +16,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from nri_gpushare.config import ConfigError
+from nri_gpushare.config import ConfigError, load_config
 
 SOCKET_MODE = 0o660
 DIRECTORY_MODE = 0o750
@@ -115,8 +115,6 @@ def status_socket(config: str | None, default: str) -> str:
     given (ConfigError when it cannot be read), else `default`."""
     if not config:
         return default
-    from nri_gpushare.config import load_config
-
     return load_config(config).status_socket
 
 
