@@ -4,8 +4,10 @@
 # qemu and its headers) and, from Debian trixie, containerd 1.7.24 plus the
 # NRI and CRI API protos, and Docker 26.1 (dockerd, the CLI, tini as
 # docker-init) for the Docker test bed -- those are only downloaded and
-# extracted into .cache/trixie, never installed over bookworm.  Idempotent;
-# safe to re-run.
+# extracted into .cache/trixie, never installed over bookworm -- and, from
+# Debian sid, the same for containerd 2.1.9, runc 1.3.6, Docker 28.5 and NRI
+# 0.8.0's proto (extracted into .cache/sid; GPUSHARE_CONTAINERD=2 runs the
+# test bed on them).  Idempotent; safe to re-run.
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -46,7 +48,7 @@ PREF
 	rm -f "$cache/apt-updated"
 }
 pinned_suite trixie
-pinned_suite sid   # containerd 2.x, for enable/disable against version 3 configs
+pinned_suite sid   # containerd 2.x, runc 1.3, Docker 28
 
 if [ ! -f "$cache/apt-updated" ]; then
 	need_root
@@ -56,7 +58,8 @@ fi
 
 # --- bookworm packages ---
 pkgs=(runc busybox-static protobuf-compiler qemu-system-x86 cpio kmod make gcc libc6-dev binutils
-      linux-image-amd64 linux-headers-amd64 iproute2 shellcheck mmdebstrap systemd openssl)
+      linux-image-amd64 linux-headers-amd64 iproute2 shellcheck mmdebstrap systemd openssl
+      patchelf)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -80,15 +83,31 @@ for p in "${trixie_pkgs[@]}"; do
 	fi
 done
 
-# --- containerd 2.x from Debian sid, extracted only (into .cache/sid) ---
-# Its binary needs nothing newer than bookworm's libc (GLIBC_2.34).
+# --- containerd 2.x, runc 1.3, Docker 28 from Debian sid, extracted only ---
+# containerd, dockerd and docker need nothing newer than bookworm's libc
+# (GLIBC_2.34).  runc 1.3.6 needs GLIBC_2.38: its extracted copy is pointed
+# at sid's own loader and libraries (libc6, libseccomp2, extracted beside it)
+# with patchelf.  A wrapper setting LD_LIBRARY_PATH would not do: runc
+# re-executes itself (/proc/self/exe) as `runc init`, and a bookworm loader
+# cannot run sid's libc.
 sid="$cache/sid"
-if [ ! -f "$sid/.containerd.done" ]; then
-	mkdir -p "$sid"
-	(cd "$sid" && rm -f containerd_*.deb && apt-get download -q -t sid containerd)
-	dpkg-deb -x "$sid"/containerd_*.deb "$sid/root"
-	touch "$sid/.containerd.done"
+sid_pkgs=(containerd runc libc6 libseccomp2 docker.io docker-cli tini-static
+          golang-github-containerd-nri-dev)
+mkdir -p "$sid"
+for p in "${sid_pkgs[@]}"; do
+	if [ ! -f "$sid/.$p.done" ]; then
+		(cd "$sid" && rm -f "${p}"_*.deb && apt-get download -q -t sid "$p")
+		dpkg-deb -x "$sid/${p}"_*.deb "$sid/root"
+		touch "$sid/.$p.done"
+	fi
+done
+sid_runc="$sid/root/usr/sbin/runc"
+sid_loader="$sid/root/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
+if [ "$(patchelf --print-interpreter "$sid_runc")" != "$sid_loader" ]; then
+	patchelf --set-interpreter "$sid_loader" \
+		--set-rpath "$sid/root/usr/lib/x86_64-linux-gnu" "$sid_runc"
 fi
+"$sid_runc" --version >/dev/null
 
 # --- the kernel's checkpatch.pl, for `make -C kmod checkpatch` ---
 sh "$top/kmod/fetch-checkpatch.sh"
