@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.testbed.containerd import NRI_LOG_MARKER, Containerd, missing_prerequisites
+from tests.testbed.containerd import (
+    NRI_LOG_MARKER,
+    SELECT_VAR,
+    SID_BIN,
+    TRIXIE_BIN,
+    Containerd,
+    ContainerdError,
+    missing_prerequisites,
+    selected_bin_dir,
+)
 from tests.testbed.cri import CriClient, GRPCError, parse_cri_log
 
 pytestmark = pytest.mark.containerd
@@ -29,7 +39,10 @@ async def test_containerd_runs_with_nri_enabled(containerd: Containerd, cri: Cri
     assert version.runtime_name == "containerd"
     assert version.runtime_api_version == "v1"
     log = containerd.log_text()
-    assert f'loading plugin \\"{NRI_LOG_MARKER}\\"' in log
+    if containerd.major >= 2:  # 2.x logs the plugin's id as a field of its own
+        assert f'msg="loading plugin" id={NRI_LOG_MARKER} ' in log
+    else:
+        assert f'loading plugin \\"{NRI_LOG_MARKER}\\"' in log
     assert "created NRI interface" in log
     assert containerd.nri_socket.is_socket()
 
@@ -128,3 +141,29 @@ def test_missing_prerequisites_are_named(tmp_path: Path) -> None:
     missing = missing_prerequisites(tmp_path)
     assert any("containerd" in m and "install-prereqs" in m for m in missing)
     assert missing_prerequisites() == []
+
+
+def test_the_run_selects_its_containerd(monkeypatch: pytest.MonkeyPatch) -> None:
+    for choice, bin_dir, major in (("", TRIXIE_BIN, 1), ("1.7", TRIXIE_BIN, 1), ("2", SID_BIN, 2)):
+        monkeypatch.setenv(SELECT_VAR, choice)
+        assert selected_bin_dir() == bin_dir
+        bed = Containerd(images=False)
+        assert (bed.bin_dir, bed.major) == (bin_dir, major)
+        assert f"version = {major + 1}\n" in bed.config_text()
+        shutil.rmtree(bed.base)
+    assert Containerd(bin_dir=SID_BIN).version[:2] == (2, 1)
+    monkeypatch.setenv(SELECT_VAR, "1.6")
+    with pytest.raises(ContainerdError, match="GPUSHARE_CONTAINERD='1.6'"):
+        selected_bin_dir()
+
+
+async def test_runc_is_the_releases_own(containerd: Containerd, cri: CriClient) -> None:
+    """2.x runs sid's runc 1.3 (patched to sid's loader: it needs glibc 2.38),
+    1.7 bookworm's 1.1; the shim finds it first on containerd's PATH."""
+    done = subprocess.run([containerd.runc, "--version"], capture_output=True, text=True)
+    assert done.stdout.startswith(
+        "runc version 1.3." if containerd.major >= 2 else "runc version 1.1."
+    ), done.stdout
+    run = await cri.run_container_env(env={"X": "1"})
+    assert run.exit_code == 0
+    assert (containerd.runc_root / "k8s.io").is_dir()  # the shim's runc used the bed's root

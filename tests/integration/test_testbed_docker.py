@@ -1,4 +1,5 @@
-"""The Docker test bed: Debian trixie's dockerd 26.1 on the private containerd."""
+"""The Docker test bed: Debian's dockerd on the private containerd (trixie's
+26.1 on containerd 1.7, sid's 28.5 on 2.x)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,12 @@ def test_missing_prerequisites_are_named(tmp_path: Path) -> None:
     assert missing_prerequisites() == []
 
 
+def test_docker_comes_from_the_containerds_release(containerd: Containerd, dockerd: Dockerd) -> None:
+    versions = dockerd.docker("version", "--format", "{{.Client.Version}} {{.Server.Version}}")
+    major = "28." if containerd.major >= 2 else "26."
+    assert [v[:3] for v in versions.stdout.split()] == [major, major], versions.stdout
+
+
 def test_env_reaches_container(dockerd: Dockerd) -> None:
     done = dockerd.docker(*RUN, "-e", "FOO=bar", BUSYBOX_IMAGE, "sh", "-c", "echo $FOO")
     assert done.stdout == "bar\n"
@@ -51,7 +58,7 @@ def test_containers_live_in_moby_namespace(containerd: Containerd, dockerd: Dock
     assert cid in _ctr(containerd, "containers", "ls", "-q").split()
     assert cid in _ctr(containerd, "tasks", "ls")
     state = subprocess.run(
-        ["runc", "--root", str(dockerd.runc_root), "state", cid],
+        [containerd.runc, "--root", str(dockerd.runc_root), "state", cid],
         check=True,
         capture_output=True,
         text=True,

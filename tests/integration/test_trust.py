@@ -23,7 +23,7 @@ from tests.testbed.containerd import Containerd
 from tests.testbed.cri import GRPCError
 from tests.testbed.cri_generated.runtime.v1 import ContainerState
 from tests.testbed.fixtures import _keep, require_testbed
-from tests.testbed.images import build_custom_image, import_images
+from tests.testbed.images import build_custom_image
 
 GiB = 1 << 30
 P = "gpushare.io/"
@@ -44,7 +44,7 @@ def containerd() -> Iterator[Containerd]:
         (LABEL_IMAGE, {}, {P + "gpu-memory": "4Gi"}),
         (MAINTAINER_IMAGE, {}, {P + "maintainer": "someone@example.com"}),
     ):
-        import_images(bed.ctr, bed.cri_socket, build_custom_image(name, env, labels))
+        bed.import_images(build_custom_image(name, env, labels))
     try:
         yield bed
     finally:

@@ -1,16 +1,24 @@
-"""A real, private containerd 1.7 with CRI and NRI enabled, for integration tests.
+"""A real, private containerd with CRI and NRI enabled, for integration tests.
+
+Which containerd is the run's choice (GPUSHARE_CONTAINERD, read once for the
+whole pytest run): "1.7" (the default) is Debian trixie's 1.7.24 with
+bookworm's runc 1.1.5; "2" is Debian sid's 2.1.9 with sid's runc 1.3.6 (and
+Docker 28.5 for tests/testbed/docker.py), all extracted by
+scripts/install-prereqs.sh.  A test that needs one of them names its bin_dir.
 
 Everything lives under one short base dir (unix socket paths are limited to
 108 bytes): root, state, sockets, runc root, CNI dirs, NRI plugin dirs, the
-log.  Only the shim sockets escape (containerd 1.7 hard-codes
+log.  Only the shim sockets escape (containerd hard-codes
 /run/containerd/s/).  The process is started with setsid and only what it
 started is ever killed: its own PID and the shims that carry its address.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -18,45 +26,77 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.testbed.cri import CriClient
-from tests.testbed.images import BUSYBOX_BINARY, PAUSE_IMAGE, import_images, is_static_elf
+from tests.testbed.containerd_config import config_text, toml_value
+from tests.testbed.cri import CriClient, wait_images
+from tests.testbed.images import (
+    BUSYBOX_BINARY,
+    PAUSE_IMAGE,
+    build_images,
+    image_names,
+    import_images,
+    is_static_elf,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 TRIXIE_BIN = REPO / ".cache" / "trixie" / "root" / "usr" / "bin"
-#: containerd 2.x (Debian sid), extracted only; for tests of both majors.
+#: containerd 2.x (Debian sid), extracted only; its runc is usr/bin/runc here.
 SID_BIN = REPO / ".cache" / "sid" / "root" / "usr" / "bin"
 NRI_LOG_MARKER = "io.containerd.nri.v1.nri"
 SHIM_SOCKET_DIR = "/run/containerd/s"
+SELECT_VAR = "GPUSHARE_CONTAINERD"
+LANES = {"1.7": TRIXIE_BIN, "2": SID_BIN}
+"""GPUSHARE_CONTAINERD's values and the bin dir each selects."""
 
 
 class ContainerdError(RuntimeError):
     pass
 
 
-def missing_prerequisites(bin_dir: Path = TRIXIE_BIN) -> list[str]:
+def selected_bin_dir() -> Path:
+    """The bin dir GPUSHARE_CONTAINERD selects for this run (1.7 if unset)."""
+    choice = os.environ.get(SELECT_VAR, "") or "1.7"
+    if choice not in LANES:
+        raise ContainerdError(f"{SELECT_VAR}={choice!r}: expected one of {', '.join(LANES)}")
+    return LANES[choice]
+
+
+@functools.cache
+def containerd_version(bin_dir: Path) -> tuple[int, int, int]:
+    """(major, minor, patch) of `bin_dir/containerd --version`."""
+    out = subprocess.run(
+        [str(bin_dir / "containerd"), "--version"], capture_output=True, text=True, timeout=30
+    ).stdout
+    match = re.search(r" v?(\d+)\.(\d+)\.(\d+)", out)
+    if match is None:
+        raise ContainerdError(f"cannot tell {bin_dir / 'containerd'}'s version from {out!r}")
+    major, minor, patch = map(int, match.groups())
+    return major, minor, patch
+
+
+def runc_binary(bin_dir: Path) -> str:
+    """The runc a containerd from bin_dir runs (its shim finds it on PATH,
+    which the bed starts with bin_dir): sid's own, else the system's."""
+    own = bin_dir / "runc"
+    return str(own) if own.exists() else shutil.which("runc") or "runc"
+
+
+def missing_prerequisites(bin_dir: Path | None = None) -> list[str]:
     """Human-readable list of what the test bed lacks on this machine."""
+    bin_dir = bin_dir or selected_bin_dir()
     missing = [
         f"{bin_dir / b} (run scripts/install-prereqs.sh)"
         for b in ("containerd", "containerd-shim-runc-v2", "ctr")
         if not os.access(bin_dir / b, os.X_OK)
     ]
-    if not shutil.which("runc"):
-        missing.append("runc (apt-get install runc)")
+    runc = runc_binary(bin_dir)
+    ran = subprocess.run([runc, "--version"], capture_output=True) if shutil.which(runc) else None
+    if ran is None or ran.returncode != 0:
+        missing.append(f"a working {runc} (run scripts/install-prereqs.sh)")
     if not BUSYBOX_BINARY.exists() or not is_static_elf(BUSYBOX_BINARY):
         missing.append(f"static {BUSYBOX_BINARY} (apt-get install busybox-static)")
     if os.geteuid() != 0:
         missing.append("root privileges")
     return missing
-
-
-def _toml(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 class Containerd:
@@ -66,7 +106,7 @@ class Containerd:
         self,
         base: Path | str | None = None,
         *,
-        bin_dir: Path = TRIXIE_BIN,
+        bin_dir: Path | None = None,
         nri: bool = True,
         plugin_registration_timeout: str = "5s",
         plugin_request_timeout: str = "2s",
@@ -78,7 +118,7 @@ class Containerd:
     ) -> None:
         self._own_base = base is None
         self.base = Path(base or tempfile.mkdtemp(prefix="gpushare-tb-", dir="/tmp"))
-        self.bin_dir = bin_dir
+        self.bin_dir = bin_dir or selected_bin_dir()
         self.nri = nri
         self.plugin_registration_timeout = plugin_registration_timeout
         self.plugin_request_timeout = plugin_request_timeout
@@ -112,60 +152,27 @@ class Containerd:
         return self.bin_dir / "ctr"
 
     @property
+    def version(self) -> tuple[int, int, int]:
+        """This containerd's (major, minor, patch)."""
+        return containerd_version(self.bin_dir)
+
+    @property
+    def major(self) -> int:
+        return self.version[0]
+
+    @property
+    def runc(self) -> str:
+        """The runc binary this containerd's shims run."""
+        return runc_binary(self.bin_dir)
+
+    @property
     def grpc_address(self) -> Path:
         """containerd's gRPC socket; CRI is served on it too."""
         return self.cri_socket
 
     def config_text(self) -> str:
-        b = self.base
-        cri = 'plugins."io.containerd.grpc.v1.cri"'
-        runc = f"{cri}.containerd.runtimes.runc"
-        sections: dict[str, dict[str, object]] = {
-            "": {
-                "version": 2,
-                "root": b / "root",
-                "state": b / "state",
-                "disabled_plugins": [
-                    "io.containerd.snapshotter.v1.aufs",
-                    "io.containerd.snapshotter.v1.btrfs",
-                    "io.containerd.snapshotter.v1.devmapper",
-                    "io.containerd.snapshotter.v1.zfs",
-                ],
-            },
-            "grpc": {"address": self.cri_socket},
-            "ttrpc": {"address": self.ttrpc_socket},
-            "debug": {"level": self.log_level},
-            'plugins."io.containerd.internal.v1.opt"': {"path": b / "opt"},
-            cri: {
-                "disable_apparmor": True,
-                "restrict_oom_score_adj": True,
-                "sandbox_image": self.sandbox_image,
-                "stream_server_address": "127.0.0.1",
-                "stream_server_port": "0",
-            },
-            f"{cri}.containerd": {"snapshotter": "overlayfs", "default_runtime_name": "runc"},
-            runc: {
-                "runtime_type": "io.containerd.runc.v2",
-                "pod_annotations": list(self.passthrough_annotations),
-                "container_annotations": list(self.passthrough_annotations),
-            },
-            f"{runc}.options": {"SystemdCgroup": False, "Root": self.runc_root},
-            f"{cri}.cni": {"bin_dir": b / "cni" / "bin", "conf_dir": b / "cni" / "conf"},
-            'plugins."io.containerd.nri.v1.nri"': {
-                "disable": not self.nri,
-                "socket_path": self.nri_socket,
-                "plugin_path": self.nri_plugin_dir,
-                "plugin_config_path": self.nri_plugin_config_dir,
-                "plugin_registration_timeout": self.plugin_registration_timeout,
-                "plugin_request_timeout": self.plugin_request_timeout,
-            },
-        }
-        lines: list[str] = []
-        for name, keys in sections.items():
-            if name:
-                lines.append(f"\n[{name}]")
-            lines += [f"{k} = {_toml(v)}" for k, v in keys.items()]
-        return "\n".join(lines) + "\n"
+        """config.toml: version 2 for 1.7, version 3 for 2.x."""
+        return config_text(self, self.major)
 
     def private_config(self, text: str, *, nri_socket: bool = False) -> str:
         """A given config.toml (version 2 or 3) with this bed's private paths.
@@ -216,7 +223,7 @@ class Containerd:
         text = doc.as_string()
         if nri_socket and nri not in doc.get("plugins", {}):  # containerd's defaults otherwise
             text += f'\n[plugins."{nri}"]\n' + "".join(
-                f"  {key} = {_toml(paths[key])}\n"
+                f"  {key} = {toml_value(paths[key])}\n"
                 for key in ("socket_path", "plugin_path", "plugin_config_path")
             )
         return text
@@ -249,9 +256,15 @@ class Containerd:
         self._wait_ready(timeout)
         marker = self.base / "root" / ".gpushare-images"
         if self.images and not marker.exists():
-            import_images(self.ctr, self.cri_socket)
+            self.import_images(build_images())
             marker.touch()
         return self
+
+    def import_images(self, tar: Path) -> None:
+        """Import an OCI layout tar (tests/testbed/images.py) into CRI's
+        namespace; returns once CRI lists its images."""
+        import_images(self.ctr, self.cri_socket, tar)
+        wait_images(self.cri_socket, image_names(tar))
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -331,7 +344,8 @@ class Containerd:
         for ns_root in self.runc_root.iterdir():
             for cid in (p.name for p in ns_root.iterdir() if p.is_dir()):
                 subprocess.run(
-                    ["runc", "--root", str(ns_root), "delete", "--force", cid], capture_output=True
+                    [self.runc, "--root", str(ns_root), "delete", "--force", cid],
+                    capture_output=True,
                 )
 
     def _shims(self) -> dict[int, list[str]]:
@@ -357,7 +371,7 @@ class Containerd:
                 pass
             opts = dict(zip(argv[1::2], argv[2::2], strict=False))
             if "-namespace" in opts and "-id" in opts:
-                # containerd 1.7 names the socket sha256(address/namespace/id).
+                # containerd (1.7 and 2.x) names the socket sha256(address/namespace/id).
                 key = f"{self.cri_socket}/{opts['-namespace']}/{opts['-id']}"
                 Path(SHIM_SOCKET_DIR, hashlib.sha256(key.encode()).hexdigest()).unlink(
                     missing_ok=True

@@ -8,6 +8,7 @@ all (a failed CreateContainer leaves its sandbox behind, so always clean up).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import time
 import uuid
@@ -22,7 +23,7 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 from tests.testbed.cri_generated.runtime import v1 as cri
 from tests.testbed.images import BUSYBOX_IMAGE
 
-__all__ = ["ContainerRun", "CriClient", "GRPCError", "cri", "parse_cri_log"]
+__all__ = ["ContainerRun", "CriClient", "GRPCError", "cri", "parse_cri_log", "wait_images"]
 
 
 def parse_cri_log(text: str) -> list[tuple[str, str]]:
@@ -44,6 +45,23 @@ def parse_cri_log(text: str) -> list[tuple[str, str]]:
             out.append((stream, partial.pop(stream, "") + chunk))
     out += list(partial.items())
     return out
+
+
+def wait_images(socket: Path | str, names: Sequence[str], timeout: float = 30.0) -> None:
+    """CriClient.wait_images from synchronous code (also inside a running
+    event loop, e.g. an async test that starts a containerd): its own loop in
+    a thread."""
+
+    async def wait() -> None:
+        client = CriClient(socket)
+        try:
+            await client.wait_ready(timeout)
+            await client.wait_images(names, timeout)
+        finally:
+            client.channel.close()
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, wait()).result()
 
 
 @dataclass
@@ -103,6 +121,23 @@ class CriClient:
 
     async def version(self) -> cri.VersionResponse:
         return await self.runtime.version(cri.VersionRequest())
+
+    async def wait_images(self, names: Sequence[str], timeout: float = 30.0) -> None:
+        """Wait until CRI's image cache has every image in `names`.
+
+        CRI learns of an image imported with ctr from containerd's events,
+        asynchronously (2.x often after ctr has returned): a pod started
+        before that finds no sandbox image and tries to pull it.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            listed = await self.images.list_images(cri.ListImagesRequest())
+            missing = set(names) - {tag for image in listed.images for tag in image.repo_tags}
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"CRI at {self.socket} does not list {sorted(missing)}")
+            await asyncio.sleep(0.02)
 
     # -- pods ------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""Debian trixie's Docker 26.1 (dockerd + CLI) on a test-bed containerd.
+"""Debian's Docker (dockerd + CLI) on a test-bed containerd: trixie's 26.1 on
+containerd 1.7, sid's 28.5 on 2.x (the one extracted beside the containerd).
 
 dockerd runs against the given `Containerd` (--containerd), so Docker's
 containers are containerd containers in the namespace "moby", run by the
@@ -10,8 +11,8 @@ by path (`runtimes=`) is the same shim with that path as its runc binary.
 Everything lives under one base dir: data root, exec root, pid file, API
 socket, daemon.json, the log.  No bridge, no iptables, no userland proxy:
 containers run with `--network none`.  Both binaries come from
-.cache/trixie (scripts/install-prereqs.sh), never from $PATH, and the CLI gets
-a private DOCKER_CONFIG.  Only what this object started is ever killed.
+.cache/trixie or .cache/sid (scripts/install-prereqs.sh), never from $PATH, and
+the CLI gets a private DOCKER_CONFIG.  Only what this object started is ever killed.
 """
 
 from __future__ import annotations
@@ -29,10 +30,9 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from tests.testbed.containerd import SHIM_SOCKET_DIR, Containerd
+from tests.testbed.containerd import SHIM_SOCKET_DIR, Containerd, selected_bin_dir
 from tests.testbed.images import build_images
 
-TRIXIE_ROOT = Path(__file__).resolve().parents[2] / ".cache" / "trixie" / "root"
 MOBY_NAMESPACE = "moby"
 STORAGE_DRIVERS = ("overlay2", "vfs")  # tried in this order unless one is named
 
@@ -41,8 +41,15 @@ class DockerdError(RuntimeError):
     pass
 
 
-def missing_prerequisites(root: Path = TRIXIE_ROOT) -> list[str]:
+def release_root(bin_dir: Path) -> Path:
+    """The extracted Debian root a containerd bin dir (its usr/bin) is in:
+    Docker is taken from the same release."""
+    return bin_dir.parents[1]
+
+
+def missing_prerequisites(root: Path | None = None) -> list[str]:
     """What Docker needs beyond the containerd test bed, human-readable."""
+    root = root or release_root(selected_bin_dir())
     return [
         f"{root / b} (run scripts/install-prereqs.sh)"
         for b in ("usr/sbin/dockerd", "usr/bin/docker", "usr/bin/docker-init")
@@ -108,7 +115,7 @@ class Dockerd:
         storage_driver: str | None = None,
         images: bool = True,
         log_level: str = "info",
-        root: Path = TRIXIE_ROOT,
+        root: Path | None = None,
     ) -> None:
         self.containerd = containerd
         self._own_base = base is None
@@ -118,6 +125,7 @@ class Dockerd:
         self.storage_driver = storage_driver
         self.images = images
         self.log_level = log_level
+        root = root or release_root(containerd.bin_dir)
         self.dockerd_bin = root / "usr" / "sbin" / "dockerd"
         self.docker_bin = root / "usr" / "bin" / "docker"
         self.data_root = self.base / "data"
@@ -221,7 +229,7 @@ class Dockerd:
                 self._unmount()
 
     def _start(self, driver: str, timeout: float) -> None:
-        # The stub modprobe, then docker-init; runc from the system.
+        # The stub modprobe, then docker-init and (sid) runc; else the system's runc.
         path = [self.base / "bin", self.dockerd_bin.parents[2] / "usr" / "bin"]
         path_var = ":".join(map(str, path)) + ":" + os.environ.get("PATH", "/usr/sbin:/usr/bin")
         with self.log_path.open("ab") as log:
@@ -313,7 +321,14 @@ class Dockerd:
         if self.runc_root.is_dir():
             for state in self.runc_root.iterdir():
                 subprocess.run(
-                    ["runc", "--root", str(self.runc_root), "delete", "--force", state.name],
+                    [
+                        self.containerd.runc,
+                        "--root",
+                        str(self.runc_root),
+                        "delete",
+                        "--force",
+                        state.name,
+                    ],
                     capture_output=True,
                 )
         address = str(self.containerd.grpc_address)
@@ -333,7 +348,7 @@ class Dockerd:
                 os.kill(int(proc.name), signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            # containerd 1.7 names the socket sha256(address/namespace/id).
+            # containerd (1.7 and 2.x) names the socket sha256(address/namespace/id).
             key = f"{address}/{MOBY_NAMESPACE}/{opts.get('-id', '')}"
             Path(SHIM_SOCKET_DIR, hashlib.sha256(key.encode()).hexdigest()).unlink(missing_ok=True)
 
@@ -352,7 +367,7 @@ class Dockerd:
     def docker(
         self, *args: str, check: bool = True, timeout: float = 60.0, input: str | None = None
     ) -> subprocess.CompletedProcess[str]:
-        """Run the trixie docker CLI on this daemon; check raises DockerdError
+        """Run the docker CLI on this daemon; check raises DockerdError
         with its output and the daemon's log tail."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
         env |= {"DOCKER_HOST": self.host, "DOCKER_CONFIG": str(self.cli_config)}

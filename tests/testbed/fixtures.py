@@ -6,13 +6,15 @@
   settings (NRI timeouts, log level, nri=False); all are stopped after the test.
 - cri (function scope): a ready CriClient on `containerd`; every pod it
   started is stopped and removed after the test.
-- dockerd (function scope): a started private Dockerd (Debian trixie's
-  dockerd 26.1) on `containerd`, test images loaded; stopped after the test.
+- dockerd (function scope): a started private Dockerd (Debian's, from the
+  release of `containerd`) on it, test images loaded; stopped after the test.
 - make_dockerd (function scope): factory Dockerd(containerd, **kwargs) for
   runtimes= and cdi_spec_dirs=; all are stopped after the test.
 
-Missing prerequisites fail the test, unless GPUSHARE_ALLOW_SKIP=1 (and CI is
-not "true"), which turns them into skips.  GPUSHARE_KEEP_TESTBED=1 keeps the
+GPUSHARE_CONTAINERD selects the containerd (1.7 or 2) of every bed of the
+run (tests/testbed/containerd.py).  Missing prerequisites fail the test,
+unless GPUSHARE_ALLOW_SKIP=1 (and CI is not "true"), which turns them into
+skips.  GPUSHARE_KEEP_TESTBED=1 keeps the
 base dirs (config, log, pod logs) for inspection.
 """
 

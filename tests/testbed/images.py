@@ -182,6 +182,15 @@ def build_custom_image(
     return path
 
 
+def image_names(tar: Path) -> list[str]:
+    """The names (io.containerd.image.name) of the images in an OCI layout tar."""
+    with tarfile.open(tar) as layout:
+        index = layout.extractfile("index.json")
+        assert index is not None
+        manifests = json.loads(index.read())["manifests"]
+    return [m["annotations"]["io.containerd.image.name"] for m in manifests]
+
+
 def import_images(ctr: Path | str, socket: Path | str, tar: Path | None = None) -> None:
     """Import both images into the CRI namespace of the containerd at socket."""
     tar = tar or build_images()
