@@ -158,13 +158,11 @@ def encode_create_container_response(
     return head + _repeated(R.UPDATE, updates) + _repeated(R.EVICT, evictions)
 
 
-def encode_configure_response(events: int, request_timeout: int = 0) -> bytes:
-    """A ConfigureResponse: events mask (int32 field 2), request_timeout (3, ms)."""
+def encode_configure_response(events: int) -> bytes:
+    """A ConfigureResponse: the events mask (int32 field 2, its only field)."""
     if not -(1 << 31) <= events < 1 << 31:
         raise ValueError(f"event mask {events:#x} does not fit int32")
-    return pb.varint_field(F.ConfigureResponse.EVENTS, events) + pb.int_field(
-        F.ConfigureResponse.REQUEST_TIMEOUT, request_timeout
-    )
+    return pb.varint_field(F.ConfigureResponse.EVENTS, events)
 
 
 def encode_synchronize_response(more: bool = False, updates: Sequence[bytes] = ()) -> bytes:

@@ -76,7 +76,6 @@ class ConfigureRequest:
 
 class ConfigureResponse:
     EVENTS: Final = 2
-    REQUEST_TIMEOUT: Final = 3
 
 
 class SynchronizeRequest:

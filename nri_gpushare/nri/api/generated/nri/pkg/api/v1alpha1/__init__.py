@@ -130,8 +130,6 @@ class ConfigureResponse(betterproto.Message):
     events: int = betterproto.int32_field(2)
     """Bit (event - 1) subscribes to Event `event`; field 1 is not used."""
 
-    request_timeout: int = betterproto.int64_field(3)
-
 
 @dataclass(eq=False, repr=False)
 class SynchronizeRequest(betterproto.Message):
