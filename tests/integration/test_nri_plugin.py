@@ -1,9 +1,11 @@
-"""The NRI plugin against a real containerd 1.7.24 with CRI pods."""
+"""The NRI plugin against a real containerd (1.7.24, or 2.1.9 with
+GPUSHARE_CONTAINERD=2) with CRI pods."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import time
@@ -33,6 +35,28 @@ async def test_plugin_registers_and_containerd_sees_it(containerd, start_plugin)
     log = containerd.log_text()[seen:]
     assert 'registered as \\"10-gpushare\\"' in log, log[-2000:]
     assert 'plugin \\"10-gpushare\\" connected' in log, log[-2000:]
+
+
+async def test_timeouts_come_from_configure_where_the_runtime_sends_them(
+    make_containerd, start_plugin
+):
+    """NRI 0.8 (containerd 2.x) sends its timeouts in Configure and the plugin
+    goes by them; NRI 0.6 (1.7.24) does not, so the plugin keeps its own
+    setting.  Either way it subscribes to no event past NRI 0.8's (0x7FF):
+    a bit the runtime does not know would fail Configure."""
+    bed: Containerd = make_containerd(plugin_request_timeout="3s")
+    plugin = start_plugin(
+        bed, nri={"socket": str(bed.nri_socket), "plugin_index": "10", "request_timeout": 1.5}
+    )
+    configured = re.search(
+        r"configured by containerd (\S+): events (0x[0-9a-f]+) .*request timeout ([\d.]+) s",
+        plugin.log(),
+    )
+    assert configured, plugin.log()[-3000:]
+    version, mask, timeout = configured.groups()
+    assert version.lstrip("v").startswith(".".join(map(str, bed.version[:2])) + ".")
+    assert int(mask, 16) & ~0x7FF == 0
+    assert float(timeout) == (3.0 if bed.major >= 2 else 1.5)
 
 
 async def test_pod_annotation_gets_injected_environment(containerd, start_plugin, cri):
