@@ -42,8 +42,9 @@ struct cgroup *gs_bound(const struct gs_ctr *ctr)
  * The registration bound to the current task's cgroup v2 or to its
  * nearest bound ancestor, or NULL; *@cgrpp is the cgroup it is bound to.
  * Under rcu_read_lock() (and gs_seq for a consistent answer).  The task's
- * cgroups are live (a populated cgroup cannot be removed), so a binding
- * left on a removed cgroup never matches.
+ * cgroups are live (rmdir refuses a cgroup with a live task: 7.2's
+ * ignores exiting ones, and the caller is not exiting), so a binding left
+ * on a removed cgroup never matches.
  */
 struct gs_ctr *gs_find_task(struct cgroup **cgrpp)
 {
@@ -126,16 +127,23 @@ void gs_reap_stop(void)
  * Here the walk only yields the kernfs node's id, and cgroup_get_from_id()
  * takes the cgroup: its kernfs_find_and_get_node_by_id() returns only an
  * active node, and cgroup_mkdir() activates the node last, once the
- * cgroup is complete (css_populate_dir() has by then taken and released
- * kernfs_idr_lock, which the lookup takes before it tests the node, so the
- * stores that built the cgroup are visible to it); cgroup_rmdir()
- * deactivates it first.  So the result is a complete, not yet removed
- * cgroup, or ESRCH for the caller.
+ * cgroup is complete; cgroup_rmdir() deactivates it first.  A lookup
+ * that finds the node active also sees the stores that built the cgroup:
+ * 6.1's lookup takes kernfs_idr_lock, which css_populate_dir() took and
+ * released after them; from 6.9 it takes no lock, but kernfs_activate()
+ * sets the node active under kernfs_rwsem, which css_populate_dir() also
+ * took and released after them, and the lookup takes the node's count
+ * with a fully ordered atomic before it reads the cgroup.  So the result
+ * is a complete, not yet removed cgroup, or ESRCH for the caller.
+ *
+ * The last node must be a directory: cgroup_get_from_id() checks that only
+ * since 6.0 (before, a file's id was taken for a cgroup's).
  */
 static struct cgroup *gs_cgroup_at(char *path)
 {
 	struct kernfs_node *kn, *next;
 	char *name;
+	bool dir;
 	u64 id;
 
 	/* Only the task itself changes its nsproxy; the namespace pins its root. */
@@ -152,9 +160,10 @@ static struct cgroup *gs_cgroup_at(char *path)
 			return ERR_PTR(-ENOENT);
 		kn = next;
 	}
+	dir = kernfs_type(kn) == KERNFS_DIR;
 	id = kn->id;
 	kernfs_put(kn);
-	return cgroup_get_from_id(id);	/* also checks that it is a directory */
+	return dir ? cgroup_get_from_id(id) : ERR_PTR(-ENOENT);
 }
 
 /*
@@ -175,12 +184,13 @@ int gs_bind(struct gs_cmd *cmd)
 	if (!ctr)
 		return -ENOENT;	/* stays found: gs_cfg_lock is held */
 
-	if (cmd->cgroup_path)
-		cgrp = gs_cgroup_at(cmd->cgroup_path);
-	else if (cmd->cgroup_id)
-		cgrp = cgroup_get_from_id(cmd->cgroup_id);
-	if (IS_ERR(cgrp))
-		return -ESRCH;
+	if (cmd->cgroup_path || cmd->cgroup_id) {
+		cgrp = cmd->cgroup_path ? gs_cgroup_at(cmd->cgroup_path) :
+					  cgroup_get_from_id(cmd->cgroup_id);
+		/* Before 6.1, cgroup_get_from_id() failed with NULL. */
+		if (IS_ERR_OR_NULL(cgrp))
+			return -ESRCH;
+	}
 	/* Every process is under the root: it is no container's. */
 	if (cgrp && !cgroup_parent(cgrp)) {
 		cgroup_put(cgrp);
