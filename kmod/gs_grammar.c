@@ -79,7 +79,7 @@ int gs_parse_id(const char *s, struct gs_cmd *cmd)
 {
 	if (!s || !gs_valid_id(s))
 		return -EINVAL;
-	strcpy(cmd->id, s);
+	strscpy(cmd->id, s, sizeof(cmd->id));
 	return 0;
 }
 

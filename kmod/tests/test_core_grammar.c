@@ -25,26 +25,30 @@ void test_numbers(void)
 	CHECK(gs_parse_u64("\n", &v) == -EINVAL);
 	CHECK(gs_parse_u64("007", &v) == 0 && v == 7);
 
-	strcpy(buf, "42\n");
+	strscpy(buf, "42\n", sizeof(buf));
 	CHECK(gs_parse_value(buf, &v) == 0 && v == 42);
-	strcpy(buf, "42");
+	strscpy(buf, "42", sizeof(buf));
 	CHECK(gs_parse_value(buf, &v) == 0 && v == 42);
-	strcpy(buf, "42\n\n");
+	strscpy(buf, "42\n\n", sizeof(buf));
 	CHECK(gs_parse_value(buf, &v) == -EINVAL);
-	strcpy(buf, "\n");
+	strscpy(buf, "\n", sizeof(buf));
 	CHECK(gs_parse_value(buf, &v) == -EINVAL);
-	strcpy(buf, " 42");
+	strscpy(buf, " 42", sizeof(buf));
 	CHECK(gs_parse_value(buf, &v) == -EINVAL);
 }
 
 void test_ids(void)
 {
-	char id[GPUSHARE_ID_MAX + 2];
+	char id[GPUSHARE_ID_MAX + 2], line[GPUSHARE_ID_MAX + 8];
+	struct gs_cmd cmd;
 	int i;
 
 	memset(id, 'a', sizeof(id));
 	id[GPUSHARE_ID_MAX] = '\0';
 	CHECK(gs_valid_id(id));
+	/* The longest ID is copied whole (strscpy()'s bound). */
+	snprintf(line, sizeof(line), "del %s", id);
+	CHECK(gs_parse_cmd(line, &cmd) == 0 && !strcmp(cmd.id, id));
 	id[GPUSHARE_ID_MAX] = 'a';
 	id[GPUSHARE_ID_MAX + 1] = '\0';
 	CHECK(!gs_valid_id(id));

@@ -47,4 +47,17 @@ static inline int kstrtou64(const char *s, unsigned int base, u64 *res)
 	return 0;
 }
 
+/* strscpy() as lib/string.c has it: -E2BIG when @src is cut short. */
+static inline long strscpy(char *dst, const char *src, size_t size)
+{
+	size_t len;
+
+	if (!size)
+		return -E2BIG;
+	for (len = 0; len < size - 1 && src[len]; len++)
+		dst[len] = src[len];
+	dst[len] = '\0';
+	return src[len] ? -E2BIG : (long)len;
+}
+
 #endif /* _GS_USHIM_H */
