@@ -1,7 +1,8 @@
 """The daemon's glue to the systems around it: Kubernetes events about pods
 (`PodEvents`), containers' labels from containerd (`ContainerdLabels`, for
-the local API) and the share service as the containerd reconciler's owner of
-local allocations (`ReconcileOwner`)."""
+the local API), the share service as the containerd reconciler's owner of
+local allocations (`ReconcileOwner`) and the unserved list as its observer
+of CRI's tasks (`UnservedObserver`)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,18 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from nri_gpushare.host.containerd.client import ContainerdClient, ContainerdUnavailable
+from nri_gpushare.host.containerd.client import (
+    CONTAINER_DELETE,
+    ContainerdClient,
+    ContainerdUnavailable,
+    Event,
+    TaskInfo,
+)
 from nri_gpushare.host.devices import cgroup_of
 from nri_gpushare.k8s.events import PodRef, post_pod_event
 from nri_gpushare.share.local_shares import LocalShares
 from nri_gpushare.share.model import ContainerInfo, LocalRef
+from nri_gpushare.share.unserved import UnservedWatch
 
 log = logging.getLogger(__name__)
 
@@ -164,3 +172,33 @@ class ReconcileOwner:
                 )
             return
         await self.shares.adopt_local(namespace, container_id, pid, path)
+
+
+CRI_NAMESPACE = "k8s.io"
+"""containerd's namespace of CRI's pods and containers (fixed in containerd 1.7
+and 2.x): the containers NRI tells the plugin of."""
+
+
+class UnservedObserver:
+    """containerd's word on CRI's containers, for the unserved list: a first
+    process that exited or was deleted, a task listed as stopped (exited
+    before the daemon subscribed), a container removed."""
+
+    namespace = CRI_NAMESPACE
+
+    def __init__(self, watch: UnservedWatch) -> None:
+        self.watch = watch
+
+    def listed(self, tasks: list[TaskInfo]) -> None:
+        for task in tasks:
+            if task.status == "stopped":
+                self.watch.end(task.id, "containerd lists its task as stopped")
+
+    def event(self, event: Event) -> None:
+        cid = event.container_id
+        if event.namespace != CRI_NAMESPACE or not cid:
+            return
+        if event.topic == CONTAINER_DELETE:
+            self.watch.gone(cid)
+        elif event.process_id == cid:  # the first process, not one exec'd into it
+            self.watch.end(cid, f"containerd: {event.topic}")

@@ -19,7 +19,12 @@ import logging
 import signal
 
 from nri_gpushare.config import Config, ConfigError
-from nri_gpushare.daemon.adapters import ContainerdLabels, PodEvents, ReconcileOwner
+from nri_gpushare.daemon.adapters import (
+    ContainerdLabels,
+    PodEvents,
+    ReconcileOwner,
+    UnservedObserver,
+)
 from nri_gpushare.daemon.local_api import LocalApiHandler
 from nri_gpushare.daemon.local_server import LocalApiServer
 from nri_gpushare.daemon.metrics import MetricsServer, SnapshotCollector
@@ -207,7 +212,16 @@ async def run_daemon(
         close()
         raise
     events = PodEvents() if config.kubernetes_events else None
-    handler = GpuShareHandler(service, events=events)
+    reconciler = (
+        Reconciler(
+            config.containerd_socket,
+            ReconcileOwner(service.local_shares),
+            observer=UnservedObserver(service.unserved_watch),
+        )
+        if config.containerd_socket
+        else None
+    )
+    handler = GpuShareHandler(service, events=events, follower=reconciler)
     if prelaunched:
         stub = Stub.from_environment(
             handler,
@@ -228,11 +242,6 @@ async def run_daemon(
     labels = ContainerdLabels(config.containerd_socket) if config.containerd_socket else None
     local_handler = LocalApiHandler(service, labels, config.containerd_socket)
     local_api = LocalApiServer(config.api_socket, local_handler, local_handler.undelivered)
-    reconciler = (
-        Reconciler(config.containerd_socket, ReconcileOwner(service.local_shares))
-        if config.containerd_socket
-        else None
-    )
 
     snapshot = StatusDocument(
         service,

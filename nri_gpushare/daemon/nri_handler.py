@@ -7,8 +7,11 @@ its share is released); a pod refused for fragmentation (the kubelet admitted
 it, no GPU can take it) also gets a ``GPUShareFragmented`` Warning event with
 config ``kubernetes.events`` (`PodEvents`), posted in the background.
 Synchronize rebuilds the table (`ShareService.recovery`) and applies the
-node's `unserved` policy.  Each handler's time is counted (`timed`) for the
-metrics' histogram.
+node's `unserved` policy, as PostStartContainer does to a container found
+unserved; Configure first waits (briefly) until containerd's events are
+followed (`Follower`): they keep the unserved list exact while the plugin
+registers (`UnservedPolicy`).  Each handler's time is counted (`timed`) for
+the metrics' histogram.
 """
 
 from __future__ import annotations
@@ -22,14 +25,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, cast
 
 from nri_gpushare.daemon.adapters import PodEvents
-from nri_gpushare.host.devices import kill_container
+from nri_gpushare.daemon.unserved_policy import Follower, UnservedPolicy
 from nri_gpushare.nri.api import nri
 from nri_gpushare.nri.api.lite import Adjustment, ContainerView, Device, MountSpec, PodSandboxView
 from nri_gpushare.nri.stub import EventMask, Plugin, PluginError
 from nri_gpushare.share.model import ContainerInfo, InjectionPlan, ShareRefused
 from nri_gpushare.share.request import COARSE_MARKERS, RAW_MARKERS
 from nri_gpushare.share.service import ShareService
-from nri_gpushare.share.unserved import Unserved
 
 log = logging.getLogger(__name__)
 
@@ -237,10 +239,12 @@ class GpuShareHandler(Plugin):
         service: ShareService,
         request_timeout: Callable[[], float] = lambda: 2.0,
         events: PodEvents | None = None,
+        follower: Follower | None = None,
     ) -> None:
         self.service = service
         #: Kubernetes events on refused pods; None: config kubernetes.events is off.
         self.events = events
+        self.unserved = UnservedPolicy(service, follower)
         #: Seconds the runtime waits for an answer (the stub knows; 2 s is NRI's default).
         self.request_timeout = request_timeout
         #: Time spent in each handler, per event (the metrics' histogram).
@@ -251,6 +255,7 @@ class GpuShareHandler(Plugin):
         self, config: str, runtime_name: str, runtime_version: str
     ) -> EventMask | None:
         self._sync = _SyncState()  # a new connection: what a broken one gathered goes
+        await self.unserved.followed(self.request_timeout())
         return None
 
     def synchronize_part(self, pods: list[PodSandboxView], containers: list[ContainerView]) -> bool:
@@ -268,7 +273,7 @@ class GpuShareHandler(Plugin):
         live = sync.finish()
         await self.service.recovery.synchronize(live)
         for entry in list(self.service.unserved.values()):
-            self._deny(entry)
+            self.unserved.deny(entry)
         log.info(
             "synchronized: %d pod(s), %d container(s), %d GPU allocation(s), %d unserved",
             sync.pods_seen,
@@ -277,16 +282,6 @@ class GpuShareHandler(Plugin):
             len(self.service.unserved),
         )
         return []
-
-    def _deny(self, entry: Unserved) -> None:
-        """With unserved: deny, end an unserved container (once it has a process)."""
-        if self.service.policy.unserved != "deny" or entry.settled:
-            return
-        info = entry.container
-        outcome = kill_container(info.id, info.pid)
-        entry.action = "denied: " + outcome
-        entry.settled = outcome.startswith(("killed", "already gone"))
-        log.warning("%s: unserved policy deny: %s", info.describe(), entry.action)
 
     @timed("create_container")
     async def create_container(
@@ -325,10 +320,21 @@ class GpuShareHandler(Plugin):
 
     @timed("post_start_container")
     async def post_start_container(self, pod: PodSandboxView, container: ContainerView) -> None:
-        entry = self.service.unserved.get(container.id)
+        cid = container.id
+        entry = self.service.unserved.get(cid)
         if entry is not None:  # created while the plugin was away: now it has a process
             entry.container = container_info(pod, container)
-            self._deny(entry)
+        elif self._unheld(cid) and may_ask(container, pod):
+            # Its StartContainer was the event containerd dropped while this
+            # plugin registered (queued behind Synchronize).
+            entry = self.service.unserved_watch.started(container_info(pod, container))
+        if entry is not None:
+            self.unserved.deny(entry)
+
+    def _unheld(self, container_id: str) -> bool:
+        """Nothing is bound or limited for the container: no share of it is known."""
+        service = self.service
+        return container_id not in service.allocations and container_id not in service.registered
 
     def _hand_started(self, container_id: str) -> bool:
         """The ID holds a share asked for outside NRI: NRI events about a
@@ -342,7 +348,7 @@ class GpuShareHandler(Plugin):
         if self._hand_started(cid):
             return
         service = self.service
-        if cid not in service.allocations and cid not in service.registered:
+        if self._unheld(cid):
             # Nothing to bind or limit: nothing decoded (most containers).  One
             # that asks was created without the plugin: unserved (post-start
             # applies the node's policy once it has a process).
@@ -368,6 +374,7 @@ class GpuShareHandler(Plugin):
     async def remove_container(self, pod: PodSandboxView, container: ContainerView) -> None:
         if not self._hand_started(container.id):
             await self.service.lifecycle.release(container.id, "removed (RemoveContainer)")
+            self.service.unserved_watch.gone(container.id)
 
     @timed("stop_pod_sandbox")
     async def stop_pod_sandbox(self, pod: PodSandboxView) -> None:

@@ -688,3 +688,111 @@ async def test_a_stream_that_just_stops_is_a_lost_connection(harness_factory: An
 def test_settings_are_checked(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         Reconciler("/s", Owner(), **kwargs)
+
+
+# --- the observer (the daemon's unserved list) ---------------------------------------
+
+
+class Observer:
+    """Records what it is told; raises when `broken`."""
+
+    namespace = "k8s.io"
+
+    def __init__(self) -> None:
+        self.listings: list[list[TaskInfo]] = []
+        self.events: list[Event] = []
+        self.broken = False
+
+    def listed(self, tasks: list[TaskInfo]) -> None:
+        if self.broken:
+            raise RuntimeError("observer bug")
+        self.listings.append(tasks)
+
+    def event(self, event: Event) -> None:
+        if self.broken:
+            raise RuntimeError("observer bug")
+        self.events.append(event)
+
+
+async def test_the_observer_gets_its_namespaces_tasks_per_connection_then_every_event(
+    harness_factory: Any,
+) -> None:
+    owner = Owner(LocalRef(NS, "a", 10, OLD))
+    k8s = [running("k", 5), TaskInfo("s", 6, "stopped")]
+    cd = Containerd({NS: [running("a", 10)], "k8s.io": k8s})
+    observer = Observer()
+    async with harness_factory(owner, cd, observer=observer) as h:
+        following = h.reconciler.following
+        assert not following.is_set()
+        await h.synced()
+        assert following.is_set()
+        # Subscribed first, so that no event after the listing is missed.
+        assert cd.calls[:4] == ["connect", "subscribe", "namespaces", "tasks k8s.io"]
+        assert observer.listings == [k8s]
+        events = [exit_("x", 3, ns="k8s.io"), exit_("a", 10), cdelete("y", ns="elsewhere")]
+        cd.stream.push(*events)
+        await until(lambda: len(observer.events) == 3, "the events told")
+        assert observer.events == events and owner.ids() == ["a"]
+        cd.stream.end()
+        await until(lambda: not following.is_set(), "the connection lost")
+        await h.synced(connections=2)
+        assert following.is_set() and observer.listings == [k8s, k8s]
+
+
+async def test_an_observer_without_its_namespace_gets_an_empty_listing(
+    harness_factory: Any,
+) -> None:
+    observer = Observer()
+    async with harness_factory(Owner(), Containerd({NS: []}), observer=observer) as h:
+        await h.synced()
+        assert observer.listings == [[]] and "tasks k8s.io" not in h.cd.calls
+
+
+async def test_an_observer_that_raises_stops_nothing(
+    harness_factory: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    owner = Owner(LocalRef(NS, "a", 10, OLD))
+    observer = Observer()
+    observer.broken = True
+    cd = Containerd({NS: [running("a", 10)], "k8s.io": []})
+    async with harness_factory(owner, cd, observer=observer) as h:
+        await h.synced()
+        assert h.reconciler.following.is_set()
+        cd.stream.push(exit_("a", 10))
+        await until(lambda: owner.ids() == ["a"], "a released all the same")
+        assert h.count("connect") == 1
+    failed = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(failed) == 2 and all(r.exc_info for r in failed)
+
+
+async def test_retry_now_ends_the_wait_before_reconnecting() -> None:
+    cd = Containerd()
+    cd.fail["connect"] = 1
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:  # no wait ends by itself
+        waits.append(seconds)
+        await asyncio.Event().wait()
+
+    reconciler = Reconciler(
+        "/test/containerd.sock",
+        Owner(),
+        period=PERIOD,
+        backoff=BACKOFF,
+        clock=Clock(),
+        client_factory=cd.factory,
+        sleep=sleep,
+    )
+    task = asyncio.create_task(reconciler.run())
+    try:
+        await until(lambda: waits == [BACKOFF[0]], "waiting to reconnect")
+        reconciler.retry_now()
+        await until(lambda: waits == [BACKOFF[0], PERIOD], "connected again: a pass's period")
+        assert reconciler.following.is_set() and cd.calls[:2] == ["connect", "connect"]
+        reconciler.retry_now()  # connected: nothing to cut short
+        await asyncio.sleep(0)
+        assert cd.calls.count("connect") == 2
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -260,7 +260,7 @@ async def test_synchronize_survives_odd_containers_and_denies_unserved(tmp_path,
     handler = GpuShareHandler(await build_service(config, None))
     killed = []
     monkeypatch.setattr(
-        "nri_gpushare.daemon.nri_handler.kill_container",
+        "nri_gpushare.daemon.unserved_policy.kill_container",
         lambda cid, pid: killed.append((cid, pid)) or f"killed (process {pid})",
     )
     pod = pod_asking_1gi()
@@ -328,7 +328,7 @@ async def test_deny_reaches_a_container_that_starts_after_synchronize(tmp_path, 
         killed.append(pid)
         return f"killed (process {pid})" if pid else "not running: nothing to kill"
 
-    monkeypatch.setattr("nri_gpushare.daemon.nri_handler.kill_container", kill)
+    monkeypatch.setattr("nri_gpushare.daemon.unserved_policy.kill_container", kill)
     pod = pod_asking_1gi()
     created = nri.Container(
         id="c1", pod_sandbox_id="p", name="main", state=nri.ContainerState.CONTAINER_CREATED

@@ -34,6 +34,11 @@ logged and the loop goes on.
 
 Events and passes are handled one at a time, in the order they come (events
 that arrive during a pass wait for it), so a release never races another.
+
+An `observer` (the daemon's unserved list) is told the same events and, once
+per connection right after subscribing, the tasks of its namespace;
+`following` is set from then until the connection ends, and `retry_now()`
+cuts a reconnection's backoff short.
 """
 
 from __future__ import annotations
@@ -44,10 +49,9 @@ import functools
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from nri_gpushare.host.containerd.client import (
     CONTAINER_DELETE,
@@ -58,44 +62,17 @@ from nri_gpushare.host.containerd.client import (
     Event,
     TaskInfo,
 )
+from nri_gpushare.host.containerd.reconcile_roles import ContainerdAPI, LocalOwner, TaskObserver
 from nri_gpushare.host.containerd.verdicts import event_verdict, listing_verdict
 from nri_gpushare.share.model import LocalRef
 
-__all__ = ["TOPICS", "ContainerdAPI", "LocalOwner", "LocalRef", "Reconciler"]
+__all__ = ["TOPICS", "ContainerdAPI", "LocalOwner", "LocalRef", "Reconciler", "TaskObserver"]
 
 log = logging.getLogger(__name__)
 
 TOPICS = (TASK_EXIT, TASK_DELETE, CONTAINER_DELETE)
 # How much of a container ID or namespace a log line quotes.
 _QUOTE = 120
-
-
-class LocalOwner(Protocol):
-    """Who holds the local allocations (the daemon's share service)."""
-
-    def local_allocations(self) -> list[LocalRef]: ...
-
-    async def release_local(self, namespace: str, container_id: str, why: str) -> None: ...
-
-    async def adopt_local(self, namespace: str, container_id: str, pid: int) -> None:
-        """The container's task runs with first process `pid`, which the owner
-        was never told (its LocalRef's pid is 0)."""
-
-
-class ContainerdAPI(Protocol):
-    """What the Reconciler uses of a ContainerdClient (tests give a fake)."""
-
-    async def __aenter__(self) -> ContainerdAPI: ...
-
-    async def __aexit__(self, *exc: Any) -> None: ...
-
-    def subscribe(
-        self, filters: Iterable[str] = ...
-    ) -> AbstractAsyncContextManager[AsyncIterator[Event]]: ...
-
-    async def namespaces(self) -> list[str]: ...
-
-    async def tasks(self, namespace: str) -> list[TaskInfo]: ...
 
 
 class _Tick:
@@ -141,6 +118,7 @@ class Reconciler:
         clock: Callable[[], float] = time.time,
         client_factory: Callable[[str], ContainerdAPI] = ContainerdClient,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+        observer: TaskObserver | None = None,
     ) -> None:
         first, most = backoff
         if not (math.isfinite(grace) and grace >= 0):
@@ -167,6 +145,10 @@ class Reconciler:
         self._synced = False  # this connection got through its first pass
         self._ever_synced = False
         self._in_outage = False
+        self.observer = observer
+        #: Set while subscribed, from the observer's listing on.
+        self.following = asyncio.Event()
+        self._retry = asyncio.Event()
 
     def state(self) -> dict[str, Any]:
         """For `status` (JSON-able): connected (subscribed now), last_error
@@ -199,6 +181,7 @@ class Reconciler:
                 error = exc
             finally:
                 self._connected = False
+                self.following.clear()
             self._last_error = _describe(error)
             if not self._in_outage:
                 self._in_outage = True
@@ -211,8 +194,24 @@ class Reconciler:
                 )
             else:
                 log.debug("containerd still unavailable: %s", error)
-            await self._sleep(self._delay)
+            await self._backoff()
             self._delay = min(self._delay * 2, self.backoff[1])
+
+    def retry_now(self) -> None:
+        """End the wait before the next connection attempt, if one is under way."""
+        self._retry.set()
+
+    async def _backoff(self) -> None:
+        self._retry.clear()
+        waits = [
+            asyncio.ensure_future(self._sleep(self._delay)),
+            asyncio.ensure_future(self._retry.wait()),
+        ]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     def _synced_now(self) -> None:
         """The first pass of a connection is done: the outage (if any) is over."""
@@ -233,6 +232,7 @@ class Reconciler:
                 async with cd.subscribe(ContainerdClient.topic_filters(TOPICS)) as events:
                     self._connected = True
                     helpers.append(asyncio.create_task(self._read(events, inbox)))
+                    await self._observe(cd)
                     await self._pass(cd)
                     self._synced_now()
                     helpers.append(asyncio.create_task(self._tick(inbox)))
@@ -314,6 +314,21 @@ class Reconciler:
 
     # -- passes -------------------------------------------------------------
 
+    async def _observe(self, cd: ContainerdAPI) -> None:
+        """Give the observer its namespace's tasks; then it is followed."""
+        if self.observer is not None:
+            namespace = self.observer.namespace
+            tasks = await cd.tasks(namespace) if namespace in await cd.namespaces() else []
+            self._to_observer(self.observer.listed, tasks)
+        self.following.set()
+
+    @staticmethod
+    def _to_observer(call: Callable[[Any], None], what: Any) -> None:
+        try:
+            call(what)
+        except Exception:  # its bug must not stop the releases
+            log.exception("the observer of containerd's events failed on %.300r", what)
+
     async def _pass(self, cd: ContainerdAPI) -> None:
         """Release what the listing shows gone, and tell the owner the pid of
         what runs with none known.  Listing errors propagate before anything
@@ -348,6 +363,8 @@ class Reconciler:
     # -- events -------------------------------------------------------------
 
     async def _on_event(self, event: Event) -> None:
+        if self.observer is not None:
+            self._to_observer(self.observer.event, event)
         try:
             found = self._match(event)
         except Exception:  # a payload nobody foresaw: the next pass still sees the truth
