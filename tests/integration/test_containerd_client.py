@@ -203,9 +203,10 @@ async def test_events_of_a_ctr_task(bed: Containerd, cid: str) -> None:
             await actr(bed, "tasks", "kill", "-s", "SIGKILL", cid)
             exit_ = await next_of_cid()
             await actr(bed, "tasks", "rm", cid)
-            delete = await next_of_cid()
             await actr(bed, "containers", "rm", cid)
-            gone = await next_of_cid()
+            after = [await next_of_cid()]
+            while after[-1].topic != CONTAINER_DELETE:
+                after.append(await next_of_cid())
         finally:
             consumer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -214,8 +215,15 @@ async def test_events_of_a_ctr_task(bed: Containerd, cid: str) -> None:
     assert (exit_.namespace, exit_.topic, exit_.container_id) == (NS, TASK_EXIT, cid)
     assert exit_.process_id == cid  # the init process
     assert exit_.exit_status == 128 + 9 and exit_.pid and exit_.pid > 1
-    assert (delete.namespace, delete.topic, delete.container_id) == (NS, TASK_DELETE, cid)
-    assert delete.pid == exit_.pid and delete.exit_status == 137
+    *deletes, gone = after
+    # containerd 2.x's shim publishes /tasks/delete on its way out and is shut
+    # down at once: the event is lost now and then (7 times in 25 on 2.1.9,
+    # never on 1.7.24).  The reconciler releases on /tasks/exit, and its
+    # listing catches what no event told.
+    assert len(deletes) == 1 or (bed.major >= 2 and not deletes), after
+    for delete in deletes:
+        assert (delete.namespace, delete.topic, delete.container_id) == (NS, TASK_DELETE, cid)
+        assert delete.pid == exit_.pid and delete.exit_status == 137
     assert (gone.namespace, gone.topic, gone.container_id) == (NS, CONTAINER_DELETE, cid)
     assert gone.pid is None and gone.exit_status is None
 
