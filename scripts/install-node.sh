@@ -1,6 +1,6 @@
 #!/bin/sh
-# Installs nri-gpushare on a Debian 12 / Ubuntu 24.04 node, as root, from this
-# source tree (docs/install.md says what goes where and why):
+# Installs nri-gpushare on a Debian 12 or 13 / Ubuntu 24.04 node, as root,
+# from this source tree (docs/install.md says what goes where and why):
 #
 #   sh scripts/install-node.sh [--kernel KVER] [--no-kmod] [--no-apt]
 #   sh scripts/install-node.sh --uninstall [--purge] [--kmod-root DIR]
@@ -137,7 +137,9 @@ install_packages() {
 	pkgs="python3 python3-venv gcc make libc6-dev"
 	if [ "$with_kmod" = 1 ]; then
 		# dkms installs its kernel hook (/etc/kernel/postinst.d/dkms): every
-		# new kernel gets the module built, given its headers.
+		# new kernel gets the module built, given its headers.  The headers
+		# pull the compiler their kernel was built with (Debian 13's 6.12:
+		# gcc-14, and pahole through linux-kbuild).
 		pkgs="$pkgs dkms kmod linux-headers-$kernel"
 	fi
 	if [ "$with_apt" = 1 ]; then
