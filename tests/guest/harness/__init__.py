@@ -1,4 +1,5 @@
-"""Run commands, and pytest, inside a real Debian 6.1 kernel under qemu (see vm.py)."""
+"""Run commands, and pytest, inside a real Debian kernel under qemu (see vm.py):
+bookworm's 6.1, or another with $GPUSHARE_GUEST_KERNEL (e.g. 6.12, 7.2)."""
 
 from . import pytest_support, vm
 from .pytest_support import (

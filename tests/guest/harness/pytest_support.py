@@ -2,10 +2,11 @@
 
 The host-side guest drivers (tests/guest/test_kmod.py, test_e2e_guest.py)
 share run_guest_suite(): discover the in-guest files (guest_suite), build
-gpushare.ko from a private copy of its sources (build_module), compile
-kmod_query.c (build_kmod_query), run one pytest session in the guest with a
-JUnit report, and fail with the end of the guest's console on a kernel oops,
-a kernel warning, a non-zero status or a report that is short of tests.
+gpushare.ko from a private copy of its sources (build_module; in the kernel's
+own root when it has one), compile kmod_query.c (build_kmod_query), run one
+pytest session in the guest with a JUnit report, and fail with the end of the
+guest's console on a kernel oops, a kernel warning, a non-zero status or a
+report that is short of tests.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -53,7 +55,8 @@ def in_guest() -> bool:
 
 
 def require_guest() -> Kernel:
-    """The kernel the guest boots; a missing prerequisite fails the calling
+    """The kernel the guest boots ($GPUSHARE_GUEST_KERNEL, see find_kernel);
+    a missing prerequisite, that kernel's root included, fails the calling
     test (tests/prereqs.py: GPUSHARE_ALLOW_SKIP=1 skips it, never under CI)."""
     try:
         return check_prereqs()
@@ -132,20 +135,49 @@ def kmod_source() -> Path:
     return src
 
 
-def build_module(src: str | os.PathLike[str], dest: str | os.PathLike[str], kernel: Kernel) -> Path:
+def build_module(
+    src: str | os.PathLike[str],
+    dest: str | os.PathLike[str],
+    kernel: Kernel,
+    make_args: Sequence[str] = (),
+) -> Path:
     """Copy the Kbuild tree src to dest and build its one module against
-    kernel's headers there, so a parallel build of src cannot interfere."""
+    kernel's headers there, so a parallel build of src cannot interfere.
+
+    A kernel with a root of its own release (Kernel.root) is built for
+    inside it: the tree is copied to a directory under the root's /tmp, make
+    runs under chroot (with a private /proc, which objtool reads) and the .ko
+    comes back to dest.  make_args: e.g. GPUSHARE_VERSION=... for kmod/.
+    """
     dest = Path(dest)
     shutil.copytree(src, dest, ignore=BUILD_PRODUCTS)
-    make = (
-        ["make", "-C", str(dest), f"KDIR={kernel.build}"]  # the tree's own Makefile
-        if (dest / "Makefile").is_file()
-        else ["make", "-C", str(kernel.build), f"M={dest}", "modules"]
-    )
-    subprocess.run(make, check=True, stdout=subprocess.DEVNULL)
+    if kernel.root is None:
+        _make_module(dest, kernel, make_args, [])
+    else:
+        root = kernel.root
+        with tempfile.TemporaryDirectory(prefix="gpushare-kbuild-", dir=root / "tmp") as tmp:
+            tree = Path(tmp) / dest.name
+            shutil.copytree(dest, tree)
+            chroot = ["unshare", "--mount", "--pid", "--fork", f"--mount-proc={root}/proc"]
+            chroot += ["chroot", str(root)]
+            _make_module(Path("/", tree.relative_to(root)), kernel, make_args, chroot)
+            for ko in tree.glob("*.ko"):
+                shutil.copy2(ko, dest)
     kos = sorted(dest.glob("*.ko"))
     assert len(kos) == 1, f"{src}: expected one module, built {kos}"
     return kos[0]
+
+
+def _make_module(
+    tree: Path, kernel: Kernel, make_args: Sequence[str], prefix: Sequence[str]
+) -> None:
+    """make the module in tree (a path as the build sees it) against kernel.build."""
+    make = (
+        ["make", "-C", str(tree), f"KDIR={kernel.build}", *make_args]  # the tree's own Makefile
+        if kernel.host_path(tree).joinpath("Makefile").is_file()
+        else ["make", "-C", str(kernel.build), f"M={tree}", *make_args, "modules"]
+    )
+    subprocess.run([*prefix, *make], check=True, stdout=subprocess.DEVNULL)
 
 
 def build_kmod_query(

@@ -1,4 +1,9 @@
-"""Run a command inside Debian bookworm's 6.1 kernel booted under qemu.
+"""Run a command inside a real Debian kernel booted under qemu.
+
+The kernel is Debian bookworm's 6.1 from /boot, or with $GPUSHARE_GUEST_KERNEL
+another one (find_kernel): e.g. "6.12" or "7.2", from the roots that
+scripts/kernel-roots.sh makes under .cache/kernels (trixie, sid), each of
+which is also where modules for that kernel are built (Kernel.root).
 
 The guest sees the host's whole file system read-only (9p) under a tmpfs
 overlay, so the project, its venv and freshly built modules are all there at
@@ -39,6 +44,7 @@ from typing import TextIO
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 CACHE = REPO / ".cache" / "guest"
+KERNEL_ROOTS = REPO / ".cache" / "kernels"  # scripts/kernel-roots.sh
 VENV_BIN = REPO / ".venv" / "bin"
 INIT = HERE / "init.sh"
 BUSYBOX = Path("/bin/busybox")
@@ -47,7 +53,9 @@ QEMU = "qemu-system-x86_64"
 BASE_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "overlay")
 MARK = "gpushare-guest: "
 IN_GUEST_ENV = "GPUSHARE_IN_GUEST"
-KERNEL_ENV = "GPUSHARE_GUEST_KVER"
+KERNEL_ENV = "GPUSHARE_GUEST_KERNEL"  # which kernel: see find_kernel()
+KVER_ENV = "GPUSHARE_GUEST_KVER"  # the exact version of the default 6.1 in /boot
+DEFAULT_KERNEL = "6.1"
 DEFAULT_TIMEOUT = 300.0
 KEEP_LOGS = 20
 PR_SET_PDEATHSIG = 1
@@ -62,7 +70,7 @@ class GuestError(Exception):
 
 
 class GuestUnavailable(GuestError):
-    """A prerequisite (qemu, the 6.1 kernel and headers, busybox-static) is missing."""
+    """A prerequisite (qemu, the kernel with its headers, busybox-static) is missing."""
 
 
 class GuestTimeout(GuestError):
@@ -90,38 +98,80 @@ class GuestResult:
 @dataclass(frozen=True)
 class Kernel:
     version: str  # e.g. 6.1.0-56-amd64
-    image: Path  # /boot/vmlinuz-VERSION
-    modules: Path  # /lib/modules/VERSION
-    build: Path  # headers to build modules against
+    image: Path  # its vmlinuz
+    modules: Path  # its /lib/modules/VERSION, as the host sees it
+    build: Path  # headers to build modules against, as the build sees them
+    # A root of the kernel's own release (scripts/kernel-roots.sh) that
+    # modules for it are built in (chroot), its toolchain being too new for
+    # the host's; build is a path inside it.  None: build on the host.
+    root: Path | None = None
 
     @property
     def modules_dep(self) -> Path:
         return self.modules / "modules.dep"
+
+    @property
+    def config(self) -> Path:
+        return self.image.with_name(f"config-{self.version}")
+
+    def host_path(self, path: Path) -> Path:
+        """A path of the build's view (e.g. build) as the host sees it."""
+        return self.root / path.relative_to("/") if self.root else path
 
 
 def _version_key(version: str) -> list[int]:
     return [int(n) for n in re.findall(r"\d+", version)]
 
 
-def find_kernel() -> Kernel:
-    """The newest 6.1 kernel in /boot that has headers (or $GPUSHARE_GUEST_KVER)."""
-    wanted = os.environ.get(KERNEL_ENV)
-    versions = [p.name.removeprefix("vmlinuz-") for p in Path("/boot").glob("vmlinuz-6.1.*")]
-    for version in sorted(versions, key=_version_key, reverse=True):
-        if wanted and version != wanted:
-            continue
-        k = Kernel(
-            version,
-            Path("/boot", f"vmlinuz-{version}"),
-            Path("/lib/modules", version),
-            Path("/lib/modules", version, "build"),
-        )
-        if (k.build / "Makefile").is_file() and k.modules_dep.is_file():
+def _kernels_in(root: Path | None) -> list[Kernel]:
+    """The kernels in root's /boot (the host's when None) that have
+    modules.dep and headers, newest first."""
+    boot = (root or Path("/")) / "boot"
+    found = []
+    for image in boot.glob("vmlinuz-*"):
+        version = image.name.removeprefix("vmlinuz-")
+        if root is None:
+            build = Path("/lib/modules", version, "build")
+        else:
+            build = Path("/usr/src", f"linux-headers-{version}")  # kernel-roots.sh's Debian roots
+        k = Kernel(version, image, (root or Path("/")) / "lib/modules" / version, build, root)
+        if (k.host_path(k.build) / "Makefile").is_file() and k.modules_dep.is_file():
+            found.append(k)
+    return sorted(found, key=lambda k: _version_key(k.version), reverse=True)
+
+
+def _is_version(version: str, wanted: str) -> bool:
+    """version is wanted or starts with it up to a separator ("6.1" is not 6.12)."""
+    return version == wanted or (version.startswith(wanted) and version[len(wanted)] in ".+-")
+
+
+def find_kernel(wanted: str | None = None) -> Kernel:
+    """The kernel to boot, newest first among those that match.
+
+    wanted (default $GPUSHARE_GUEST_KERNEL, else "6.1"): a version or its
+    start ("6.12", "7.2", "6.12.117+deb13-amd64"), looked for in /boot and in
+    the roots of scripts/kernel-roots.sh, or the name of such a root
+    ("trixie", "sid").  For the default 6.1, $GPUSHARE_GUEST_KVER may name its
+    exact version in /boot.  Only a kernel with modules.dep and headers counts.
+    """
+    wanted = wanted or os.environ.get(KERNEL_ENV) or DEFAULT_KERNEL
+    exact = os.environ.get(KVER_ENV) if wanted == DEFAULT_KERNEL else None
+    for k in _kernels_in(None):
+        if _is_version(k.version, exact or wanted):
             return k
-    which = wanted or "6.1.*"
+    for root in sorted(KERNEL_ROOTS.glob("*/root")):
+        for k in _kernels_in(root):
+            if root.parent.name == wanted or _is_version(k.version, wanted):
+                return k
+    if wanted == DEFAULT_KERNEL:
+        raise GuestUnavailable(
+            f"no kernel /boot/vmlinuz-{exact or '6.1.*'} with modules and headers in"
+            " /lib/modules/ (run scripts/install-prereqs.sh: linux-image-amd64,"
+            " linux-headers-amd64)"
+        )
     raise GuestUnavailable(
-        f"no kernel /boot/vmlinuz-{which} with modules and headers in /lib/modules/"
-        " (run scripts/install-prereqs.sh: linux-image-amd64, linux-headers-amd64)"
+        f"no kernel {wanted} with modules and headers in /boot or {KERNEL_ROOTS}/*/root"
+        " (run scripts/kernel-roots.sh RELEASE: trixie has 6.12, sid 7.x)"
     )
 
 
@@ -180,6 +230,19 @@ def module_order(modules_dep: Path, names: Iterable[str]) -> list[str]:
 
 def _mod_name(path: str) -> str:
     return Path(path).name.split(".ko")[0].replace("-", "_")
+
+
+def module_bytes(path: Path) -> bytes:
+    """The module at path, uncompressed: the initramfs's busybox insmod loads
+    plain .ko files only (Debian compresses modules with xz since 6.x)."""
+    data = path.read_bytes()
+    if path.name.endswith(".ko"):
+        return data
+    if path.name.endswith(".ko.xz"):
+        return lzma.decompress(data, lzma.FORMAT_XZ)
+    if path.name.endswith(".ko.gz"):
+        return zlib.decompress(data, 16 + zlib.MAX_WBITS)
+    raise GuestUnavailable(f"{path}: a module compressed in a way the harness cannot undo")
 
 
 class _Cpio:
@@ -254,7 +317,7 @@ def initramfs(kernel: Kernel) -> Path:
         if applet != "busybox":
             cpio.symlink(f"bin/{applet}", "busybox")
     for mod in mods:
-        cpio.file(f"lib/modules/{_mod_name(mod)}.ko", (kernel.modules / mod).read_bytes())
+        cpio.file(f"lib/modules/{_mod_name(mod)}.ko", module_bytes(kernel.modules / mod))
     cpio.file("etc/modules", "".join(_mod_name(m) + "\n" for m in mods).encode())
     cpio.file("init", INIT.read_bytes(), 0o755)
 
@@ -272,7 +335,7 @@ def boot_image(kernel: Kernel) -> Path:
     firmware's real-mode path and the kernel's own decompression, which under
     TCG takes several seconds.  Falls back to the bzImage.
     """
-    config = kernel.image.with_name(f"config-{kernel.version}")
+    config = kernel.config
     if not config.is_file() or "\nCONFIG_PVH=y\n" not in config.read_text():
         return kernel.image
     st = kernel.image.stat()
@@ -291,21 +354,29 @@ def boot_image(kernel: Kernel) -> Path:
 
 
 def _decompress_payload(bz: bytes) -> bytes | None:
-    """The ELF vmlinux inside a bzImage compressed with xz or gzip, else None."""
-    for magic, make in (
-        (b"\xfd7zXZ\x00", lambda: lzma.LZMADecompressor(lzma.FORMAT_XZ)),
-        (b"\x1f\x8b\x08\x00", lambda: zlib.decompressobj(16 + zlib.MAX_WBITS)),
-    ):
-        at = bz.find(magic)
-        while at >= 0:
-            try:
-                data = make().decompress(bz[at:])
-            except (lzma.LZMAError, zlib.error):
-                data = b""
-            if data.startswith(b"\x7fELF"):
-                return data
-            at = bz.find(magic, at + 1)
-    return None
+    """The ELF vmlinux inside a bzImage (xz, gzip, or zstd when the zstd tool
+    is there), else None.
+
+    The setup header locates the payload (boot protocol 2.08+: its offset
+    and length after the setup sectors); the kernel's build appends the
+    uncompressed length, which checks the result.
+    """
+    setup_sects = bz[0x1F1] or 4
+    start = (setup_sects + 1) * 512 + int.from_bytes(bz[0x248:0x24C], "little")
+    payload = bz[start : start + int.from_bytes(bz[0x24C:0x250], "little")]
+    packed, size = payload[:-4], int.from_bytes(payload[-4:], "little")
+    data = b""
+    try:
+        if packed.startswith(b"\xfd7zXZ\x00"):
+            data = lzma.LZMADecompressor(lzma.FORMAT_XZ).decompress(packed)
+        elif packed.startswith(b"\x1f\x8b\x08"):
+            data = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(packed)
+        elif packed.startswith(b"\x28\xb5\x2f\xfd") and (zstd := shutil.which("zstd")):
+            done = subprocess.run([zstd, "-dcq"], input=packed, capture_output=True)
+            data = done.stdout if done.returncode == 0 else b""
+    except (lzma.LZMAError, zlib.error):
+        return None
+    return data if data.startswith(b"\x7fELF") and len(data) == size else None
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -581,9 +652,10 @@ def _new_log_path() -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="run-in-guest.sh",
-        description="Run CMD as root in Debian's 6.1 kernel under qemu (host / read-only, "
-        "tmpfs overlay). Exit status: CMD's, 124 on timeout, 125 if the guest failed "
-        "(panic, boot failure, missing prerequisite).",
+        description="Run CMD as root in a Debian kernel under qemu (host / read-only, "
+        "tmpfs overlay): bookworm's 6.1, or $GPUSHARE_GUEST_KERNEL's (e.g. 6.12, 7.2: "
+        "scripts/kernel-roots.sh). Exit status: CMD's, 124 on timeout, 125 if the guest "
+        "failed (panic, boot failure, missing prerequisite).",
     )
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S")
     p.add_argument(
