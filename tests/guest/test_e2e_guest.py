@@ -1,6 +1,8 @@
 """The acceptance test: kubelet-like CRI calls on a real containerd 1.7 (CRI +
 NRI), the real plugin (`nri-gpushare run`, kmod: required) and the real
-gpushare.ko, in a real 6.1 kernel under qemu.
+gpushare.ko, in a real Debian kernel under qemu: bookworm's 6.1, or
+$GPUSHARE_GUEST_KERNEL's (e.g. 6.12 from scripts/kernel-roots.sh trixie,
+whose root builds the module).
 
 Builds the module (from a copy of kmod/, so a parallel build elsewhere cannot
 interfere) and a static kmod_query (run inside a container), boots the guest
