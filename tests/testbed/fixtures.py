@@ -21,6 +21,7 @@ base dirs (config, log, pod logs) for inspection.
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -28,10 +29,30 @@ import pytest
 import pytest_asyncio
 
 from tests import prereqs
-from tests.testbed.containerd import Containerd, missing_prerequisites
+from tests.testbed.containerd import (
+    SELECT_VAR,
+    Containerd,
+    ContainerdError,
+    containerd_version,
+    missing_prerequisites,
+    runc_binary,
+    selected_bin_dir,
+)
 from tests.testbed.cri import CriClient
 from tests.testbed.docker import Dockerd
 from tests.testbed.docker import missing_prerequisites as missing_docker_prerequisites
+
+
+def pytest_report_header() -> str:
+    """Which containerd and runc this run's test beds use (GPUSHARE_CONTAINERD)."""
+    try:
+        bin_dir = selected_bin_dir()
+        version = ".".join(map(str, containerd_version(bin_dir)))
+        runc = subprocess.run([runc_binary(bin_dir), "--version"], capture_output=True, text=True)
+        runc_version = runc.stdout.split("\n", 1)[0].removeprefix("runc version ")
+    except (ContainerdError, OSError) as exc:
+        return f"test bed ({SELECT_VAR}): unusable: {exc}"
+    return f"test bed ({SELECT_VAR}): containerd {version} with runc {runc_version}, {bin_dir}"
 
 
 def require_testbed() -> None:
