@@ -200,6 +200,8 @@ async def test_plugin_launched_by_containerd_uses_fd3(tmp_path):
             {
                 "status_socket": str(tmp_path / "status.sock"),
                 "api_socket": str(tmp_path / "api.sock"),
+                # Never the default: another lane's plugin may hold it.
+                "state_dir": str(tmp_path / "state"),
                 "containerd": {"socket": str(bed.grpc_address)},
                 "kmod": "off",
                 "use_nvml": False,
