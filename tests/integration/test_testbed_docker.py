@@ -38,7 +38,9 @@ def test_missing_prerequisites_are_named(tmp_path: Path) -> None:
     assert missing_prerequisites() == []
 
 
-def test_docker_comes_from_the_containerds_release(containerd: Containerd, dockerd: Dockerd) -> None:
+def test_docker_comes_from_the_containerds_release(
+    containerd: Containerd, dockerd: Dockerd
+) -> None:
     versions = dockerd.docker("version", "--format", "{{.Client.Version}} {{.Server.Version}}")
     major = "28." if containerd.major >= 2 else "26."
     assert [v[:3] for v in versions.stdout.split()] == [major, major], versions.stdout
