@@ -328,7 +328,11 @@ async def measure(
     runtime = NriRuntime(str(work / "nri.sock"))
     await runtime.start()
     plugin = PluginProcess(
-        work / "nri.sock", work / "plugin", log_level="info", containerd={"socket": ""}
+        work / "nri.sock",
+        work / "plugin",
+        log_level="info",
+        containerd={"socket": ""},
+        unserved="warn",  # list the asking containers; their pids are made up
     )
     try:
         plugin.start(wait=False)

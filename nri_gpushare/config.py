@@ -74,7 +74,7 @@ class Config:
     use_nvml: bool = True
     inventory: tuple[Gpu, ...] = field(default_factory=tuple)
     state_dir: str = DEFAULT_STATE_DIR
-    unserved: UnservedAction = "warn"
+    unserved: UnservedAction = "deny"
     pod_sources: SourcePolicy = POD_SOURCES
     standalone_sources: SourcePolicy = STANDALONE_SOURCES
     #: The CUDA interposer (`interposer:`); preload_file is filled in by the daemon.

@@ -143,8 +143,9 @@ class NodePolicy:
         (0 forbids high priority).
     kmod_mode: required | optional | off.
     pod_sources / standalone_sources: who may ask for a share, per path.
-    unserved: what to do with a container found running without the share it
-        asked for (created while the plugin was down): warn | deny.
+    unserved: what to do with a CRI container found running without the
+        share it asked for (created while the plugin was not serving): deny
+        (kill it: its kubelet starts it again through the plugin) | warn.
     interposer: how libgpushare.so is given to shares with isolation full or
         memory; None: no interposer on this node (nothing is injected).
     """
@@ -156,7 +157,7 @@ class NodePolicy:
     kmod_mode: KmodMode = "optional"
     pod_sources: SourcePolicy = POD_SOURCES
     standalone_sources: SourcePolicy = STANDALONE_SOURCES
-    unserved: UnservedAction = "warn"
+    unserved: UnservedAction = "deny"
     interposer: InterposerPolicy | None = None
 
     def sources_for(self, c: ContainerInfo) -> SourcePolicy:

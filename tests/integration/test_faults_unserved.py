@@ -9,8 +9,13 @@ a Synchronize snapshot taken in between shows the container still running,
 and no stop follows for a container nobody stopped through CRI: only
 containerd's own task events tell the plugin.  After each registration, once
 the exits under way have landed, the list must be exactly the asking
-containers still running.  The seed is $GPUSHARE_FAULT_SEED, else drawn and
-printed.
+containers still running.
+
+With the default `unserved: deny`, containers that asked for a share are
+created and started before, while and after a plugin registers: each one
+that holds no share is killed, whichever event told the plugin of it, and
+the kubelet's next attempt (a new container in the pod) is served.  The seed
+is $GPUSHARE_FAULT_SEED, else drawn and printed.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from tests.guest.fault_support import P, create, live_containers
 from tests.integration.plugin import PluginProcess
 from tests.integration.test_faults import fault_seed
 from tests.testbed.containerd import Containerd
-from tests.testbed.cri import CriClient
+from tests.testbed.cri import CriClient, GRPCError
 
 pytestmark = pytest.mark.containerd
 
@@ -37,16 +42,26 @@ SETTLE = 10.0  # how long the exits under way may take to reach the plugin
 STARTING = "NRI socket"  # the daemon logs it just before it connects to NRI
 
 
-async def unserved_containers(client: CriClient, workers: int, count: int, tag: str) -> list[str]:
-    """`count` running containers that asked for a share (made while no plugin runs)."""
-    made: list[str] = []
+async def asking_containers(
+    client: CriClient, workers: int, count: int, tag: str, denied: set[str] | None = None
+) -> dict[str, str]:
+    """`count` containers that asked for a share (unserved when no plugin
+    runs), started, by container ID: their pods.  With `denied`, a start that
+    fails because the plugin killed the container's task between its create
+    and its start (deny at Synchronize) is added there."""
+    made: dict[str, str] = {}
 
     async def worker(start: int) -> None:
         for i in range(start, count, workers):
             pod = await client.run_pod(f"{tag}-{i}")
             cid = await create(client, pod, "main", {P + "gpu-memory": "512Mi"})
-            await client.start(cid)
-            made.append(cid)
+            made[cid] = pod
+            try:
+                await client.start(cid)
+            except GRPCError as e:
+                if denied is None or "stopped" not in (e.message or ""):
+                    raise
+                denied.add(cid)
 
     await asyncio.gather(*(worker(w) for w in range(workers)))
     return made
@@ -92,9 +107,41 @@ async def test_containers_dying_while_the_plugin_registers_leave_the_unserved_li
         for n in range(ROUNDS):
             if plugin is not None:
                 plugin.kill()
-            cids = await unserved_containers(client, 4, PER_ROUND, f"r{n}")
+            cids = await asking_containers(client, 4, PER_ROUND, f"r{n}")
             plugin = start_plugin(bed, wait=False, unserved="warn")
-            await kill_around_registration(client, plugin, cids, r)
+            await kill_around_registration(client, plugin, list(cids), r)
             await asyncio.to_thread(plugin.wait_connected, 60)
             await listed_exactly(client, plugin)
             assert plugin.status()["unserved"] == []
+
+
+async def test_with_the_default_deny_no_container_runs_without_the_share_it_asked_for(
+    make_containerd, start_plugin
+):
+    r = random.Random(fault_seed())
+    bed: Containerd = make_containerd()
+    async with bed.cri_client() as client:
+        before = await asking_containers(client, 4, 6, "down")
+        plugin = start_plugin(bed, wait=False)  # the default: unserved: deny
+        # Created and started all along the registration, at a drawn pace.
+        failed: set[str] = set()
+        around = asyncio.create_task(asking_containers(client, 2, 14, "around", failed))
+        await asyncio.sleep(r.uniform(0.0, 1.0))
+        await asyncio.to_thread(plugin.wait_connected, 60)
+        made = before | await around
+        deadline = time.monotonic() + SETTLE
+        while (await live_containers(client)).unserved:  # killed, or never unserved
+            assert time.monotonic() < deadline, await live_containers(client)
+            await asyncio.sleep(0.1)
+        live = await live_containers(client)
+        denied = [cid for cid in made if cid not in live.served]
+        assert set(before) <= set(denied), "created while no plugin ran, so unserved"
+        for cid in set(denied) - failed:
+            assert (await client.container_status(cid)).exit_code == 137, cid
+        assert "unserved policy deny: denied: killed" in plugin.log()
+        await listed_exactly(client, plugin)
+        # The kubelet's next attempt goes through the plugin and is served.
+        cid = next(iter(before))
+        again = await create(client, made[cid], "main-1", {P + "gpu-memory": "512Mi"})
+        await client.start(again)
+        assert again in (await live_containers(client)).served

@@ -110,14 +110,17 @@ async def test_a_bad_assigned_annotation_never_makes_the_plugin_inert(
 
 async def test_a_forged_allocation_is_ignored_after_a_restart(containerd, start_plugin, cri):
     # Both created while the plugin is down, carrying forged allocations.
-    await sleeper(cri, "claims-all", {ASSIGNED: claim(16 * GiB, 100, True)})
+    claims_all = await sleeper(cri, "claims-all", {ASSIGNED: claim(16 * GiB, 100, True)})
     small = await sleeper(
         cri, "claims-more", {P + "gpu-memory": "1Gi", ASSIGNED: claim(16 * GiB, 0, False, 1)}
     )
-    plugin = start_plugin(containerd)
+    plugin = start_plugin(containerd)  # unserved: deny, the default
     assert plugin.status()["allocations"] == []
     assert allocated(plugin) == {0: 0, 1: 0}
-    assert [u["container_id"] for u in plugin.status()["unserved"]] == [small]
+    # The one that asked runs with no share at all: killed, to come back through
+    # the plugin; the one that only claims a share asked for nothing and runs on.
+    assert (await cri.wait_exit(small, timeout=15)).exit_code == 137
+    assert (await cri.container_status(claims_all)).state == ContainerState.CONTAINER_RUNNING
     # The whole capacity is still there: both GPUs take a full-size pod.
     await sleeper(cri, "full-0", {P + "gpu-memory": "16Gi"})
     await sleeper(cri, "full-1", {P + "gpu-memory": "16Gi"})
@@ -162,7 +165,7 @@ async def test_a_state_file_others_can_write_is_not_trusted(containerd, start_pl
     plugin.kill()
     state_file = plugin.workdir.parent / "state" / "allocations.json"
     os.chmod(state_file, 0o666)
-    again = start_plugin(containerd)
+    again = start_plugin(containerd, unserved="warn")  # listed, not killed
     assert again.status()["allocations"] == []
     assert [u["container_id"] for u in again.status()["unserved"]] == [cid]
     assert "not trusted" in again.log()
@@ -227,7 +230,7 @@ async def test_containers_created_while_the_plugin_is_down_are_reported(
 ):
     cid = await sleeper(cri, "failed-open", {P + "gpu-memory": "2Gi"})  # no plugin: fail-open
     await sleeper(cri, "no-ask")
-    plugin = start_plugin(containerd)
+    plugin = start_plugin(containerd, unserved="warn")
     [entry] = plugin.status()["unserved"]
     assert entry["container_id"] == cid and entry["action"] == "warned"
     assert entry["asked"] == "gpu-memory 2048Mi" and entry["pod"] == "default/failed-open"
@@ -239,11 +242,18 @@ async def test_containers_created_while_the_plugin_is_down_are_reported(
 async def test_unserved_deny_ends_them(containerd, start_plugin, cri):
     cid = await sleeper(cri, "failed-open-deny", {P + "gpu-memory": "2Gi"})
     bystander = await sleeper(cri, "bystander")
-    plugin = start_plugin(containerd, unserved="deny")
+    plugin = start_plugin(containerd)  # unserved: deny is the default
     status = await cri.wait_exit(cid, timeout=15)
     assert status.exit_code == 137  # SIGKILL
     assert "unserved policy deny: denied: killed" in plugin.log()
     assert (await cri.container_status(bystander)).state == ContainerState.CONTAINER_RUNNING
+    # The kubelet starts the pod's container again: this time through the plugin.
+    [pod_id] = [c.pod_sandbox_id for c in await cri.list_containers() if c.id == cid]
+    again = await cri.create_container(pod_id, "main-again", command=["sleep", "3600"])
+    await cri.start(again)
+    env = (await cri.container_info(again))["runtimeSpec"]["process"]["env"]
+    assert f"GPUSHARE_MEMORY_LIMIT={2 * GiB}" in env
+    assert [a["container_id"] for a in plugin.status()["allocations"]] == [again]
 
 
 async def test_unserved_deny_ends_a_container_started_after_synchronize(

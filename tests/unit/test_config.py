@@ -151,7 +151,8 @@ def test_sources_defaults_and_overrides():
     assert (defaults.pod_sources.annotations, defaults.pod_sources.labels) == (True, False)
     assert defaults.pod_sources.env is False and defaults.pod_sources.namespaces == ()
     assert defaults.standalone_sources.labels and defaults.standalone_sources.env
-    assert defaults.state_dir == "/var/lib/nri-gpushare" and defaults.unserved == "warn"
+    assert defaults.state_dir == "/var/lib/nri-gpushare" and defaults.unserved == "deny"
+    assert parse_config({"unserved": "warn"}).unserved == "warn"  # fail open, only reported
     config = parse_config({"sources": {"pods": {"env": True, "namespaces": ["ml"]}}})
     assert config.pod_sources.env and config.pod_sources.namespaces == ("ml",)
 

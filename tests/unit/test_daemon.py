@@ -277,7 +277,7 @@ async def test_a_split_synchronize_gathered_part_by_part_is_one_synchronize(tmp_
     """The stub hands the requests that more follow to synchronize_part, which
     keeps no view; a container whose pod comes in a later request still gets
     its pod's request; a new connection's Configure drops a broken one's parts."""
-    handler = GpuShareHandler(await build_service(off_config(tmp_path), None))
+    handler = GpuShareHandler(await build_service(off_config(tmp_path, unserved="warn"), None))
     pod = pod_asking_1gi()
     plain = lite.decode_pod_sandbox(bytes(nri.PodSandbox(id="q", name="web", namespace="ns")))
     asked = container_in_pod("c1", 42, nri.ContainerState.CONTAINER_RUNNING)
@@ -424,7 +424,7 @@ async def test_a_container_started_without_its_share_is_unserved(tmp_path):
     while the plugin was not serving (e.g. registering after Synchronize's
     snapshot: containerd failed open): it is unserved from its start, not
     only after the next Synchronize; one the plugin placed is not."""
-    handler = GpuShareHandler(await build_service(off_config(tmp_path), None))
+    handler = GpuShareHandler(await build_service(off_config(tmp_path, unserved="warn"), None))
     pod = pod_asking_1gi()
     missed = container_in_pod("c5", 0, nri.ContainerState.CONTAINER_CREATED)
     await handler.start_container(pod, missed)
