@@ -13,7 +13,8 @@ The guest has two CPUs (the race tests need them) and slub debugging
 (`slub_debug=FZP`: a use after free reads poison and crashes at once).
 $GPUSHARE_GUEST_SELECT (a pytest -k expression) runs only some in-guest
 tests, $GPUSHARE_KMOD_FILES only some in-guest files (patterns for what
-follows kmod_guest_, e.g. "bindings ledger* sched*"); $GPUSHARE_STRESS_S
+follows kmod_guest_: "bindings ledger* sched*", or "!sched*" for all but
+those); $GPUSHARE_STRESS_S
 and $GPUSHARE_RACE_S lengthen the stress tests (kmod_guest_race_*.py) for
 long local runs.
 
@@ -77,15 +78,21 @@ def build_next_version(src: Path, dest: Path, kernel: Kernel) -> tuple[Path, str
 
 def chosen_files(patterns: str) -> list[str]:
     """The in-guest files whose names after kmod_guest_ match one of the
-    space-separated patterns (all when there are none); a pattern that
-    matches nothing is an error, not a smaller suite."""
-    wanted = patterns.split()
-    if not wanted:
-        return SUITE
+    space-separated patterns (all when there are none) and none of those
+    written !PATTERN; a pattern that matches nothing is an error, not a
+    smaller suite."""
+    words = patterns.split()
+    kept = [w for w in words if not w.startswith("!")]
+    dropped = [w[1:] for w in words if w.startswith("!")]
     stems = {f: Path(f).stem.removeprefix("kmod_guest_") for f in SUITE}
-    for pattern in wanted:
+    for pattern in kept + dropped:
         assert fnmatch.filter(stems.values(), pattern), f"${FILES_ENV}: {pattern!r} names no file"
-    return [f for f, stem in stems.items() if any(fnmatch.fnmatch(stem, p) for p in wanted)]
+    return [
+        f
+        for f, stem in stems.items()
+        if (not kept or any(fnmatch.fnmatch(stem, p) for p in kept))
+        and not any(fnmatch.fnmatch(stem, p) for p in dropped)
+    ]
 
 
 def test_kmod_suite_in_guest(tmp_path: Path) -> None:
@@ -121,3 +128,17 @@ def test_kmod_suite_in_guest(tmp_path: Path) -> None:
         smp=int(os.environ.get("GPUSHARE_GUEST_SMP") or 2),
         kernel_args=["slub_debug=FZP"],
     )
+
+
+def test_kmod_files_patterns_keep_and_drop_in_guest_files() -> None:
+    assert chosen_files("") == SUITE
+    assert chosen_files("bindings ledger*") == [
+        "tests/guest/kmod_guest_bindings.py",
+        "tests/guest/kmod_guest_ledger.py",
+        "tests/guest/kmod_guest_ledger_random.py",
+    ]
+    rest = chosen_files("!sched* !race_*")
+    assert "tests/guest/kmod_guest_bindings.py" in rest
+    assert not [f for f in rest if "_sched" in f or "_race_" in f]
+    with pytest.raises(AssertionError, match="names no file"):
+        chosen_files("bindings nosuch")
