@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import lzma
 import os
 import re
 import shlex
@@ -23,6 +22,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -355,6 +355,33 @@ class Root:
         return owned
 
 
+@contextmanager
+def clean_root(release: str, kernel: str) -> Iterator[Root]:
+    """A fresh root of release whose kernel (root.kernel, for DKMS) is the
+    guest's `kernel` ("6.1", "6.12": a version or its start), which
+    run_in_guest boots meanwhile: a root builds for its own release's kernel
+    only, whatever $GPUSHARE_GUEST_KERNEL said."""
+    from tests.guest.harness import GuestUnavailable, check_prereqs
+    from tests.guest.harness.vm import KERNEL_ENV
+
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(KERNEL_ENV, kernel)
+        try:
+            version = check_prereqs().version
+        except GuestUnavailable as e:
+            missing(str(e))
+        root = Root(Path(tempfile.mkdtemp(prefix=f"gs-{release}-", dir="/tmp")))
+        try:
+            with phase(f"root tarball (mmdebstrap {release}, cached per day)"):
+                tarball = root_tarball(release)
+            with phase("unpack a fresh root"):
+                root.make(tarball)
+            root.kernel = version
+            yield root
+        finally:
+            root.destroy()
+
+
 def check_prerequisites(binaries: Iterable[Path] = ()) -> None:
     """This machine's tools the tests use, and binaries they copy in."""
     problems = []
@@ -545,24 +572,25 @@ def dkms_module(root: Root) -> Path:
     return found[0]
 
 
-def module_loads_in_guest(root: Root, version: str, tmp_path: Path, **guest: Any) -> None:
-    """The DKMS-built module loads in the guest (never in this machine's
-    kernel), /proc/gpushare/version says version, and it unloads.  guest:
-    run_in_guest's keywords (which kernel to boot)."""
+def module_loads_in_guest(root: Root, version: str, tmp_path: Path) -> None:
+    """The DKMS-built module loads in the guest booting root.kernel (never in
+    this machine's kernel), /proc/gpushare/version says version, and it
+    unloads."""
     from tests.guest.harness import run_in_guest
+    from tests.guest.harness.vm import module_bytes
 
     ko = dkms_module(root)
     copy = tmp_path / "gpushare.ko"
-    data = ko.read_bytes()
-    copy.write_bytes(lzma.decompress(data) if ko.suffix == ".xz" else data)
+    copy.write_bytes(module_bytes(ko))  # busybox insmod: plain .ko only
     script = (
-        f"insmod {copy} && cat /proc/gpushare/version && rmmod gpushare && "
-        "test ! -e /proc/gpushare && echo unloaded"
+        f"echo kernel $(uname -r) && insmod {copy} && cat /proc/gpushare/version && "
+        "rmmod gpushare && test ! -e /proc/gpushare && echo unloaded"
     )
     with phase(f"guest: insmod the DKMS-built module ({ko.name})"):
-        result = run_in_guest(script, cwd=REPO, timeout=300, echo=sys.stderr, **guest)
+        result = run_in_guest(script, cwd=REPO, timeout=300, echo=sys.stderr)
     tail = result.console[-3000:]
     assert result.status == 0, tail
+    assert f"kernel {root.kernel}" in result.console, tail
     assert re.search(rf"^{re.escape(version)}\r?$", result.console, re.M), tail
     assert "unloaded" in result.console
 

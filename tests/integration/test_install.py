@@ -26,7 +26,6 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +39,7 @@ from tests.integration.install_support import (
     VERSION,
     Root,
     check_prerequisites,
+    clean_root,
     containerd_for_this_machine,
     copy_tree,
     enable_then_run_a_pod,
@@ -47,11 +47,9 @@ from tests.integration.install_support import (
     log,
     module_loads_in_guest,
     phase,
-    root_tarball,
     uninstall_refuses_then_removes,
     verify_unit,
 )
-from tests.prereqs import missing
 from tests.testbed.containerd import TRIXIE_BIN
 
 pytestmark = [pytest.mark.containerd, pytest.mark.guest]
@@ -60,36 +58,17 @@ NEXT_VERSION = VERSION + ".post1"
 CONTAINERD = ("containerd", "containerd-shim-runc-v2", "ctr")
 
 
-def guest_kernel() -> str:
-    from tests.guest.harness import GuestUnavailable, check_prereqs
-
-    try:
-        return check_prereqs().version
-    except GuestUnavailable as e:
-        missing(str(e))
-
-
 @pytest.fixture(scope="module")
 def node() -> Iterator[Root]:
     """A clean root with the source tree, after the README's install command."""
     check_prerequisites(TRIXIE_BIN / b for b in CONTAINERD)
-    kernel = guest_kernel()
-    base = Path(tempfile.mkdtemp(prefix="gs-inst-", dir="/tmp"))
-    root = Root(base)
-    try:
-        with phase("root tarball (mmdebstrap bookworm, cached per day)"):
-            tarball = root_tarball("bookworm")
-        with phase("unpack a fresh root"):
-            root.make(tarball)
+    with clean_root("bookworm", "6.1") as root:
         with phase("copy the source tree"):
             copy_tree(root.host("/src"))
-        root.kernel = kernel
-        with phase(f"headers of {kernel} in the root's mirror?"):
-            headers_from_host_if_gone(root, kernel)
+        with phase(f"headers of {root.kernel} in the root's mirror?"):
+            headers_from_host_if_gone(root, root.kernel)
         install(root)
         yield root
-    finally:
-        root.destroy()
 
 
 def headers_from_host_if_gone(root: Root, kernel: str) -> None:
