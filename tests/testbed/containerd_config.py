@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-DISABLED_SNAPSHOTTERS = ("btrfs", "devmapper", "zfs")
+DISABLED_SNAPSHOTTERS = ("btrfs", "devmapper", "zfs")  # and aufs, which 2.x no longer has
 
 
 class Bed(Protocol):
@@ -59,7 +59,10 @@ def _common(bed: Bed, major: int) -> dict[str, dict[str, object]]:
             "root": b / "root",
             "state": b / "state",
             "disabled_plugins": [
-                f"io.containerd.snapshotter.v1.{name}" for name in DISABLED_SNAPSHOTTERS
+                f"io.containerd.snapshotter.v1.{name}"
+                for name in (
+                    DISABLED_SNAPSHOTTERS if major >= 2 else ("aufs", *DISABLED_SNAPSHOTTERS)
+                )
             ],
         },
         "grpc": {"address": bed.cri_socket},
