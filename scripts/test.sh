@@ -36,17 +36,10 @@ export CI="${CI:-}"
 py=.venv/bin/python
 pytest=("$py" -m pytest -ra -q -p no:cacheprovider --durations=15)
 
-make --no-print-directory -j4 --output-sync=target check-static
-
 if [ $# -gt 0 ]; then
+	make --no-print-directory -j4 --output-sync=target check-static
 	exec "${pytest[@]}" "$@"
 fi
-
-# Byte-compile the project's Python once (__pycache__, git-ignored): every
-# plugin, CLI and gpushare-runc process the tests start, on the host and in
-# the guests (where compiling under TCG costs seconds per process), reads it
-# instead of compiling again, whatever PYTHONDONTWRITEBYTECODE says.
-"$py" -m compileall -q -j 0 nri_gpushare tests bench >/dev/null
 
 logs=$(mktemp -d "${TMPDIR:-/tmp}/gpushare-test.XXXXXX")
 declare -A lane_of=()
@@ -79,14 +72,65 @@ finish() {
 	fi
 }
 
+# Beside step 1 and the interposer's files: the kernel matrix's roots
+# (scripts/kernel-roots.sh: network and dpkg, little CPU).
+for release in trixie sid; do
+	lane "roots-$release" scripts/kernel-roots.sh "$release"
+done
+
+make --no-print-directory -j4 --output-sync=target check-static
+
+
+# Byte-compile the project's Python once (__pycache__, git-ignored): every
+# plugin, CLI and gpushare-runc process the tests start, on the host and in
+# the guests (where compiling under TCG costs seconds per process), reads it
+# instead of compiling again, whatever PYTHONDONTWRITEBYTECODE says.
+"$py" -m compileall -q -j 0 nri_gpushare tests bench >/dev/null
+
 kmod=tests/guest/test_kmod.py
+sched='sched*'   # the module's in-guest GPU-time share files (kmod_guest_sched*.py)
+# The containerd 2.x lane's files: the CRI suite's core (see tests/README.md).
+core2=()
+for f in testbed nri_plugin share_e2e trust hostile_values session_recovery reconcile \
+	synchronize_large hand_started testbed_docker containerd_client; do
+	core2+=("tests/integration/test_$f.py")
+done
+
+# kmod_on KERNEL FILES [pytest args]: the module's in-guest suite on KERNEL
+# (6.1 bookworm's, 6.12 trixie's, 7.2 sid's), only FILES (GPUSHARE_KMOD_FILES).
+kmod_on() {
+	GPUSHARE_GUEST_KERNEL=$1 GPUSHARE_KMOD_FILES=$2 "${pytest[@]}" "$kmod"
+}
+# e2e_on KERNEL: containerd + plugin + module in the guest on KERNEL.
+e2e_on() {
+	GPUSHARE_GUEST_KERNEL=$1 "${pytest[@]}" tests/guest/test_e2e_guest.py
+}
+# in_turn CMD... ';' CMD...: each command after the other; fails if any did.
+in_turn() {
+	local rc=0 cmd=()
+	for word in "$@" ';'; do
+		if [ "$word" = ';' ]; then
+			"${cmd[@]}" || rc=1
+			cmd=()
+		else
+			cmd+=("$word")
+		fi
+	done
+	return $rc
+}
+
 lane interposer "${pytest[@]}" -n 2 --dist loadfile libgpushare/tests
 finish
-lane kmod-guest "${pytest[@]}" "$kmod"
+# On quiet cores: the module's GPU-time share files on each kernel.
+lane kmod-sched in_turn kmod_on 6.1 "$sched" ';' kmod_on 6.12 "$sched" ';' kmod_on 7.2 "$sched"
 finish
 lane guest "${pytest[@]}" -m 'guest and not containerd' --ignore="$kmod" tests
+lane kernels in_turn kmod_on 6.1 "!$sched" ';' kmod_on 6.12 "!$sched" ';' \
+	kmod_on 7.2 'bindings ledger*' ';' e2e_on 6.12
 lane host "${pytest[@]}" -m 'not guest or containerd' -n "${GPUSHARE_TEST_WORKERS:-2}" \
 	--dist loadfile tests
+lane containerd2 env GPUSHARE_CONTAINERD=2 "${pytest[@]}" -n 2 --dist loadfile \
+	"${core2[@]}"
 finish
 
 rm -rf "$logs"
