@@ -15,8 +15,8 @@
 # Bookworm's own 6.1 comes from /boot (scripts/install-prereqs.sh).
 #
 # Idempotent: a finished root is kept until this script or the mirror changes,
-# or --refresh is given.  Concurrent calls for one release
-# wait for each other (flock).  Needs root and mmdebstrap.
+# or --refresh is given.  The releases are made side by side; concurrent
+# calls for one release wait for each other (flock).  Needs root and mmdebstrap.
 set -euo pipefail
 
 # mmdebstrap's customize hook (below) calls this script back with the new
@@ -26,6 +26,7 @@ set -euo pipefail
 # installed, as they depend on the image in some releases.
 if [ "${1:-}" = --unpack-kernel ]; then
 	root=$2
+	say() { echo "kernel-roots: ${KERNEL_ROOTS_RELEASE:-}: $*"; }
 	in_root() { chroot "$root" env DEBIAN_FRONTEND=noninteractive "$@"; }
 	# Package names in `apt-cache depends` lines "Depends: NAME" ending in $1
 	# (fixed text, not a pattern), minus those starting with $2.
@@ -37,20 +38,20 @@ if [ "${1:-}" = --unpack-kernel ]; then
 		}'
 	}
 	headers=$(in_root apt-cache depends linux-headers-amd64 | depends -amd64 | grep -m1 '^linux-headers-') || {
-		echo "kernel-roots: linux-headers-amd64 names no linux-headers-*-amd64" >&2
+		say "linux-headers-amd64 names no linux-headers-*-amd64" >&2
 		exit 1
 	}
 	abi=${headers#linux-headers-}
 	version=$(in_root apt-cache show --no-all-versions "$headers" | awk '$1 == "Version:" {print $2; exit}')
 	deps=$(in_root apt-cache depends "$headers=$version" | depends '' linux-image-)
-	echo "kernel-roots: kernel $abi ($version); installing what its headers need: ${deps//$'\n'/ }"
+	say "kernel $abi ($version); installing what its headers need: ${deps//$'\n'/ }"
 	# shellcheck disable=SC2086 # package names: one word each
 	in_root apt-get install -qq -y --no-install-recommends $deps >/dev/null
 	pkgs=("$headers=$version" "linux-image-$abi=$version")
 	for p in $(in_root apt-cache depends "linux-image-$abi=$version" | depends "-$abi"); do
 		pkgs+=("$p=$version")
 	done
-	echo "kernel-roots: unpacking ${pkgs[*]}"
+	say "unpacking ${pkgs[*]}"
 	mkdir -p "$root/tmp/kernel-debs"
 	in_root sh -c 'cd /tmp/kernel-debs && apt-get download -qq -o APT::Sandbox::User=root "$@"' \
 		sh "${pkgs[@]}"
@@ -65,7 +66,7 @@ if [ "${1:-}" = --unpack-kernel ]; then
 	done
 	if [ ! -f "$root/boot/vmlinuz-$abi" ] || [ ! -f "$root/lib/modules/$abi/modules.dep" ] ||
 		[ ! -f "$root/lib/modules/$abi/build/Makefile" ]; then
-		echo "kernel-roots: no image, modules.dep or headers for $abi in $root" >&2
+		say "no image, modules.dep or headers for $abi in $root" >&2
 		exit 1
 	fi
 	exit 0
@@ -130,16 +131,20 @@ make_root() {
 	fi
 	started=$SECONDS
 	echo "kernel-roots: $release: making $dir/root from $mirror ($packages)"
-	rm -rf "$dir/root" "$dir/root.new" "$dir/stamp"
+	rm -rf "$dir/root.new" "$dir/root.old"
 	# shellcheck disable=SC2016 # the hook's words: mmdebstrap's sh expands them
-	KERNEL_ROOTS_SELF=$self mmdebstrap --quiet --variant=apt --include="$packages" \
+	KERNEL_ROOTS_SELF=$self KERNEL_ROOTS_RELEASE=$release mmdebstrap --quiet --variant=apt --include="$packages" \
 		--aptopt='APT::Install-Recommends "false"' --dpkgopt=force-unsafe-io \
 		--dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
 		--dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
 		"${host_aptopts[@]}" \
 		--customize-hook='"$KERNEL_ROOTS_SELF" --unpack-kernel "$1"' \
 		"$release" "$dir/root.new" "deb $mirror $release main"
+	# The old root stays usable until the new one is complete.
+	rm -f "$dir/stamp"
+	[ ! -e "$dir/root" ] || mv "$dir/root" "$dir/root.old"
 	mv "$dir/root.new" "$dir/root"
+	rm -rf "$dir/root.old"
 	echo "$key" >"$dir/stamp"
 	echo "kernel-roots: $release: made $(cd "$dir/root/boot" && echo vmlinuz-*)" \
 		"in $((SECONDS - started)) s ($(du -sh "$dir/root" | cut -f1))"
@@ -153,5 +158,18 @@ for release in "$@"; do
 		exit 2
 		;;
 	esac
-	make_root "$release"
 done
+# Side by side: each root mostly waits for the mirror or for dpkg.
+declare -A release_of=()
+for release in "$@"; do
+	make_root "$release" &
+	release_of[$!]=$release
+done
+failed=()
+for pid in "${!release_of[@]}"; do
+	wait "$pid" || failed+=("${release_of[$pid]}")
+done
+if [ ${#failed[@]} -gt 0 ]; then
+	echo "kernel-roots: FAILED: ${failed[*]}" >&2
+	exit 1
+fi
