@@ -281,6 +281,23 @@ def test_module_order_puts_dependencies_first(tmp_path: Path) -> None:
         vm.module_order(dep, ["nosuch"])
 
 
+def test_module_order_takes_compressed_modules_and_builtin_drivers(tmp_path: Path) -> None:
+    """6.12 and 7.x: xz-compressed modules, virtio_pci built in, fscache part of netfs."""
+    dep = tmp_path / "modules.dep"
+    dep.write_text(
+        textwrap.dedent("""\
+        kernel/fs/netfs/netfs.ko.xz:
+        kernel/net/9p/9pnet.ko.xz:
+        kernel/net/9p/9pnet_virtio.ko.xz: kernel/net/9p/9pnet.ko.xz
+        kernel/fs/9p/9p.ko.xz: kernel/fs/netfs/netfs.ko.xz kernel/net/9p/9pnet.ko.xz
+        kernel/fs/overlayfs/overlay.ko.xz:
+    """)
+    )
+    (tmp_path / "modules.builtin").write_text("kernel/drivers/virtio/virtio_pci.ko\n")
+    order = vm.module_order(dep, vm.BASE_MODULES)
+    assert [vm._mod_name(m) for m in order] == ["9pnet", "9pnet_virtio", "netfs", "9p", "overlay"]
+
+
 def test_job_script_rejects_bad_environment_names() -> None:
     with pytest.raises(ValueError, match="bad environment variable"):
         vm.job_script("true", "/", {"A B": "x"}, [])
