@@ -3,8 +3,9 @@
 `build_service` makes the share service from the config (inventory, kernel
 module, the interposer's files, the driver's memory limits (NVML), the
 records); `run_daemon` wires it to the NRI stub (`nri_handler`), the local
-API, the containerd reconciler (`adapters`), the status socket and the
-metrics (`status`), and shuts down cleanly on SIGTERM/SIGINT.
+API, the containerd reconciler (`adapters`: it releases hand-started shares
+and tells the unserved list what containerd says of CRI's tasks), the status
+socket and the metrics (`status`), and shuts down cleanly on SIGTERM/SIGINT.
 
 The event loop never blocks on the kernel module: the service awaits it, and
 the blocking procfs client runs on one worker thread under a timeout
