@@ -172,10 +172,11 @@ def _make_module(
     tree: Path, kernel: Kernel, make_args: Sequence[str], prefix: Sequence[str]
 ) -> None:
     """make the module in tree (a path as the build sees it) against kernel.build."""
-    make = (
-        ["make", "-C", str(tree), f"KDIR={kernel.build}", *make_args]  # the tree's own Makefile
+    make = ["make", f"-j{os.cpu_count() or 1}"]
+    make += (
+        ["-C", str(tree), f"KDIR={kernel.build}", *make_args]  # the tree's own Makefile
         if kernel.host_path(tree).joinpath("Makefile").is_file()
-        else ["make", "-C", str(kernel.build), f"M={tree}", *make_args, "modules"]
+        else ["-C", str(kernel.build), f"M={tree}", *make_args, "modules"]
     )
     subprocess.run([*prefix, *make], check=True, stdout=subprocess.DEVNULL)
 
