@@ -5,9 +5,10 @@
 #   scripts/kernel-roots.sh [--refresh] RELEASE...     (trixie: 6.12, sid: 7.x)
 #
 # makes .cache/kernels/RELEASE/root: a minimal root of RELEASE (mmdebstrap)
-# holding what building a module needs (its gcc, pahole, linux-headers-amd64)
-# and, of the same ABI version, the kernel image and modules, unpacked rather
-# than installed (an installed image's postinst would build an initramfs):
+# holding what building a module needs (the headers of linux-headers-amd64's
+# kernel, the gcc it was built with, linux-kbuild, pahole) and, of the same
+# ABI version, the kernel image and modules, unpacked rather than installed
+# (an installed image's postinst would build an initramfs):
 # root/boot/vmlinuz-VERSION, root/boot/config-VERSION and
 # root/lib/modules/VERSION with its modules.dep.  A bookworm host cannot build
 # for those kernels (6.12 needs gcc-14, 7.x gcc >= 15 and binutils >= 2.45,
