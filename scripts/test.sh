@@ -92,7 +92,7 @@ kmod=tests/guest/test_kmod.py
 sched='sched*'   # the module's in-guest GPU-time share files (kmod_guest_sched*.py)
 # The containerd 2.x lane's files: the CRI suite's core (see tests/README.md).
 core2=()
-for f in testbed nri_plugin share_e2e trust hostile_values session_recovery reconcile \
+for f in nri_plugin share_e2e trust hostile_values session_recovery reconcile \
 	synchronize_large hand_started testbed_docker containerd_client; do
 	core2+=("tests/integration/test_$f.py")
 done
@@ -122,12 +122,12 @@ in_turn() {
 
 lane interposer "${pytest[@]}" -n 2 --dist loadfile libgpushare/tests
 finish
-# On quiet cores: the module's GPU-time share files on each kernel.
-lane kmod-sched in_turn kmod_on 6.1 "$sched" ';' kmod_on 6.12 "$sched" ';' kmod_on 7.2 "$sched"
+# On quiet cores: the module's whole suite on 6.1, its GPU-time share files
+# on 6.12 and 7.2.
+lane kmod-quiet in_turn kmod_on 6.1 '' ';' kmod_on 6.12 "$sched" ';' kmod_on 7.2 "$sched"
 finish
 lane guest "${pytest[@]}" -m 'guest and not containerd' --ignore="$kmod" tests
-lane kernels in_turn kmod_on 6.1 "!$sched" ';' kmod_on 6.12 "!$sched" ';' \
-	kmod_on 7.2 'bindings ledger*' ';' e2e_on 6.12
+lane kernels in_turn kmod_on 6.12 "!$sched" ';' kmod_on 7.2 'bindings ledger*' ';' e2e_on 6.12
 lane host "${pytest[@]}" -m 'not guest or containerd' -n "${GPUSHARE_TEST_WORKERS:-2}" \
 	--dist loadfile tests
 lane containerd2 env GPUSHARE_CONTAINERD=2 "${pytest[@]}" -n 2 --dist loadfile \
