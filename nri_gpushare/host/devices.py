@@ -191,6 +191,8 @@ def kill_container(container_id: str, pid: int, proc: Path = Path("/proc")) -> s
     """
     if pid <= 0:
         return "not running: nothing to kill"
+    if not container_id:
+        return "not killed: no container ID to check the process against"
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:
@@ -200,8 +202,10 @@ def kill_container(container_id: str, pid: int, proc: Path = Path("/proc")) -> s
     try:
         try:
             cgroups = (proc / str(pid) / "cgroup").read_text()
-        except OSError:
+        except (FileNotFoundError, ProcessLookupError):
             return "already gone"
+        except OSError as e:  # e.g. hidepid: not gone, only unreadable
+            return f"not killed: process {pid} cannot be read ({e.strerror})"
         if container_id not in cgroups:
             return f"not killed: process {pid} is not in the container's cgroup"
         signal.pidfd_send_signal(fd, signal.SIGKILL)

@@ -185,6 +185,26 @@ def test_kill_container_kills_only_a_process_of_that_container(tmp_path):
     assert kill_container("abc123", 0) == "not running: nothing to kill"
 
 
+def test_kill_container_refuses_an_empty_id_and_an_unreadable_process(tmp_path):
+    """An empty ID would match every cgroup; a process whose cgroup cannot be
+    read (say /proc mounted hidepid) is not gone, so the kill is retried."""
+    import subprocess
+
+    from nri_gpushare.host.devices import kill_container
+
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        fake = _fake_proc(tmp_path, proc.pid, "0::/k8s.io/abc123\n")
+        assert kill_container("", proc.pid, fake).startswith("not killed")
+        (fake / str(proc.pid) / "cgroup").unlink()
+        (fake / str(proc.pid) / "cgroup").mkdir()  # reading it fails, not with ENOENT
+        assert kill_container("abc123", proc.pid, fake).startswith("not killed")
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_cgroup_of_reads_the_unified_line_and_checks_it_names_the_container(tmp_path):
     from nri_gpushare.host.devices import cgroup_of
 
