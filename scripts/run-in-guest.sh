@@ -1,6 +1,7 @@
 #!/bin/sh
 # Run a command as root inside Debian bookworm's 6.1 kernel under qemu (TCG),
-# with the host's / shared read-only under a throwaway tmpfs layer.
+# or GPUSHARE_GUEST_KERNEL's (6.12, 7.2: scripts/kernel-roots.sh), with the
+# host's / shared read-only under a throwaway tmpfs layer.
 #
 #   scripts/run-in-guest.sh [--timeout S] [--rwdir DIR]... [--load-module KO]...
 #                           [--cwd DIR] [--env NAME=VALUE]... [--serial-log FILE] -- CMD...

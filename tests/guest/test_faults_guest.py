@@ -2,7 +2,8 @@
 of pod lifecycles and of container starts through gpushare-runc, a hung
 gpushare.ko write (tests/guest/kprobe_hang/ holds the module's command lock)
 and a SIGSTOPped plugin, with the real containerd 1.7 + plugin + gpushare.ko
-in Debian's 6.1 kernel under qemu (tests/guest/fault_guest_*.py, fixtures in
+in Debian's 6.1 kernel (or $GPUSHARE_GUEST_KERNEL's) under qemu
+(tests/guest/fault_guest_*.py, fixtures in
 tests/guest/fault_support.py).
 
 Its own guest boot, apart from test_e2e_guest.py (whose suite ends by
