@@ -9,23 +9,30 @@
 # of skipping.
 #
 # Where the time goes, and how it is spent side by side on two cores:
-#   1. the static checks and the C tests, in parallel (make -j);
+#   1. the static checks that time nothing (make -j check-static-untimed)
+#      beside the kernel matrix's roots (scripts/kernel-roots.sh trixie sid:
+#      6.12's and 7.2's headers, compilers and images); then the
+#      interposer's C tests, which time its gate;
 #   2. on quiet cores, one after the other (each measures shares of time and
 #      fails when other work takes the CPUs it waits for):
 #      the interposer's pytest files (libgpushare/tests: GPU-time shares on
 #      the fake driver; two files at a time, as each uses a tenth of a core),
-#      then the module's in-guest suite
-#      (tests/guest/test_kmod.py: its scheduler tests in the guest);
-#   3. two lanes at once, each printed whole when it ends:
-#      guest  the other tests marked `guest` (the e2e and fault suites in the
-#             guest, the harness's boots), one qemu guest at a time: under
-#             TCG a guest wants both cores for itself;
-#      host   the rest (unit, the containerd test bed, and the installer
-#             test, marked `containerd` and `guest`, whose one boot is short)
-#             with pytest-xdist, each test file on one worker (a file's
-#             tests share its containerd).
-#   The -m expressions of step 3 are each other's complement, and step 2's
-#   files are left out of them: no test is run twice or left out.
+#      then the module's in-guest suite (tests/guest/test_kmod.py) whole on
+#      6.1, and its GPU-time share files (kmod_guest_sched*) on 6.12 and 7.2;
+#   3. four lanes at once, each printed whole when it ends:
+#      guest    the other tests marked `guest` (the e2e and fault suites in
+#               the guest, the harness's boots) on 6.1;
+#      kernels  the rest of the module's suite on 6.12, its binding and
+#               ledger files on 7.2, the e2e guest test on 6.12;
+#      host     the rest (unit, the containerd 1.7.24 test bed, and the
+#               Debian 12 and 13 installer tests, marked `containerd` and
+#               `guest`) with pytest-xdist, each test file on one worker (a
+#               file's tests share its containerd);
+#      containerd2  the CRI suite's core again on containerd 2.1.9
+#               (GPUSHARE_CONTAINERD=2).
+#   The -m expressions of the guest and host lanes are each other's
+#   complement, and step 2's files are left out of them: no test on 6.1 and
+#   containerd 1.7 is run twice or left out.
 # GPUSHARE_TEST_WORKERS sets the host lane's workers (default 2).
 #
 # With arguments, they are pytest's, and one pytest run replaces steps 2-3,
