@@ -75,13 +75,21 @@ fi
 # the test bed runs it without iptables, bridge or userland proxy).
 trixie_pkgs=(containerd golang-github-containerd-nri-dev golang-github-kubernetes-cri-api-dev
             golang-github-containerd-containerd-dev libprotobuf-dev docker.io docker-cli tini)
-for p in "${trixie_pkgs[@]}"; do
-	if [ ! -f "$trixie/.$p.done" ]; then
-		(cd "$trixie" && rm -f "${p}"_*.deb && apt-get download -q -t trixie "$p")
-		dpkg-deb -x "$trixie/${p}"_*.deb "$trixie/root"
-		touch "$trixie/.$p.done"
-	fi
-done
+# extract SUITE DIR PKG...: each package of SUITE downloaded into DIR and
+# unpacked into DIR/root, once (DIR/.PKG.done).
+extract() {
+	local suite=$1 dir=$2 p
+	shift 2
+	mkdir -p "$dir"
+	for p in "$@"; do
+		if [ ! -f "$dir/.$p.done" ]; then
+			(cd "$dir" && rm -f "${p}"_*.deb && apt-get download -q -t "$suite" "$p")
+			dpkg-deb -x "$dir/${p}"_*.deb "$dir/root"
+			touch "$dir/.$p.done"
+		fi
+	done
+}
+extract trixie "$trixie" "${trixie_pkgs[@]}"
 
 # --- containerd 2.x, runc 1.3, Docker 28 from Debian sid, extracted only ---
 # containerd, dockerd and docker need nothing newer than bookworm's libc
@@ -93,14 +101,7 @@ done
 sid="$cache/sid"
 sid_pkgs=(containerd runc libc6 libseccomp2 docker.io docker-cli tini-static
           golang-github-containerd-nri-dev)
-mkdir -p "$sid"
-for p in "${sid_pkgs[@]}"; do
-	if [ ! -f "$sid/.$p.done" ]; then
-		(cd "$sid" && rm -f "${p}"_*.deb && apt-get download -q -t sid "$p")
-		dpkg-deb -x "$sid/${p}"_*.deb "$sid/root"
-		touch "$sid/.$p.done"
-	fi
-done
+extract sid "$sid" "${sid_pkgs[@]}"
 sid_runc="$sid/root/usr/sbin/runc"
 sid_loader="$sid/root/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
 if [ "$(patchelf --print-interpreter "$sid_runc")" != "$sid_loader" ]; then
