@@ -4,7 +4,10 @@ FakeKernelModule implements nri_gpushare.share.kernel.KernelModuleClient with
 the module's rules: EEXIST on a double registration, ENOENT for an unknown
 container, ENODEV when not loaded, and it refuses over-commit on its own (per
 GPU: memory sum <= the declared memory, compute percent sum <= 100, at most
-max_inst containers), all-or-nothing over a registration's GPUs.
+max_inst containers), all-or-nothing over a registration's GPUs.  A live
+quota change (`update_quota`) follows the module's files: EBUSY
+(`MemoryHeld`) for a memsize below what `held` says the container's
+processes hold, ENOSPC without room.
 
 `Inline` gives a blocking client the awaited `KernelModule` interface the
 share domain uses, answering at once on the caller's thread; `done` runs a
@@ -20,9 +23,11 @@ from typing import Any, TypeVar
 from nri_gpushare.share.kernel import (
     AlreadyRegistered,
     GpuDeclaration,
+    GpuQuota,
     GpusNotDeclared,
     KernelModuleClient,
     KmodError,
+    MemoryHeld,
     ModuleNotLoaded,
     NotRegistered,
     OverCommitted,
@@ -40,6 +45,7 @@ class FakeKernelModule:
         self.cgroups: dict[str, str] = {}
         self.fail_next: dict[str, KmodError] = {}  # method name -> error to raise once
         self.calls: list[tuple[str, object]] = []
+        self.held: dict[tuple[str, int], int] = {}  # (container, GPU) -> bytes its processes hold
 
     def _enter(self, method: str, arg: object = None) -> None:
         self.calls.append((method, arg))
@@ -96,6 +102,26 @@ class FakeKernelModule:
         self._enter("registrations")
         return list(self.regs.values())
 
+    def update_quota(self, container_id: str, quota: GpuQuota) -> None:
+        self._enter("update_quota", (container_id, quota))
+        reg = self.regs.get(container_id)
+        gpu = quota.gpu_index
+        old = next((q for q in reg.quotas if q.gpu_index == gpu), None) if reg else None
+        if reg is None or old is None:
+            raise NotRegistered(f"{container_id}: not registered on GPU {gpu}")
+        if not 0 <= quota.core_percent <= 100 or quota.memory_bytes <= 0:
+            raise KmodError(f"bad quota {quota}", errno.EINVAL)
+        held = self.held.get((container_id, gpu), 0)
+        if quota.memory_bytes < held:
+            raise MemoryHeld(f"{container_id}: holds {held} bytes on GPU {gpu}", gpu, held)
+        memory, core, _ = self.usage(gpu)
+        if memory - old.memory_bytes + quota.memory_bytes > self.gpus[gpu]:
+            raise OverCommitted(f"GPU {gpu}: memory over-committed")
+        if core - old.core_percent + quota.core_percent > 100:
+            raise OverCommitted(f"GPU {gpu}: compute over-committed")
+        quotas = tuple(quota if q.gpu_index == gpu else q for q in reg.quotas)
+        self.regs[container_id] = Registration(container_id, quotas)
+
     # -- test helpers -----------------------------------------------------------------
 
     def usage(self, index: int) -> tuple[int, int, int]:
@@ -141,6 +167,9 @@ class Inline:
 
     async def registrations(self) -> list[Registration]:
         return self.client.registrations()
+
+    async def update_quota(self, container_id: str, quota: GpuQuota) -> None:
+        self.client.update_quota(container_id, quota)
 
 
 T = TypeVar("T")

@@ -1,6 +1,7 @@
-"""`nri-gpushare`: run the plugin, ask it for its status, unload the module,
-write the CDI spec, and the CDI hooks themselves (`hook`, run by the runtime
-in every container start: dispatched before anything heavy is imported)."""
+"""`nri-gpushare`: run the plugin, ask it for its status, resize a running
+container's share, unload the module, write the CDI spec, and the CDI hooks
+themselves (`hook`, run by the runtime in every container start: dispatched
+before anything heavy is imported)."""
 
 from __future__ import annotations
 
@@ -215,6 +216,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "nri_gpushare.ops.containerd_enable",
     "nri_gpushare.ops.kmod_upgrade",
     "nri_gpushare.cli.device_plugin",
+    "nri_gpushare.cli.resize",
 )
 
 

@@ -19,6 +19,9 @@ container that asks for none through its CDI device is refused (a
 Kubernetes one unless NRI placed a share for it), or it would use the GPU
 with nothing booked.
 
+``resize`` is the node operator's `nri-gpushare resize` (the socket answers
+root only, see `local_server`): the share service's `resizer` does it.
+
 Answers come within `ANSWER_WITHIN` seconds, before the callers give up
 (`nri_gpushare.local.client.DEFAULT_TIMEOUT`); a create that would answer
 later is refused and leaves nothing reserved.
@@ -33,7 +36,16 @@ from typing import Protocol
 
 from nri_gpushare.host.containerd.client import ContainerdError, ContainerNotFound
 from nri_gpushare.local.protocol import Reply, Request
-from nri_gpushare.share.model import ContainerInfo, Gpu, InjectionPlan, Origin, ShareRefused
+from nri_gpushare.share.model import (
+    Allocation,
+    ContainerInfo,
+    Gpu,
+    InjectionPlan,
+    Origin,
+    ShareRefused,
+)
+from nri_gpushare.share.plan import share_json
+from nri_gpushare.share.resize_ask import ResizeAsk
 from nri_gpushare.share.service import ShareService
 
 log = logging.getLogger(__name__)
@@ -92,6 +104,8 @@ class LocalApiHandler:
         self.by_minor: Mapping[int, Gpu] = {g.minor: g for g in service.gpus}
 
     async def __call__(self, request: Request) -> Reply:
+        if request.op == "resize":
+            return await self._resize(request)
         if request.op == "release":
             released = await self.service.local_shares.release_local(
                 request.namespace, request.id, f"released ({request.via or 'hook'} asked)"
@@ -122,6 +136,23 @@ class LocalApiHandler:
                 "unavailable",
                 "timeout",
             )
+
+    async def _resize(self, r: Request) -> Reply:
+        """The operator's resize (the socket answers root only); logged by the service."""
+        ask = ResizeAsk(r.memory, r.core, r.priority)
+        try:
+            async with asyncio.timeout(ANSWER_WITHIN):
+                alloc, changed = await self.service.resizer.resize(r.id, ask)
+        except ShareRefused as e:
+            return Reply.refused(str(e), e.reason)
+        except TimeoutError:
+            return Reply.refused(
+                f"gpushare: resizing {r.id} took more than {ANSWER_WITHIN:g} s (the kernel "
+                f"module is slow to answer); what was changed was changed back, see "
+                f"'nri-gpushare status'",
+                "unavailable",
+            )
+        return Reply(True, resized=resized_json(alloc, changed))
 
     def _refused(
         self,
@@ -225,6 +256,19 @@ class LocalApiHandler:
             ) from None
         except ContainerdError as e:
             raise LabelsUnavailable(f"cannot read its labels from containerd: {e}") from None
+
+
+def resized_json(alloc: Allocation, changed: bool) -> dict[str, object]:
+    """The reply to a resize: the share as it now is."""
+    return {
+        "container_id": alloc.container_id,
+        "name": alloc.name,
+        "pod": alloc.pod,
+        "origin": alloc.where,
+        "priority": alloc.priority,
+        "changed": changed,
+        "gpus": [share_json(s) for s in alloc.shares],
+    }
 
 
 def _origin(via: str) -> Origin:

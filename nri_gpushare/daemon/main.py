@@ -26,6 +26,7 @@ from nri_gpushare.daemon.adapters import (
     ReconcileOwner,
     UnservedObserver,
 )
+from nri_gpushare.daemon.kmod_resize import ResizableKernelModule
 from nri_gpushare.daemon.local_api import LocalApiHandler
 from nri_gpushare.daemon.local_server import LocalApiServer
 from nri_gpushare.daemon.metrics import MetricsServer, SnapshotCollector
@@ -40,7 +41,6 @@ from nri_gpushare.host.devices import (
     write_preload_file,
 )
 from nri_gpushare.host.driver_limits import NvmlMemoryLimits
-from nri_gpushare.host.kmod_worker import OffLoopKernelModule
 from nri_gpushare.host.meminfo import ModuleMemInfo
 from nri_gpushare.host.statefile import StateDirError, StateFile
 from nri_gpushare.host.worker import BlockingWorker
@@ -58,13 +58,13 @@ SAMPLE_EVERY = 5.0
 """Seconds between two readings of every registered container's GPU time."""
 
 
-def kmod_worker(config: Config) -> OffLoopKernelModule | None:
+def kmod_worker(config: Config) -> ResizableKernelModule | None:
     """The real kernel-module client on its worker thread; None with kmod: off."""
     if config.kmod == "off":
         return None
     from nri_gpushare.kmod.procfs import ProcfsKernelModule
 
-    return OffLoopKernelModule(ProcfsKernelModule(config.kmod_root))
+    return ResizableKernelModule(ProcfsKernelModule(config.kmod_root))
 
 
 def meminfo_reader(config: Config) -> ModuleMemInfo | None:

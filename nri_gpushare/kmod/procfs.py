@@ -19,6 +19,7 @@ from pathlib import Path
 
 from nri_gpushare.kmod import abi
 from nri_gpushare.kmod.cgroup import cgroup2_mounts, cgroup_v2_path
+from nri_gpushare.kmod.live_quota import LiveQuota
 from nri_gpushare.kmod.readings import GpuState, MemInfo, parse_meminfo
 from nri_gpushare.kmod.refusals import (
     explain_invalid,
@@ -129,6 +130,9 @@ class ProcfsKernelModule:
                 quotas.append(GpuQuota(gpu, mem, weight, bool(prio)))
             regs.append(Registration(words[1], tuple(quotas)))
         return regs
+
+    def update_quota(self, container_id: str, quota: GpuQuota) -> None:
+        LiveQuota(self.root, self.upgrading, self._not_loaded).update(container_id, quota)
 
     # -- more of the module's state -----------------------------------------------------
 

@@ -28,6 +28,13 @@ only its poststop hook releases it.
   registration to its cgroup.  Reply ``{"ok": true}``.
 - ``release``: free the share (idempotent).  Reply ``{"ok": true,
   "released": bool}``.
+- ``resize``: change a running container's share live (`nri-gpushare
+  resize`, the node's operator): ``id`` is the container's ID, a unique
+  prefix of it or its name; ``memory``, ``core`` and ``priority`` the new
+  values as text (a ``gpu-memory`` size or list, a ``gpu-core`` percent or
+  list, normal|high), "" to leave one as it is.  Reply ``{"ok": true,
+  "resized": {"container_id", "name", "pod", "priority", "changed": bool,
+  "gpus": [{"index", "uuid", "memory", "core"}]}}``.
 
 A refusal is ``{"ok": false, "error": "<a message for a person>",
 "reason": "capacity|invalid|conflict|forbidden|kmod|state|interposer|
@@ -51,7 +58,7 @@ from typing import Any, Literal, get_args
 VERSION = 1
 MAX_MESSAGE = 4 << 20
 """Bytes one request or reply may take (a container's whole environment fits)."""
-Op = Literal["create", "start", "release"]
+Op = Literal["create", "start", "release", "resize"]
 Via = Literal["cdi", "runc", ""]
 """Who asks: the CDI hook, gpushare-runc, or "" (not sent: a start or a release)."""
 OPS: tuple[Op, ...] = get_args(Op)
@@ -60,6 +67,8 @@ MAX_ENTRIES = 4096
 """env or annotation entries one request may carry."""
 MAX_TEXT = 64 << 10
 """Bytes one key or value may take."""
+MAX_VALUE = 1024
+"""Characters a resize's value may take (a list of 64 sizes fits)."""
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
 """containerd namespaces and container IDs (a strict superset of what containerd allows)."""
 
@@ -80,6 +89,9 @@ class Request:
     env: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     gpu_minors: tuple[int, ...] | None = None
+    memory: str = ""  # resize: the new values, "" unchanged
+    core: str = ""
+    priority: str = ""
 
 
 @dataclass(frozen=True)
@@ -89,6 +101,7 @@ class Reply:
     reason: str = ""
     plan: dict[str, Any] | None = None
     released: bool | None = None
+    resized: dict[str, Any] | None = None
 
     @classmethod
     def refused(cls, error: str, reason: str) -> Reply:
@@ -118,6 +131,8 @@ def encode_request(r: Request) -> bytes:
         )
     elif r.op == "start":
         obj.update(pid=r.pid)
+    elif r.op == "resize":
+        obj.update(memory=r.memory, core=r.core, priority=r.priority)
     _request(obj)  # the daemon's checks, here: a clear error before sending
     return _line(obj)
 
@@ -126,7 +141,9 @@ def encode_reply(r: Reply) -> bytes:
     obj: dict[str, Any] = {"ok": r.ok}
     if not r.ok:
         obj.update(error=r.error, reason=r.reason)
-    if r.plan is not None or (r.ok and r.released is None):
+    if r.resized is not None:
+        obj["resized"] = r.resized
+    elif r.plan is not None or (r.ok and r.released is None):
         obj["plan"] = r.plan
     if r.released is not None:
         obj["released"] = r.released
@@ -182,6 +199,15 @@ def _mapping(obj: dict[str, Any], key: str) -> dict[str, str]:
     return dict(value)
 
 
+def _reference(obj: dict[str, Any]) -> str:
+    """A resize's container: an ID, a prefix of one, or a name (a pod's
+    "namespace/pod/name" has slashes)."""
+    value = _text(obj, "id", required=True)
+    if len(value) > MAX_VALUE or not value.isprintable():
+        raise ProtocolError(f"id: not a container ID or name of at most {MAX_VALUE} characters")
+    return value
+
+
 def decode_request(data: bytes) -> Request:
     """The request in `data` (one line, newline optional); ProtocolError if it is not one."""
     return _request(_load(data))
@@ -194,12 +220,20 @@ def _request(obj: dict[str, Any]) -> Request:
     op = obj.get("op")
     if op not in OPS:
         raise ProtocolError(f"op {op!r:.40}: not one of {', '.join(OPS)}")
-    namespace, cid = _name(obj, "namespace", required=False), _name(obj, "id")
+    namespace = _name(obj, "namespace", required=False)
+    cid = _reference(obj) if op == "resize" else _name(obj, "id")
     pid = obj.get("pid", 0)
     if type(pid) is not int or not 0 <= pid < 1 << 31:
         raise ProtocolError("pid: not a process ID")
     if op == "release":
         return Request(op, namespace, cid)
+    if op == "resize":
+        memory, core, priority = (_text(obj, key) for key in ("memory", "core", "priority"))
+        if max(len(memory), len(core), len(priority)) > MAX_VALUE:
+            raise ProtocolError(f"memory, core, priority: at most {MAX_VALUE} characters each")
+        if not (memory or core or priority):
+            raise ProtocolError("resize: give memory, core or priority")
+        return Request(op, namespace, cid, memory=memory, core=core, priority=priority)
     if op == "start":
         if pid == 0:
             raise ProtocolError("pid: missing")
@@ -244,4 +278,7 @@ def decode_reply(data: bytes) -> Reply:
     released = obj.get("released")
     if released is not None and type(released) is not bool:
         raise ProtocolError("released: not true or false")
-    return Reply(True, plan=plan, released=released)
+    resized = obj.get("resized")
+    if resized is not None and not isinstance(resized, dict):
+        raise ProtocolError("resized: not an object")
+    return Reply(True, plan=plan, released=released, resized=resized)

@@ -1,11 +1,16 @@
 """Decision logs: one line per decision the daemon takes about a container
-(placed, refused, released), and the log formats (config `log_format`).
+(placed, refused, released, resized), and the log formats (config `log_format`).
 
 Text (``log_format: text``), greppable, logfmt-style::
 
     2026-11-24 06:40:01,123 INFO nri_gpushare.decisions: decision=placed
     container=4f1c... pod=ml/train name=main gpus=0(GPU-8a1c...) memory=8Gi core=30
     priority=normal isolation=full
+
+A resize (`nri-gpushare resize`) is ``decision=resized`` with the new
+``memory``, ``core`` and ``priority`` and the old ones as ``was_memory``,
+``was_core``, ``was_priority``; a refused resize is ``decision=refused``
+with ``operation=resize``.
 
 A value with a blank, a quote, ``=`` or a character that is not printable is
 written in double quotes with ``\\``, ``"`` and those characters escaped, so
@@ -44,7 +49,7 @@ from nri_gpushare.units import format_bytes
 # "nri_gpushare.decisions" wherever this module lives.
 log = logging.getLogger("nri_gpushare.decisions")
 
-DECISIONS = ("placed", "refused", "released")
+DECISIONS = ("placed", "refused", "released", "resized")
 
 REFUSAL_REASONS = (
     "capacity",  # does not fit on the GPUs (memory, core, high-priority slots)
@@ -102,6 +107,12 @@ class DecisionLog:
             return
         self._emit("released", logging.INFO, _who(alloc) | _shares(alloc) | {"why": why})
 
+    def resized(self, old: Allocation, new: Allocation) -> None:
+        was = _shares(old)
+        fields = _who(new) | _shares(new)
+        fields |= {f"was_{key}": was[key] for key in ("memory", "core", "priority")}
+        self._emit("resized", logging.INFO, fields)
+
     def refused(
         self,
         container_id: str,
@@ -111,8 +122,10 @@ class DecisionLog:
         pod: str = "",
         name: str = "",
         origin: str = "",
+        operation: str = "",
     ) -> None:
-        """`message`: what the caller is told (kubectl describe, the terminal)."""
+        """`message`: what the caller is told (kubectl describe, the terminal);
+        `operation`: what was refused when it is not a create ("resize")."""
         kind = refusal_reason(reason)
         self.refusals[kind] += 1
         fields: dict[str, Any] = {"container": container_id}
@@ -121,6 +134,8 @@ class DecisionLog:
         if origin:
             fields["origin"] = origin
         fields["name"] = name
+        if operation:
+            fields["operation"] = operation
         fields |= {"reason": kind, "message": message}
         self._emit("refused", logging.WARNING, fields)
 
@@ -225,9 +240,9 @@ def logfmt(fields: Mapping[str, Any]) -> str:
     """`key=value ...`; memory in the project's size notation, core 0 as '-'."""
     parts = []
     for key, value in fields.items():
-        if key == "memory":
+        if key in ("memory", "was_memory"):
             value = [format_bytes(v) for v in value]
-        elif key == "core":
+        elif key in ("core", "was_core"):
             value = [str(v) if v else "-" for v in value]
         parts.append(f"{key}={value_text(value)}")
     return " ".join(parts)

@@ -9,7 +9,9 @@ the share domain uses only that one, and the daemon gives it a
 Both follow the module's rules: a double registration is `AlreadyRegistered`
 (EEXIST), an unknown container is `NotRegistered` (ENOENT), over-commit is
 `OverCommitted` (ENOSPC), a GPU the module was not told about is
-`GpusNotDeclared` (ENXIO: the module was reloaded since the GPUs were declared).
+`GpusNotDeclared` (ENXIO: the module was reloaded since the GPUs were declared),
+a live memsize below what the container's processes hold is `MemoryHeld`
+(EBUSY, with the bytes held).
 The errno values stay here: callers catch the classes.
 """
 
@@ -76,6 +78,17 @@ class GpusNotDeclared(KmodError):
     errno = errno.ENXIO
 
 
+class MemoryHeld(KmodError):
+    """A live memsize below what the container's processes hold on that GPU."""
+
+    errno = errno.EBUSY
+
+    def __init__(self, message: str, gpu_index: int, held_bytes: int) -> None:
+        super().__init__(message)
+        self.gpu_index = gpu_index
+        self.held_bytes = held_bytes
+
+
 class UpgradeInProgress(KmodError):
     """The module is frozen for an upgrade (`nri-gpushare kmod-upgrade`): it
     refuses every change (EBUSY) until the next version has taken its state."""
@@ -103,6 +116,11 @@ class KernelModuleClient(Protocol):
     def registrations(self) -> list[Registration]:
         """Everything the module holds now."""
 
+    def update_quota(self, container_id: str, quota: GpuQuota) -> None:
+        """Change a registered container's memsize, weight and highprio on
+        one GPU, live; all or nothing on that GPU.  MemoryHeld below what
+        its processes hold, OverCommitted when the GPU has no room."""
+
 
 class KernelModule(Protocol):
     """`KernelModuleClient`'s requests, awaited; what the share domain talks to."""
@@ -118,3 +136,5 @@ class KernelModule(Protocol):
     async def unregister(self, container_id: str) -> None: ...
 
     async def registrations(self) -> list[Registration]: ...
+
+    async def update_quota(self, container_id: str, quota: GpuQuota) -> None: ...

@@ -256,6 +256,9 @@ class Allocation:
     #: kubelet gave the container, as ranges ("0-7"); empty when it asked otherwise.
     #: The device plugin reads them back from status to know which IDs are held.
     kubelet: Mapping[str, str] = field(default_factory=dict, hash=False)
+    #: The gpushare.io/assigned annotation the container was created with, once
+    #: `nri-gpushare resize` has changed its shares ("": its shares as created).
+    assigned: str = ""
 
     @property
     def local(self) -> bool:

@@ -34,6 +34,11 @@ garbled (logged; the share itself is kept, and recovery takes the IDs from
 the container's annotations).  The kernel module does not keep them: where
 its registration wins over a record, the record's IDs stay.
 
+A resize (`nri-gpushare resize`) appends the allocation's new ``add`` line
+(the replay keeps the last), with ``assigned``: the ``gpushare.io/assigned``
+annotation the container was created with, which recovery compares with
+what the container carries instead of the resized shares.
+
 This module is pure: text in, text out; the store does the I/O.
 """
 
@@ -64,6 +69,7 @@ log = logging.getLogger(__name__)
 
 VERSION = 1
 MAX_MEMORY = 1 << 60  # more than any GPU: a bound, so a record is never absurd
+MAX_ASSIGNED = 64 << 10  # an annotation of 64 GPUs is a few KiB
 COMPACT_AFTER = 1000
 """Changes appended before the journal is rewritten as a snapshot."""
 
@@ -151,7 +157,14 @@ def added(a: Allocation) -> str:
         entry["namespace"] = a.namespace
     if a.kubelet:
         entry["kubelet"] = dict(a.kubelet)
+    if a.assigned:
+        entry["assigned"] = a.assigned
     return _line({"add": entry})
+
+
+def resized(a: Allocation) -> str:
+    """The journal line recording a resize: the allocation as it now is."""
+    return added(a)
 
 
 def removed(container_id: str) -> str:
@@ -224,6 +237,9 @@ def _allocation(entry: Any, by_uuid: Mapping[str, Gpu]) -> Allocation:
     if origin not in ORIGINS:
         raise ValueError("bad origin")
     namespace = text("namespace") if origin else ""
+    assigned = text("assigned") if "assigned" in entry else ""
+    if len(assigned) > MAX_ASSIGNED:
+        raise ValueError("assigned is too long")
     return Allocation(
         cid,
         text("name"),
@@ -235,6 +251,7 @@ def _allocation(entry: Any, by_uuid: Mapping[str, Gpu]) -> Allocation:
         origin,
         namespace,
         _kubelet_ids(entry.get("kubelet", {}), cid),
+        assigned,
     )
 
 
@@ -312,7 +329,7 @@ def recover(
             c.describe(),
         )
         return None
-    if record is not None and given != assigned_annotation(record):
+    if record is not None and given != created_with(record):
         log.warning(
             "%s: does not carry the share recorded for it; the record is ignored", c.describe()
         )
@@ -340,4 +357,11 @@ def module_wins(
         record.describe_shares(),
         module.describe_shares(),
     )
-    return dataclasses.replace(module, kubelet=record.kubelet)
+    given = created_with(record)
+    assigned = "" if given == assigned_annotation(module) else given
+    return dataclasses.replace(module, kubelet=record.kubelet, assigned=assigned)
+
+
+def created_with(record: Allocation) -> str:
+    """The gpushare.io/assigned annotation the container was created with."""
+    return record.assigned or assigned_annotation(record)

@@ -117,6 +117,7 @@ class Recovery:
                     interposer=alloc.interposer,
                     origin=alloc.origin,
                     namespace=alloc.namespace,
+                    assigned=alloc.assigned,
                 )
             try:
                 for note in table.ledger.add(alloc):

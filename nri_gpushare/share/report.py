@@ -40,7 +40,9 @@ Each allocation's ``kubelet`` is, for a pod that asked with
 ``resources.limits``, the device IDs the kubelet gave it per resource, as
 ranges (``{"gpu-memory": "0-7", "gpu-core": "0-59", "gpu-count": "0-1"}``),
 and ``{}`` for any other share.  The device plugin reads them here to know
-which IDs live containers hold (`nri_gpushare.k8s`).
+which IDs live containers hold (`nri_gpushare.k8s`).  ``resized`` is true
+once `nri-gpushare resize` has changed the share the container was created
+with (its ``gpushare.io/assigned`` annotation still says the first one).
 """
 
 from __future__ import annotations
@@ -231,6 +233,7 @@ def status_document(
                 "interposer": a.interposer,
                 "origin": a.where,
                 "kubelet": dict(a.kubelet),
+                "resized": bool(a.assigned),
                 "guards": on,
                 "unguarded": why,
                 "gpus": shares,

@@ -6,6 +6,7 @@ Callers use the part that owns their concern:
 - `lifecycle`: create (the one path every share is made by), start, release,
   a pod's stop (`nri_gpushare.share.lifecycle`);
 - `local_shares`: containers NRI never sees (`local_shares`);
+- `resizer`: a running container's share changed live (`resize`);
 - `recovery`: Synchronize and a daemon restart (`recovery`);
 - `unserved_watch`: containers that asked for a share and run without one
   (`unserved`);
@@ -37,6 +38,7 @@ from nri_gpushare.share.model import Allocation, Gpu, NodePolicy
 from nri_gpushare.share.plan import DeviceLookup
 from nri_gpushare.share.recovery import Recovery
 from nri_gpushare.share.report import status_document
+from nri_gpushare.share.resize import Resizer
 from nri_gpushare.share.table import ShareTable
 from nri_gpushare.share.unserved import UnservedWatch
 from nri_gpushare.share.usage import (
@@ -81,6 +83,7 @@ class ShareService(ShareTable):
         self.compute = ComputeMeter()
         self.lifecycle = Lifecycle(self, devices, library_check)
         self.local_shares = LocalShares(self, self.lifecycle)
+        self.resizer = Resizer(self)
         self.unserved_watch = UnservedWatch(self)
         self.recovery = Recovery(self, self.unserved_watch, self.local_shares)
 

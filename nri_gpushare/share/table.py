@@ -3,7 +3,8 @@ changes (GPUs, the ledger, the allocations and their records, the kernel
 module, the driver's limits, the unserved containers).
 
 The parts that act on it live next door: `lifecycle` (create, start, release),
-`local_shares` (containers NRI never sees), `unserved`, `recovery`
+`resize` (a running container's share changed), `local_shares` (containers
+NRI never sees), `unserved`, `recovery`
 (synchronize, a daemon restart) and `service` (the parts assembled, and the
 status they show).
 """
@@ -60,6 +61,7 @@ class ShareTable:
         self.local: dict[str, LocalState] = {}  # container ID -> state, local allocations
         self.pod_containers: dict[str, set[str]] = {}  # pod UID -> container names seen
         self.creating: set[str] = set()  # waiting for the module
+        self.resizing: set[str] = set()  # a resize waiting for the module
         self.generation = 0  # bumped when synchronize replaces the table
 
     @property

@@ -204,7 +204,7 @@ def test_refusals_by_reason_and_decisions():
     assert refusals[lab(reason="other")] == 0
     decisions = by_name(s, "gpushare_decisions_total")
     assert decisions == {lab(decision="placed"): 4, lab(decision="refused"): 2,
-                         lab(decision="released"): 0}  # fmt: skip
+                         lab(decision="released"): 0, lab(decision="resized"): 0}  # fmt: skip
 
 
 def test_latency_histogram():

@@ -1,0 +1,257 @@
+"""A running container's share resized live (`nri-gpushare resize`).
+
+The operation, in order, each step refusing with nothing changed:
+
+1. find the container (its ID, a unique prefix of it, or its name);
+2. the new values, checked like a new request's (`resize_ask`);
+3. refused for a share the kubelet accounted (memory or compute from the
+   pod's resources.limits) and for one the kernel module does not hold (its
+   limits are the environment it started with: nothing can change live);
+4. placed against the free room of the GPUs it already has (never another
+   GPU, never over-commit; a part that shrinks or stays always fits);
+5. applied to the module GPU by GPU (memsize, weight, highprio); when the
+   module refuses one GPU, those changed before it are changed back, so a
+   multi-GPU share changes on all its GPUs or none;
+6. recorded (the journal's new line: a daemon restart rebuilds the resized
+   share), the driver's memory limits set again, logged as a decision.
+
+The module's refusals become the caller's: a memsize below what the
+container's processes hold names the amount held; a GPU whose module has no
+room (orphaned memory the daemon does not count) says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from nri_gpushare.share import records
+from nri_gpushare.share.kernel import (
+    KernelModule,
+    KmodError,
+    MemoryHeld,
+    OverCommitted,
+    UpgradeInProgress,
+)
+from nri_gpushare.share.kmod_link import quotas
+from nri_gpushare.share.model import Allocation, ShareRefused
+from nri_gpushare.share.plan import assigned_annotation
+from nri_gpushare.share.resize_ask import ResizeAsk, check_kubelet, check_live, resized, who
+from nri_gpushare.share.table import ShareTable
+from nri_gpushare.units import format_bytes, quote
+
+log = logging.getLogger(__name__)
+
+
+class Resizer:
+    def __init__(self, table: ShareTable) -> None:
+        self.table = table
+
+    async def resize(self, ref: str, ask: ResizeAsk) -> tuple[Allocation, bool]:
+        """The container's share after the resize, and whether it changed.
+        Raises ShareRefused, logged as a refused decision; a refusal changes
+        nothing."""
+        old: Allocation | None = None
+        try:
+            old = self.find(ref)
+            return await self._resize(old, ask)
+        except ShareRefused as e:
+            self.table.decisions.refused(
+                old.container_id if old else ref,
+                e.reason,
+                str(e),
+                pod=old.pod if old else "",
+                name=old.name if old else "",
+                origin=old.where if old and old.local else "",
+                operation="resize",
+            )
+            raise
+
+    def find(self, ref: str) -> Allocation:
+        """The allocation `ref` names: a container ID, a unique prefix of one,
+        or a unique name ("name" or "namespace/pod/name")."""
+        allocations = self.table.allocations
+        if (exact := allocations.get(ref)) is not None:
+            return exact
+        found = [a for cid, a in allocations.items() if ref and cid.startswith(ref)]
+        if not found:
+            found = [a for a in allocations.values() if ref in (a.name, f"{a.pod}/{a.name}")]
+        if len(found) == 1:
+            return found[0]
+        if not found:
+            raise ShareRefused(
+                f"gpushare: cannot resize '{quote(ref)}': no container holding a share on "
+                f"this node has that ID, ID prefix or name ('nri-gpushare status' lists them)",
+                "invalid",
+            )
+        listed = ", ".join(sorted(a.container_id[:13] for a in found)[:8])
+        raise ShareRefused(
+            f"gpushare: cannot resize '{quote(ref)}': it names {len(found)} containers "
+            f"({listed}); give more of the container ID",
+            "invalid",
+        )
+
+    async def _resize(self, old: Allocation, ask: ResizeAsk) -> tuple[Allocation, bool]:
+        table = self.table
+        cid = old.container_id
+        new = resized(old, ask, table.policy)
+        if (new.shares, new.priority) == (old.shares, old.priority):
+            return old, False
+        check_kubelet(old, new)
+        if cid in table.creating or cid in table.resizing:
+            raise ShareRefused(
+                f"gpushare: cannot resize {who(old)}: it is being created or resized; try again",
+                "conflict",
+            )
+        registered = cid in table.link.registered and await table.link.ready()
+        check_live(old, registered, table.link.problem)
+        new = _keeping_annotation(old, new)
+        self._place(old, new)  # the ledger now holds `new`
+        table.allocations[cid] = new
+        generation = table.generation
+        table.resizing.add(cid)
+        try:
+            await self._apply(old, new)
+        except BaseException:
+            self._put_back(old, new, generation)
+            raise
+        finally:
+            table.resizing.discard(cid)
+        if generation != table.generation or table.allocations.get(cid) is not new:
+            raise ShareRefused(
+                f"gpushare: resizing {who(old)}: it was released, or the table rebuilt, while "
+                f"the kernel module changed it; see 'nri-gpushare status'",
+                "conflict",
+            )
+        try:
+            table.journal.append(records.resized(new))
+        except OSError as e:
+            await self._unapply(old, new, list(range(len(new.shares))))
+            self._put_back(old, new, generation)
+            raise ShareRefused(
+                f"gpushare: cannot resize {who(old)}: the change cannot be recorded ({e}); "
+                f"it was undone; the node's state directory needs attention",
+                "state",
+            ) from None
+        if (applied := table.limits.applied.get(cid)) is not None:
+            await table.limits.apply(new, applied.cgroups_path, who(new))
+        table.decisions.resized(old, new)
+        return new, True
+
+    def _place(self, old: Allocation, new: Allocation) -> None:
+        """Swap `old` for `new` in the ledger, or raise ShareRefused
+        ("capacity") naming each GPU without room (the ledger unchanged)."""
+        ledger = self.table.ledger
+        ledger.remove(old)
+        problems = []
+        for was, now in zip(old.shares, new.shares, strict=True):
+            i = now.index
+            short = []
+            free = ledger.free_memory(i)
+            if now.memory_bytes > max(was.memory_bytes, free):
+                short.append(
+                    f"memory {format_bytes(now.memory_bytes)} exceeds the "
+                    f"{format_bytes(free)} it can have (its {format_bytes(was.memory_bytes)} "
+                    f"and the GPU's free memory) by {format_bytes(now.memory_bytes - free)}"
+                )
+            core_free = max(0, 100 - ledger.usage[i].core_percent)
+            if now.core_percent > max(was.core_percent, core_free):
+                short.append(
+                    f"core {now.core_percent}% exceeds the {core_free}% it can have by "
+                    f"{now.core_percent - core_free}%"
+                )
+            u = ledger.usage[i]
+            most = self.table.policy.max_high_priority_per_gpu
+            if new.high_priority and not old.high_priority and len(u.high_priority) >= most:
+                short.append(
+                    f"already holds {len(u.high_priority)} high-priority container(s) "
+                    f"(at most {most} per GPU)"
+                )
+            if short:
+                problems.append(f"GPU {i} ({u.gpu.uuid}) " + " and ".join(short))
+        if problems:
+            ledger.add(old)
+            raise ShareRefused(
+                f"gpushare: cannot resize {who(old)} to {new.describe_shares()}: "
+                + "; ".join(problems)
+                + " (a share keeps its GPUs; nothing was changed)",
+                "capacity",
+            )
+        ledger.add(new)
+
+    def _put_back(self, old: Allocation, new: Allocation, generation: int) -> None:
+        """Undo `_place` when the resize does not happen (the books only)."""
+        table = self.table
+        if generation == table.generation and table.allocations.get(old.container_id) is new:
+            table.ledger.remove(new)
+            table.ledger.add(old)
+            table.allocations[old.container_id] = old
+
+    async def _apply(self, old: Allocation, new: Allocation) -> None:
+        """The new quotas in the module, GPU by GPU; on a refusal the GPUs
+        already asked are changed back and ShareRefused is raised."""
+        attempted: list[int] = []
+        try:
+            for k, (was, now) in enumerate(zip(quotas(old), quotas(new), strict=True)):
+                if was != now:
+                    attempted.append(k)
+                    await self._kmod().update_quota(new.container_id, now)
+        except KmodError as e:
+            await self._unapply(old, new, attempted)
+            raise self._refusal(old, new, e) from None
+        except BaseException:
+            # Cancelled, or a client bug: a write may still land; change it back.
+            await self._unapply(old, new, attempted)
+            raise
+
+    async def _unapply(self, old: Allocation, new: Allocation, which: list[int]) -> None:
+        kmod = self._kmod()
+        for k in reversed(which):
+            quota = quotas(old)[k]
+            try:
+                await kmod.update_quota(old.container_id, quota)
+            except KmodError as e:
+                log.error(
+                    "%s: the kernel module's quota on GPU %d could not be changed back (%s); "
+                    "compare 'nri-gpushare status' with /proc/gpushare",
+                    who(old),
+                    quota.gpu_index,
+                    e,
+                )
+
+    def _kmod(self) -> KernelModule:
+        kmod = self.table.link.kmod
+        assert kmod is not None  # registered: the link has a module
+        return kmod
+
+    def _refusal(self, old: Allocation, new: Allocation, e: KmodError) -> ShareRefused:
+        fail = f"gpushare: cannot resize {who(old)}"
+        if isinstance(e, MemoryHeld):
+            return ShareRefused(
+                f"{fail}: its processes hold {format_bytes(e.held_bytes)} on GPU "
+                f"{e.gpu_index}; it cannot shrink below that (asked "
+                f"{format_bytes(_memory_on(new, e.gpu_index))}); nothing was changed",
+                "capacity",
+            )
+        if isinstance(e, OverCommitted):
+            return ShareRefused(
+                f"{fail}: the gpushare kernel module has no room for it ({e}); nothing was changed",
+                "capacity",
+            )
+        if isinstance(e, UpgradeInProgress):
+            return ShareRefused(f"{fail}: {e}; nothing was changed", "kmod")
+        return ShareRefused(
+            f"{fail}: the gpushare kernel module refused it: {e} (errno {e.errno}); nothing "
+            f"was changed",
+            "kmod",
+        )
+
+
+def _memory_on(alloc: Allocation, gpu: int) -> int:
+    return next((s.memory_bytes for s in alloc.shares if s.index == gpu), 0)
+
+
+def _keeping_annotation(old: Allocation, new: Allocation) -> Allocation:
+    """`new`, remembering the annotation the container was created with."""
+    created = records.created_with(old)
+    return dataclasses.replace(new, assigned="" if created == assigned_annotation(new) else created)
