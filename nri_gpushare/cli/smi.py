@@ -6,9 +6,11 @@ per GPU its memory total / allocated / used, compute allocated / used and
 scheduling policy; per container (one row per GPU it holds a share of) its
 pod or name, ID, memory quota / used, compute target / used, priority and
 the processes holding GPU memory.  "Used" comes from the kernel module
-(its ledger and its GPU-time accounting); where it is unknown the cell says
-``n/a[k]`` and footnote k says why: never a made-up 0.  PIDs are the kernel
-module's: the host's (initial) PID namespace, not the container's.
+(its ledger and its GPU-time accounting); where the module cannot say
+(standalone mode), from NVML's per-process figures, marked ``*``; where
+neither can, the cell says ``n/a[k]`` and footnote k says why: never a
+made-up 0.  PIDs are the host's (initial) PID namespace, as the kernel
+module and NVML number processes, not the container's.
 
 ``--json`` prints `view()`'s document (schema ``gpushare-smi/1``, described
 in docs/monitoring.md).  ``--watch [SECONDS]`` redraws every SECONDS (2 by
@@ -26,7 +28,7 @@ import time
 from typing import Any, Literal
 
 from nri_gpushare.cli.smi_table import clean_text, render
-from nri_gpushare.cli.smi_view import SCHEMA, view
+from nri_gpushare.cli.smi_view import SCHEMA, unknown_shares, view
 from nri_gpushare.config import DEFAULT_STATUS_SOCKET
 
 # -- the command ---------------------------------------------------------------------------
@@ -90,8 +92,10 @@ def _frame(path: str, form: Literal["table", "json", "json-line"]) -> tuple[str,
         status = query_status(path)
     except (OSError, ValueError) as exc:  # ValueError: a cut-off or garbled reply
         return f"gpushare-smi: {unreachable(path, exc)}", False
+    from nri_gpushare.host.nvml_usage import nvml_use
+
     try:
-        doc = view(status)
+        doc = view(status, nvml=nvml_use(unknown_shares(status)))
         if form == "table":
             return render(doc), True
     except (KeyError, TypeError, AttributeError, ValueError) as exc:

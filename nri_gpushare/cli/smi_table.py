@@ -14,6 +14,10 @@ from typing import Any
 WIDTH = 120
 """No line of the table is longer."""
 PID_NOTE = "PIDs: as the kernel module sees them (host PID namespace), not the container's."
+NVML_NOTE = (
+    "*: from NVML (the driver's figures per process, each put with its container by its "
+    "cgroup): the kernel module does not count this container"
+)
 
 
 @dataclass(frozen=True)
@@ -157,10 +161,24 @@ def render(doc: Mapping[str, Any], local_time: str | None = None) -> str:
     ]
     notes = _Notes()
     rows = []
+    shares = sorted(
+        ((s, c) for c in doc["containers"] for s in c["gpus"]),
+        key=lambda sc: (sc[0]["index"], sc[1]["pod"] or sc[1]["name"], sc[1]["container_id"]),
+    )
+    nvml = {
+        (s["index"], what)
+        for s, _ in shares
+        for what in ("memory", "core")
+        if s.get(f"{what}_used_source") == "nvml"
+    }
     for g in doc["gpus"]:
         empty = g["containers"] == 0
         mem_used = "-" if empty else _known(g["memory_used"], _size, g["memory_used_why"], notes)
         core_used = "-" if empty else _known(g["core_used"], _pct, g["core_used_why"], notes)
+        if not empty and g["memory_used"] is not None and (g["index"], "memory") in nvml:
+            mem_used += "*"
+        if not empty and g["core_used"] is not None and (g["index"], "core") in nvml:
+            core_used += "*"
         policy = (
             f"{g['policy']} {g['policy_name'] or 'unknown'}"
             if g["policy"] is not None
@@ -181,10 +199,6 @@ def render(doc: Mapping[str, Any], local_time: str | None = None) -> str:
         )
     lines += _table(GPU_COLUMNS, rows)
     rows = []
-    shares = sorted(
-        ((s, c) for c in doc["containers"] for s in c["gpus"]),
-        key=lambda sc: (sc[0]["index"], sc[1]["pod"] or sc[1]["name"], sc[1]["container_id"]),
-    )
     for s, c in shares:
         rows.append(
             [
@@ -192,9 +206,9 @@ def render(doc: Mapping[str, Any], local_time: str | None = None) -> str:
                 _owner(c, CONTAINER_COLUMNS[1].width),
                 c["container_id"][:12],
                 _size(s["memory_quota"]),
-                _known(s["memory_used"], _size, s["memory_used_why"], notes),
+                _known(s["memory_used"], _size, s["memory_used_why"], notes, _star(s, "memory")),
                 "-" if s["core_target"] is None else f"{s['core_target']}%",
-                _known(s["core_used"], _pct, s["core_used_why"], notes),
+                _known(s["core_used"], _pct, s["core_used_why"], notes, _star(s, "core")),
                 c["priority"],
                 notes.mark(s["pids_why"]) if s["pids"] is None else _pids(s["pids"], 10),
             ]
@@ -202,6 +216,8 @@ def render(doc: Mapping[str, Any], local_time: str | None = None) -> str:
     if rows:
         lines += _table(CONTAINER_COLUMNS, rows)
         lines.append(PID_NOTE)
+        if nvml:
+            lines += textwrap.wrap(NVML_NOTE, WIDTH, subsequent_indent="   ")
     else:
         lines.append("No containers hold a share.")
     for u in doc["unserved"]:
@@ -221,5 +237,12 @@ def _pct(value: float) -> str:
     return f"{value:g}%"
 
 
-def _known(value: Any, show: Callable[[Any], str], why: str | None, notes: _Notes) -> str:
-    return notes.mark(why) if value is None else show(value)
+def _star(share: Mapping[str, Any], what: str) -> str:
+    """ "*" for a figure NVML gave (NVML_NOTE), "" for the kernel module's."""
+    return "*" if share.get(f"{what}_used_source") == "nvml" else ""
+
+
+def _known(
+    value: Any, show: Callable[[Any], str], why: str | None, notes: _Notes, mark: str = ""
+) -> str:
+    return notes.mark(why) if value is None else show(value) + mark
