@@ -5,10 +5,11 @@ The operation, in order, each step refusing with nothing changed:
 1. find the container (its ID, a unique prefix of it, or its name);
 2. the new values, checked like a new request's (`resize_ask`);
 3. refused for a share the kubelet accounted (memory or compute from the
-   pod's resources.limits) and for one the kernel module does not hold (its
-   limits are the environment it started with: nothing can change live);
+   pod's resources.limits);
 4. placed against the free room of the GPUs it already has (never another
-   GPU, never over-commit; a part that shrinks or stays always fits);
+   GPU, never over-commit; a part that shrinks or stays always fits), and
+   refused for a share the kernel module does not hold (its limits are the
+   environment it started with: nothing can change live);
 5. applied to the module GPU by GPU (memsize, weight, highprio); when the
    module refuses one GPU, those changed before it are changed back, so a
    multi-GPU share changes on all its GPUs or none;
@@ -103,14 +104,15 @@ class Resizer:
                 f"gpushare: cannot resize {who(old)}: it is being created or resized; try again",
                 "conflict",
             )
-        registered = cid in table.link.registered and await table.link.ready()
-        check_live(old, registered, table.link.problem)
         new = _keeping_annotation(old, new)
-        self._place(old, new)  # the ledger now holds `new`
+        self._place(old, new)  # the ledger now holds `new`: so must the table
         table.allocations[cid] = new
         generation = table.generation
         table.resizing.add(cid)
         try:
+            registered = cid in table.link.registered and await table.link.ready()
+            off = table.link.mode == "off"
+            check_live(old, registered, "is off (kmod: off)" if off else table.link.problem)
             await self._apply(old, new)
         except BaseException:
             self._put_back(old, new, generation)

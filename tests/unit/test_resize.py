@@ -238,6 +238,9 @@ def test_without_the_module_nothing_changes_live_and_the_refusal_says_so(mode):
         assert "runs standalone" in str(e) and "GPUSHARE_MEMORY_LIMIT" in str(e)
         assert "cannot change while it runs; nothing was changed" in str(e)
         assert books(svc, kmod) == before
+    # What could never fit is said first: room is checked before the module.
+    assert refused(svc, "c1", memory="99Gi").reason == "capacity"
+    assert books(svc, kmod) == before
 
 
 def test_isolation_none_is_never_resized_live():
