@@ -1,6 +1,6 @@
 # The two commands of the README:
 #   make demo   a private containerd, the plugin on a simulated GPU inventory,
-#               and a pod that gets a GPU share
+#               pods that get GPU shares, held to them on a simulated GPU
 #   make test   the whole test suite (unit, real containerd, real kernel in qemu)
 # and, for everyday work, the fast tier that make test includes:
 #   make check  lint, types, the layering contracts, the C unit tests and the
@@ -9,7 +9,7 @@ PYTHON := .venv/bin/python
 # Workers for pytest-xdist in the fast tier (pytest -n).
 CHECK_WORKERS ?= 2
 
-.PHONY: demo test check prereqs kmod lint bench report install-node check-static check-static-untimed \
+.PHONY: demo demo-kernel test check prereqs kmod lint bench report install-node check-static check-static-untimed \
 	check-ruff check-mypy check-layers check-kmod check-interposer check-unit \
 	check-shell check-checkpatch check-interposer-all
 
@@ -20,7 +20,12 @@ kmod: prereqs
 	$(MAKE) -C kmod
 
 demo: prereqs
-	$(PYTHON) scripts/demo.py
+	$(PYTHON) -m scripts.demo
+
+# The demo inside the qemu guest with gpushare.ko loaded (slow: minutes
+# under TCG; not part of make test, which runs make demo's code).
+demo-kernel: prereqs
+	$(PYTHON) -m scripts.demo --kernel
 
 lint: prereqs
 	.venv/bin/ruff check .

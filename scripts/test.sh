@@ -29,7 +29,9 @@
 #               with pytest-xdist, each test file on one worker (a file's
 #               tests share its containerd);
 #      containerd2  the CRI suite's core again on containerd 2.1.9
-#               (GPUSHARE_CONTAINERD=2), then the Debian 13 installer test.
+#               (GPUSHARE_CONTAINERD=2), then the Debian 13 installer test,
+#               then `make demo`'s code (python -m scripts.demo: it fails
+#               when a quota or a measured share does not hold).
 #   The -m expressions of the guest and host lanes are each other's
 #   complement, and step 2's files are left out of them: no test on 6.1 and
 #   containerd 1.7 is run twice or left out.
@@ -143,7 +145,7 @@ lane host "${pytest[@]}" -m 'not guest or containerd' -n "${GPUSHARE_TEST_WORKER
 # The 2.1.9 core ends first (by ten minutes in a trial): the Debian 13
 # installer follows it here rather than waiting for a host worker.
 lane containerd2 in_turn env GPUSHARE_CONTAINERD=2 "${pytest[@]}" -n 2 --dist loadfile \
-	"${core2[@]}" ';' "${pytest[@]}" "$trixie"
+	"${core2[@]}" ';' "${pytest[@]}" "$trixie" ';' "$py" -m scripts.demo
 finish
 
 rm -rf "$logs"
