@@ -111,10 +111,17 @@ static void gs_refund(struct gs_sched *s, u64 from, u64 to)
 	}
 	if (!s->holder)
 		return;
+	/*
+	 * The current hold: that much less is charged when it ends (its
+	 * tokens back), but it stays in used_ns now, as a past hold's does,
+	 * so that the gputime shown so far never goes down.
+	 */
 	a = from > s->hold_start ? from : s->hold_start;
 	b = to < s->now ? to : s->now;
-	if (a < b)
+	if (a < b) {
+		s->holder->used_ns = gs_add(s->holder->used_ns, b - a);
 		s->hold_start += b - a;
+	}
 }
 
 static struct gs_sched_forced *gs_forced(struct gs_sched *s, u64 slice)

@@ -32,6 +32,7 @@ int main(void)
 	test_refund_conservation();
 	test_free_slice();
 	test_late_reacquire();
+	test_refund_keeps_gputime();
 	printf("%d passed, %d failed\n", passed, failed);
 	return failed ? 1 : 0;
 }

@@ -104,5 +104,6 @@ void test_renew(void);
 void test_refund_conservation(void);
 void test_free_slice(void);
 void test_late_reacquire(void);
+void test_refund_keeps_gputime(void);
 
 #endif /* _TEST_SCHED_H */

@@ -317,3 +317,35 @@ void test_late_reacquire(void)
 	printf("late reacquire: charged its 40 ms tail; a 4.9 s drain: %lld ms of debt\n",
 	       (long long)(sim.ctr[0].e.tokens / (s64)MS));
 }
+
+/*
+ * gputime is a counter, the holder's slice in progress too: a refund for
+ * late work that ran during the current hold gives its holder tokens
+ * back, never lowers what gs_sched_used() has shown.
+ */
+void test_refund_keeps_gputime(void)
+{
+	struct gs_sched_client ca, cb;
+	struct gs_sched *s = &sim.s;
+	u64 t0 = 1 * SEC, slice = 10 * MS, until, end, seen, later;
+	s64 tokens;
+
+	extend_setup(&ca, &cb, slice);
+	CHECK(gs_sched_acquire(s, &ca, t0, &until) == GS_SCHED_GRANT);
+	CHECK(gs_sched_acquire(s, &cb, t0 + 1 * MS, &until) == GS_SCHED_WAIT);
+	end = t0 + slice + GS_SCHED_GRACE(s);
+	CHECK(gs_sched_acquire(s, &cb, end, &until) == GS_SCHED_GRANT);
+	/* a's work ran 4 ms into b's hold; b has shown 5 ms so far. */
+	seen = gs_sched_used(s, &sim.ctr[1].e, end + 5 * MS);
+	tokens = sim.ctr[1].e.tokens;
+	gs_sched_release(s, &ca, slice + GS_SCHED_GRACE(s) + 4 * MS,
+			 end + 5 * MS);
+	later = gs_sched_used(s, &sim.ctr[1].e, end + 5 * MS);
+	printf("refund to the holder: gputime %llu -> %llu ns, tokens %+lld ns\n",
+	       (unsigned long long)seen, (unsigned long long)later,
+	       (long long)(sim.ctr[1].e.tokens - tokens));
+	CHECK(later >= seen);
+	/* Its tokens come back at its release (4 ms less charged). */
+	CHECK(gs_sched_release(s, &cb, 0, end + slice));
+	CHECK(sim.ctr[1].e.used_ns >= seen);
+}
