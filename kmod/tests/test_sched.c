@@ -20,6 +20,7 @@ int main(void)
 	test_native();
 	test_highprio();
 	test_graphs();
+	test_live_settings();
 	test_switch();
 	test_stopped();
 	test_hostile();

@@ -88,6 +88,7 @@ void test_weak(void);
 void test_native(void);
 void test_highprio(void);
 void test_graphs(void);
+void test_live_settings(void);
 
 /* test_sched_hold.c */
 void test_switch(void);

@@ -256,3 +256,61 @@ void test_graphs(void)
 	CHECK(near(share(g), 30, 1));
 	CHECK(near(share(k), 30, 1));
 }
+
+/*
+ * Live settings (a resize): weight and highprio written while both
+ * containers are busy, as the module's procfs store does (the setting,
+ * then every waiter woken).  The new shares hold from the next decision:
+ * over the first second after the write, a is off its new share by at
+ * most a few slices' worth (the slice in progress, tokens saved under the
+ * old rates), and exact after.
+ */
+static void live_case(u32 policy, u32 wa, u32 wb, bool prio, u32 nb,
+		      double want_a, double want_b)
+{
+	const u64 at = 10 * SEC;
+	double fa, fb, off_a, off_b;
+	int a, b;
+
+	sim_init(policy, 10 * MS);
+	a = add_ctr(wa, 0);
+	b = add_ctr(wb, 0);
+	add_proc(a, 1 * MS, 0, 0, 0);
+	add_proc(b, 700 * US, 0, 0, 0);
+	run_until(at);
+	if (prio)
+		gs_sched_set_highprio(&sim.s, &sim.ctr[b].e, nb, sim.now);
+	else
+		gs_sched_set_weight(&sim.s, &sim.ctr[b].e, nb, sim.now);
+	wake_all();
+	measure(at, at + 1 * SEC);
+	run_until(at + 1 * SEC);
+	fa = share(a);
+	fb = share(b);
+	/* GPU time each got in the first second beyond (or short of) its share. */
+	off_a = (fa - want_a) * 10;
+	off_b = (fb - want_b) * 10;
+	measure(at + 1 * SEC, at + 10 * SEC);
+	run_until(at + 10 * SEC);
+	printf("policy %u %u:%u, b %s %u: 1st s %.2f/%.2f %% (%+.1f/%+.1f ms), then %.2f/%.2f %%\n",
+	       policy, wa, wb, prio ? "highprio" : "weight", nb, fa, fb,
+	       off_a, off_b, share(a), share(b));
+	CHECK(off_a <= 3 * 10 && off_a >= -3 * 10);
+	CHECK(off_b <= 3 * 10 && off_b >= -3 * 10);
+	CHECK(near(share(a), want_a, 1));
+	CHECK(near(share(b), want_b, 1));
+}
+
+void test_live_settings(void)
+{
+	/* Weighted 30:60 -> 30:10: a's share 33 % -> 75 %. */
+	live_case(2, 30, 60, false, 10, 75, 25);
+	/* 30:10 -> 30:60, back again. */
+	live_case(2, 30, 10, false, 60, 33.33, 66.67);
+	/* b becomes high priority: it takes prio_ratio, 80 %. */
+	live_case(2, 30, 10, true, 1, 20, 80);
+	/* Fixed shares 30 + 60 -> 30 + 10: each its own, never more. */
+	live_case(3, 30, 60, false, 10, 30, 10);
+	/* A best-effort one (the leftover, 80 %) given a fixed 70. */
+	live_case(3, 20, 0, false, 70, 20, 70);
+}
