@@ -26,8 +26,16 @@ def main(argv: list[str] | None = None) -> int:
         return demo_kernel()
     try:
         if args.in_guest:
+            # Under TCG everything runs 5-20 times slower: longer kernels and
+            # slices, and a GPU left idle between slices while processes wake.
             setting = Setting(
-                module=True, kernel_us=2000, slice_us=60000, settle_s=4.0, window_s=4.0, slow=120.0
+                module=True,
+                kernel_us=2000,
+                slice_us=100000,
+                settle_s=4.0,
+                window_s=5.0,
+                slow=120.0,
+                busy_margin=10.0,
             )
             asyncio.run(demo(setting, Binaries(Path(args.in_guest))))
         else:
