@@ -141,12 +141,12 @@ def encode_reply(r: Reply) -> bytes:
     obj: dict[str, Any] = {"ok": r.ok}
     if not r.ok:
         obj.update(error=r.error, reason=r.reason)
-    if r.resized is not None:
-        obj["resized"] = r.resized
-    elif r.plan is not None or (r.ok and r.released is None):
+    if r.plan is not None or (r.ok and r.released is None and r.resized is None):
         obj["plan"] = r.plan
     if r.released is not None:
         obj["released"] = r.released
+    if r.resized is not None:
+        obj["resized"] = r.resized
     return _line(obj)
 
 

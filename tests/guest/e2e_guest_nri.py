@@ -238,6 +238,62 @@ async def create_querying(client: CriClient, pod: str) -> str:
     return resp.container_id
 
 
+def probe_control(name: str) -> tuple[Path, Path]:
+    """A directory shared with a probe's container, and the file that lets
+    the probe free what it holds once it exists."""
+    if not (CUDA_PROBE and FAKE_DRIVER_DIR):
+        pytest.fail("GPUSHARE_E2E_CUDA_PROBE / GPUSHARE_E2E_FAKE_DRIVER are not set")
+    ctl_dir = BASE / name
+    ctl_dir.mkdir(exist_ok=True)
+    release = ctl_dir / "release"
+    release.unlink(missing_ok=True)
+    return ctl_dir, release
+
+
+async def start_probe(client: CriClient, pod: str, held: int, ctl_dir: Path) -> str:
+    """A running container of `pod` whose CUDA client (cuda_probe.c, on the
+    fake driver under the preloaded interposer) checks its quota, holds
+    `held` bytes until `ctl_dir`/release exists, then sleeps."""
+    config = cri.ContainerConfig(
+        metadata=cri.ContainerMetadata(name="main"),
+        image=cri.ImageSpec(image=BUSYBOX_IMAGE),
+        command=["sh", "-c", f"/gs/cuda_probe {held} /gs-ctl/release; exec sleep 3600"],
+        envs=[
+            cri.KeyValue(key="LD_LIBRARY_PATH", value="/gs-fake"),
+            cri.KeyValue(key="FAKECUDA_MEMORY", value=str(16 * GiB)),
+        ],
+        mounts=[
+            cri.Mount(container_path="/gs/cuda_probe", host_path=CUDA_PROBE, readonly=True),
+            cri.Mount(container_path="/gs-fake", host_path=FAKE_DRIVER_DIR, readonly=True),
+            cri.Mount(container_path="/gs-ctl", host_path=str(ctl_dir)),
+            # glibc for the dynamically linked probe (the image is static busybox)
+            cri.Mount(container_path="/lib64", host_path="/lib64", readonly=True),
+            cri.Mount(
+                container_path="/lib/x86_64-linux-gnu",
+                host_path="/lib/x86_64-linux-gnu",
+                readonly=True,
+            ),
+        ],
+        log_path="main.log",
+    )
+    resp = await client.runtime.create_container(
+        cri.CreateContainerRequest(
+            pod_sandbox_id=pod, config=config, sandbox_config=client.pod_config(pod)
+        )
+    )
+    await client.start(resp.container_id)
+    return resp.container_id
+
+
+async def probe_lines(client: CriClient, cid: str, upto: str) -> list[str]:
+    """The probe's output, once it has printed `upto`."""
+    deadline = time.monotonic() + SLOW
+    while upto not in (got := await client.read_logs(cid)):
+        assert time.monotonic() < deadline, f"probe printed only {got}"
+        await asyncio.sleep(0.2)
+    return got
+
+
 async def first_line(client: CriClient, cid: str) -> str:
     deadline = time.monotonic() + SLOW
     while not (lines := await client.read_logs(cid)):
@@ -420,51 +476,14 @@ async def test_a_pod_is_held_to_its_memory_quota_by_the_interposer_and_the_ledge
     plugin mounted, reserves through /dev/gpushare: the client sees 1Gi as the
     card's size, 1Gi + 1 byte fails with CUDA's out-of-memory error, meminfo
     shows its PID while it holds memory and nothing once it has freed it."""
-    if not (CUDA_PROBE and FAKE_DRIVER_DIR):
-        pytest.fail("GPUSHARE_E2E_CUDA_PROBE / GPUSHARE_E2E_FAKE_DRIVER are not set")
-    ctl_dir = BASE / "probe-ctl"
-    ctl_dir.mkdir(exist_ok=True)
-    release = ctl_dir / "release"
-    release.unlink(missing_ok=True)
+    ctl_dir, release = probe_control("probe-ctl")
     held = 256 << 20
 
     pod = await client.run_pod("quota", annotations={P + "gpu-memory": "1Gi"})
-    config = cri.ContainerConfig(
-        metadata=cri.ContainerMetadata(name="main"),
-        image=cri.ImageSpec(image=BUSYBOX_IMAGE),
-        command=["sh", "-c", f"/gs/cuda_probe {held} /gs-ctl/release; exec sleep 3600"],
-        envs=[
-            cri.KeyValue(key="LD_LIBRARY_PATH", value="/gs-fake"),
-            cri.KeyValue(key="FAKECUDA_MEMORY", value=str(16 * GiB)),
-        ],
-        mounts=[
-            cri.Mount(container_path="/gs/cuda_probe", host_path=CUDA_PROBE, readonly=True),
-            cri.Mount(container_path="/gs-fake", host_path=FAKE_DRIVER_DIR, readonly=True),
-            cri.Mount(container_path="/gs-ctl", host_path=str(ctl_dir)),
-            # glibc for the dynamically linked probe (the image is static busybox)
-            cri.Mount(container_path="/lib64", host_path="/lib64", readonly=True),
-            cri.Mount(
-                container_path="/lib/x86_64-linux-gnu",
-                host_path="/lib/x86_64-linux-gnu",
-                readonly=True,
-            ),
-        ],
-        log_path="main.log",
-    )
-    resp = await client.runtime.create_container(
-        cri.CreateContainerRequest(
-            pod_sandbox_id=pod, config=config, sandbox_config=client.pod_config(pod)
-        )
-    )
-    cid = resp.container_id
-    await client.start(cid)
+    cid = await start_probe(client, pod, held, ctl_dir)
 
     async def lines(upto: str) -> list[str]:
-        deadline = time.monotonic() + SLOW
-        while upto not in (got := await client.read_logs(cid)):
-            assert time.monotonic() < deadline, f"probe printed only {got}"
-            await asyncio.sleep(0.2)
-        return got
+        return await probe_lines(client, cid, upto)
 
     got = await lines("held")
     assert got[:5] == [
@@ -506,6 +525,81 @@ async def test_a_pod_is_held_to_its_memory_quota_by_the_interposer_and_the_ledge
     release.touch()
     got = await lines("freed 0")
     assert read(meminfo) == f"Free: {GiB}\n"
+    await client.stop_pod(pod)
+    assert registered() == [] and refcount() == 0
+    await client.remove_pod(pod)
+
+
+def resize(plugin: PluginProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    """`nri-gpushare resize ARGS` against `plugin` (its local API socket)."""
+    return subprocess.run(
+        [sys.executable, "-m", "nri_gpushare.cli.main", "resize", *args]
+        + ["--config", str(plugin.config_path)],
+        capture_output=True,
+        text=True,
+        timeout=SLOW,
+    )
+
+
+async def test_a_running_pod_is_resized_live_and_a_restart_keeps_it(bed, plugins, plugin, client):
+    """A pod with gpu-memory 1Gi whose CUDA client holds 768Mi: `nri-gpushare
+    resize` raises it to 2Gi and 40% compute in the module (memsize, weight)
+    while the client runs; status shows it; a shrink below what the client
+    holds is refused with the amount and changes nothing; a restarted plugin
+    keeps 2Gi (its records), and the module still holds it."""
+    ctl_dir, release = probe_control("resize-ctl")
+    held = 768 << 20
+    pod = await client.run_pod("resize", annotations={P + "gpu-memory": "1Gi"})
+    cid = await start_probe(client, pod, held, ctl_dir)
+    assert (await probe_lines(client, cid, "held"))[3] == f"hold {held} 0"
+    files = ROOT / "0" / cid
+    assert (value(files / "memsize"), value(files / "weight")) == (GiB, 0)
+
+    grown = resize(plugin, cid[:12], "--memory", "2Gi", "--core", "40")
+    assert grown.returncode == 0, grown.stderr
+    assert (
+        grown.stdout == "resized container main (pod default/resize): GPU 0 2048Mi 40%, "
+        "priority normal\n"
+    ), grown.stdout
+    assert (value(files / "memsize"), value(files / "weight")) == (2 * GiB, 40)
+    assert read(files / "meminfo").splitlines()[0] == f"Free: {2 * GiB - held}"
+    [alloc] = plugin.status()["allocations"]
+    [gpu] = alloc["gpus"]
+    assert (gpu["memory"], gpu["core"], gpu["memory_used"]) == (2 * GiB, 40, held), gpu
+    assert alloc["resized"] is True
+    assert "decision=resized" in plugin.log() and "was_memory=1024Mi" in plugin.log()
+    smi = subprocess.run(
+        [sys.executable, "-m", "nri_gpushare.cli.smi", "--json"]
+        + ["--status-socket", plugin.status_socket],
+        capture_output=True,
+        text=True,
+        timeout=SLOW,
+    )
+    [shown] = json.loads(smi.stdout)["containers"][0]["gpus"]
+    assert (shown["memory_quota"], shown["memory_used"]) == (2 * GiB, held), shown
+
+    shrunk = resize(plugin, cid[:12], "--memory", "512Mi")
+    assert shrunk.returncode == 1
+    assert "its processes hold 768Mi on GPU 0; it cannot shrink below that (asked 512Mi)" in (
+        shrunk.stderr
+    ), shrunk.stderr
+    assert (value(files / "memsize"), value(files / "weight")) == (2 * GiB, 40)
+    assert plugin.status()["gpus"][0]["memory_allocated"] == 2 * GiB
+
+    assert plugin.stop() == 0
+    restarted = plugins.start()
+    assert (value(files / "memsize"), value(files / "weight")) == (2 * GiB, 40)
+    [alloc] = restarted.status()["allocations"]
+    assert [(g["memory"], g["core"]) for g in alloc["gpus"]] == [(2 * GiB, 40)], alloc
+    assert alloc["resized"] is True and registered() == [cid]
+    # Recovered from the daemon's record (it still matches what the container
+    # carries, the annotation it was created with), not only from the module's.
+    assert "differs from the kernel module" not in restarted.log()
+    assert "does not carry the share recorded for it" not in restarted.log()
+    assert {"interposer", "kernel-ledger"} <= set(alloc["guards"]), alloc
+
+    release.touch()
+    await probe_lines(client, cid, "freed 0")
     await client.stop_pod(pod)
     assert registered() == [] and refcount() == 0
     await client.remove_pod(pod)

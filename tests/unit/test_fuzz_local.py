@@ -53,11 +53,13 @@ VALID_REQUESTS: list[dict[str, Any]] = [
     },
     {"v": 1, "op": "start", "namespace": "moby", "id": "c2", "pid": 42},
     {"v": 1, "op": "release", "namespace": "", "id": "c3"},
+    {"v": 1, "op": "resize", "namespace": "", "id": "ns/pod/main", "memory": "2Gi", "core": "30"},
 ]
 VALID_REPLIES: list[dict[str, Any]] = [
     {"ok": True, "plan": {"env": {"A": "1"}}},
     {"ok": False, "error": "no room", "reason": "capacity"},
     {"ok": True, "released": True},
+    {"ok": True, "resized": {"container_id": "c1", "changed": True, "gpus": []}},
 ]
 CONFIG: dict[str, Any] = {
     "ociVersion": "1.1.0",

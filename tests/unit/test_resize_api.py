@@ -195,3 +195,20 @@ def test_the_cli_without_a_value_or_a_daemon(tmp_path, capsys):
     missing = str(tmp_path / "none.sock")
     assert cli_main(["resize", "c1", "--core", "30", "--api-socket", missing]) == 1
     assert "cannot reach the nri-gpushare daemon" in capsys.readouterr().err
+
+
+async def test_status_and_the_metrics_show_the_resized_share_and_count_the_decision():
+    from nri_gpushare.daemon.metrics import Snapshot
+    from tests.unit.test_metrics import by_name, scrape
+
+    svc, _ = await make_service()
+    assert (await LocalApiHandler(svc, None)(resize_request(memory="3Gi", core="25"))).ok
+    doc = svc.status()
+    [alloc] = doc["allocations"]
+    assert (alloc["gpus"][0]["memory"], alloc["resized"]) == (3 * GiB, True)
+    assert doc["gpus"][0]["memory_allocated"] == 3 * GiB
+    samples = scrape(Snapshot(doc, dict(svc.decisions.counts), dict(svc.decisions.refusals), {}))
+    [quota] = by_name(samples, "gpushare_container_memory_quota_bytes").values()
+    assert quota == 3 * GiB
+    decisions = by_name(samples, "gpushare_decisions_total")
+    assert decisions[frozenset({("decision", "resized")})] == 1
