@@ -114,17 +114,18 @@ class Resizer:
             off = table.link.mode == "off"
             check_live(old, registered, "is off (kmod: off)" if off else table.link.problem)
             await self._apply(old, new)
+        except ShareRefused:
+            if self._gone(new, generation):
+                raise self._gone_refusal(old) from None
+            self._put_back(old, new, generation)
+            raise
         except BaseException:
             self._put_back(old, new, generation)
             raise
         finally:
             table.resizing.discard(cid)
-        if generation != table.generation or table.allocations.get(cid) is not new:
-            raise ShareRefused(
-                f"gpushare: resizing {who(old)}: it was released, or the table rebuilt, while "
-                f"the kernel module changed it; see 'nri-gpushare status'",
-                "conflict",
-            )
+        if self._gone(new, generation):
+            raise self._gone_refusal(old)
         try:
             table.journal.append(records.resized(new))
         except OSError as e:
@@ -181,6 +182,18 @@ class Resizer:
             )
         ledger.add(new)
 
+    def _gone(self, new: Allocation, generation: int) -> bool:
+        """Whether the container was released, or the table rebuilt, meanwhile."""
+        table = self.table
+        return generation != table.generation or table.allocations.get(new.container_id) is not new
+
+    def _gone_refusal(self, old: Allocation) -> ShareRefused:
+        return ShareRefused(
+            f"gpushare: resizing {who(old)}: it was released, or the table rebuilt, while the "
+            f"kernel module changed it; see 'nri-gpushare status'",
+            "conflict",
+        )
+
     def _put_back(self, old: Allocation, new: Allocation, generation: int) -> None:
         """Undo `_place` when the resize does not happen (the books only)."""
         table = self.table
@@ -207,6 +220,8 @@ class Resizer:
             raise
 
     async def _unapply(self, old: Allocation, new: Allocation, which: list[int]) -> None:
+        if old.container_id not in self.table.link.registered:
+            return  # released meanwhile: unregistered, nothing to change back
         kmod = self._kmod()
         for k in reversed(which):
             quota = quotas(old)[k]

@@ -340,3 +340,42 @@ def test_a_journal_that_cannot_be_written_undoes_the_resize():
     e = refused(svc, "c1", memory="2Gi")
     assert e.reason == "state" and "it was undone" in str(e)
     assert books(svc, kmod) == before
+
+
+# -- while the module answers --------------------------------------------------------------------
+
+
+class Gated(Inline):
+    """Inline, but each update_quota waits for `gate` first."""
+
+    def __init__(self, client):
+        super().__init__(client)
+        import asyncio
+
+        self.gate = asyncio.Event()
+
+    async def update_quota(self, container_id, quota):
+        await self.gate.wait()
+        await super().update_quota(container_id, quota)
+
+
+async def test_a_second_resize_or_a_release_while_the_module_answers(caplog):
+    import asyncio
+
+    kmod = FakeKernelModule()
+    gated = Gated(kmod)
+    svc = ShareService(make_gpus(1, 16 * GiB), NodePolicy(), gated, FakeDevices())
+    await svc.start()
+    await svc.lifecycle.create_container(pod("c1", {P + "gpu-memory": "1Gi"}))
+    first = asyncio.create_task(svc.resizer.resize("c1", ResizeAsk(memory="4Gi")))
+    await asyncio.sleep(0)
+    assert svc.ledger.usage[0].memory_bytes == 4 * GiB  # held while the module answers
+    with pytest.raises(ShareRefused, match="being created or resized"):
+        await svc.resizer.resize("c1", ResizeAsk(memory="2Gi"))
+    assert await svc.lifecycle.release("c1")  # stopped meanwhile
+    gated.gate.set()
+    with pytest.raises(ShareRefused, match="released, or the table rebuilt"):
+        await first
+    assert svc.allocations == {} and svc.ledger.usage[0].memory_bytes == 0
+    assert kmod.regs == {}
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # nothing to undo
