@@ -164,6 +164,11 @@ def _print_status(status: dict[str, Any]) -> None:
         for share in alloc["gpus"]:
             if (compute := _compute(share)) is not None:
                 print(f"  {alloc['container_id'][:13]} GPU {share['index']}: {compute}")
+        if alloc.get("resized"):
+            print(
+                f"  {alloc['container_id'][:13]}: resized live (its gpushare.io/assigned "
+                f"annotation and environment say the share it was created with)"
+            )
         for mechanism, why in alloc.get("unguarded", {}).items():
             what = "unguarded" if mechanism == "none" else f"no {mechanism}"
             print(f"  {alloc['container_id'][:13]}: {what}: {why}")

@@ -212,3 +212,16 @@ async def test_status_and_the_metrics_show_the_resized_share_and_count_the_decis
     assert quota == 3 * GiB
     decisions = by_name(samples, "gpushare_decisions_total")
     assert decisions[frozenset({("decision", "resized")})] == 1
+
+
+async def test_status_text_says_which_shares_were_resized(capsys):
+    from nri_gpushare.cli.main import _print_status
+
+    svc, _ = await make_service()
+    _print_status(svc.status())
+    assert "resized live" not in capsys.readouterr().out
+    assert (await LocalApiHandler(svc, None)(resize_request(memory="2Gi"))).ok
+    _print_status(svc.status())
+    out = capsys.readouterr().out
+    assert "  c1: resized live (its gpushare.io/assigned annotation" in out
+    assert " 2048Mi " in out
