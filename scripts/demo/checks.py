@@ -109,21 +109,26 @@ def measured(
     measure: Callable[[], Window],
     tries: int = 3,
     margin: float = BUSY_MARGIN,
+    between: Callable[[], None] = lambda: None,
 ) -> tuple[Window, int]:
     """Measure windows until the simulated GPU was busy enough for the
     shares to count (at most `tries`); the window and how many were taken
     (check_shares then checks it).  A host too loaded to keep the GPU busy
-    every time fails with that reason, never passes."""
+    every time fails with that reason, never passes.  `between` runs before
+    each new try (the loads' feedback settles again after a starved window)."""
     need = busy_needed(pods, margin)
     totals = []
     for attempt in range(1, tries + 1):
+        if attempt > 1:
+            between()
         window = measure()
         if window.total >= need:
             return window, attempt
         totals.append(f"{window.total:.1f}%")
         print(
             f"    the simulated GPU was busy {window.total:.1f}% of the window (at least "
-            f"{need:g}% needed): the host is too loaded to keep it busy; measuring again",
+            f"{need:g}% needed): the host is too loaded to keep it busy"
+            + ("; measuring again" if attempt < tries else ""),
             flush=True,
         )
     raise DemoFailed(

@@ -144,7 +144,9 @@ class Enforcement:
             return self.gpu.window(COMPUTE_GPU, s.window_s, ids)
 
         before = self.gputime(ids)
-        window, tries = await asyncio.to_thread(measured, pods, one, s.tries, s.busy_margin)
+        window, tries = await asyncio.to_thread(
+            measured, pods, one, s.tries, s.busy_margin, lambda: time.sleep(s.settle_s / 2)
+        )
         charged = self.gputime(ids)
         print(share_table(pods, window, tries, charged, before, s.module))
         check_shares(pods, window)

@@ -55,8 +55,9 @@ def test_the_busy_bar_is_what_the_loads_ask_for():
 
 def test_a_loaded_host_is_measured_again_then_passes():
     windows = iter([window(20.0, 40.0), window(30.0, 60.0)])
-    got, tries = measured(PAIR, lambda: next(windows))
-    assert tries == 2 and got.shares == {"a": 30.0, "b": 60.0}
+    rests = []
+    got, tries = measured(PAIR, lambda: next(windows), between=lambda: rests.append(1))
+    assert tries == 2 and got.shares == {"a": 30.0, "b": 60.0} and rests == [1]
 
 
 def test_a_host_loaded_every_time_fails_with_that_reason():
