@@ -12,13 +12,14 @@ read-only; its writes are thrown away."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 from scripts.demo.bed import ROOT, build
 from tests.guest.harness import build_module, kmod_source
-from tests.guest.harness.vm import GuestError, check_prereqs, run_in_guest
+from tests.guest.harness.vm import GuestError, Kernel, check_prereqs, run_in_guest
 from tests.testbed.images import build_images
 
 TIMEOUT_S = 1500
@@ -31,6 +32,13 @@ def demo_kernel() -> int:
         print(f"demo: FAILED: the qemu guest cannot run here: {exc}", file=sys.stderr)
         return 1
     work = Path(tempfile.mkdtemp(prefix="gs-demo-kernel-"))
+    try:
+        return _boot(kernel, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _boot(kernel: Kernel, work: Path) -> int:
     print(
         f"== building gpushare.ko for the guest's kernel {kernel.version}, the interposer "
         "and the fake CUDA driver",
