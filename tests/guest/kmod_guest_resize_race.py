@@ -188,9 +188,11 @@ def test_memsize_and_weight_writes_race_reservations(cgroups: MakeCgroup) -> Non
         for i in range(3):
             workers.spawn("M", NOBODY if i % 2 else None)
         mark(f"resize race (memory): seed {SEED}")
-        wrote = run_writers(SEED, ("memsize",) * 7 + ("weight", "weight", "highprio"))
-        workers.check()
-        codes, seen = workers.finish()
+        try:  # stopped whatever happens, or their files keep the module loaded
+            wrote = run_writers(SEED, ("memsize",) * 7 + ("weight", "weight", "highprio"))
+            workers.check()
+        finally:
+            codes, seen = workers.finish()
         mark(f"resize race (memory) done: writers {dict(wrote)}, workers {dict(seen)}")
         assert codes == [0] * len(codes), "a worker got a wrong answer (see its stderr)"
         for outcome in ("memsize OK", "memsize EBUSY", "memsize ENOSPC", "weight OK"):
@@ -268,10 +270,12 @@ def test_weight_and_highprio_writes_race_turns(cgroups: MakeCgroup) -> None:
     for cid in ids:
         workers.spawn(cid, None)
         workers.spawn(cid, NOBODY)
-    mark(f"resize race (sched): seed {SEED}")
-    wrote = run_writers(SEED + 1, ("weight", "weight", "highprio"))
-    workers.check()
-    codes, seen = workers.finish()
+    mark(f"resize race (sched): seed {SEED + 1}")
+    try:
+        wrote = run_writers(SEED + 1, ("weight", "weight", "highprio"))
+        workers.check()
+    finally:
+        codes, seen = workers.finish()
     mark(f"resize race (sched) done: writers {dict(wrote)}, workers {dict(seen)}")
     assert codes == [0] * len(codes), "a worker got a wrong answer (see its stderr)"
     assert wrote["weight OK"] and wrote["weight ENOSPC"] and wrote["highprio OK"], dict(wrote)
