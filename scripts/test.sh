@@ -18,7 +18,8 @@
 #      the interposer's pytest files (libgpushare/tests: GPU-time shares on
 #      the fake driver; two files at a time, as each uses a tenth of a core),
 #      then the module's in-guest suite (tests/guest/test_kmod.py) whole on
-#      6.1, and its GPU-time share files (kmod_guest_sched*) on 6.12 and 7.2;
+#      6.1, and its GPU-time share files (kmod_guest_sched*, and the live
+#      resize's) on 6.12, the sched* files on 7.2;
 #   3. four lanes at once, each printed whole when it ends:
 #      guest    the other tests marked `guest` (the e2e and fault suites in
 #               the guest, the harness's boots) on 6.1;
@@ -100,7 +101,10 @@ make --no-print-directory check-interposer-all
 "$py" -m compileall -q -j 0 nri_gpushare tests bench >/dev/null
 
 kmod=tests/guest/test_kmod.py
-sched='sched*'   # the module's in-guest GPU-time share files (kmod_guest_sched*.py)
+# The module's in-guest files that measure GPU-time shares (kmod_guest_sched*.py,
+# and kmod_guest_resize.py's live weight change): on quiet cores only.
+timed='sched* resize'
+untimed='!sched* !resize'
 # The containerd 2.x lane's files: the CRI suite's core (see tests/README.md).
 core2=()
 for f in nri_plugin share_e2e trust hostile_values session_recovery reconcile \
@@ -135,10 +139,10 @@ lane interposer "${pytest[@]}" -n 2 --dist loadfile libgpushare/tests
 finish
 # On quiet cores: the module's whole suite on 6.1, its GPU-time share files
 # on 6.12 and 7.2.
-lane kmod-quiet in_turn kmod_on 6.1 '' ';' kmod_on 6.12 "$sched" ';' kmod_on 7.2 "$sched"
+lane kmod-quiet in_turn kmod_on 6.1 '' ';' kmod_on 6.12 "$timed" ';' kmod_on 7.2 'sched*'
 finish
 lane guest "${pytest[@]}" -m 'guest and not containerd' --ignore="$kmod" tests
-lane kernels in_turn kmod_on 6.12 "!$sched" ';' kmod_on 7.2 'bindings ledger*' ';' e2e_on 6.12
+lane kernels in_turn kmod_on 6.12 "$untimed" ';' kmod_on 7.2 'bindings ledger*' ';' e2e_on 6.12
 trixie=tests/integration/test_install_trixie.py
 lane host "${pytest[@]}" -m 'not guest or containerd' -n "${GPUSHARE_TEST_WORKERS:-2}" \
 	--dist loadfile --ignore="$trixie" tests
