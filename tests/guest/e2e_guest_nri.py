@@ -250,14 +250,18 @@ def probe_control(name: str) -> tuple[Path, Path]:
     return ctl_dir, release
 
 
-async def start_probe(client: CriClient, pod: str, held: int, ctl_dir: Path) -> str:
+async def start_probe(
+    client: CriClient, pod: str, held: int, ctl_dir: Path, script: str = ""
+) -> str:
     """A running container of `pod` whose CUDA client (cuda_probe.c, on the
     fake driver under the preloaded interposer) checks its quota, holds
-    `held` bytes until `ctl_dir`/release exists, then sleeps."""
+    `held` bytes until `ctl_dir`/release exists, then sleeps; `script`: the
+    container's shell script instead."""
+    script = script or f"/gs/cuda_probe {held} /gs-ctl/release; exec sleep 3600"
     config = cri.ContainerConfig(
         metadata=cri.ContainerMetadata(name="main"),
         image=cri.ImageSpec(image=BUSYBOX_IMAGE),
-        command=["sh", "-c", f"/gs/cuda_probe {held} /gs-ctl/release; exec sleep 3600"],
+        command=["sh", "-c", script],
         envs=[
             cri.KeyValue(key="LD_LIBRARY_PATH", value="/gs-fake"),
             cri.KeyValue(key="FAKECUDA_MEMORY", value=str(16 * GiB)),
@@ -285,10 +289,10 @@ async def start_probe(client: CriClient, pod: str, held: int, ctl_dir: Path) -> 
     return resp.container_id
 
 
-async def probe_lines(client: CriClient, cid: str, upto: str) -> list[str]:
-    """The probe's output, once it has printed `upto`."""
+async def probe_lines(client: CriClient, cid: str, upto: str, times: int = 1) -> list[str]:
+    """The probe's output, once it has printed `upto` (`times` times)."""
     deadline = time.monotonic() + SLOW
-    while upto not in (got := await client.read_logs(cid)):
+    while (got := await client.read_logs(cid)).count(upto) < times:
         assert time.monotonic() < deadline, f"probe printed only {got}"
         await asyncio.sleep(0.2)
     return got
@@ -544,13 +548,21 @@ def resize(plugin: PluginProcess, *args: str) -> subprocess.CompletedProcess[str
 async def test_a_running_pod_is_resized_live_and_a_restart_keeps_it(bed, plugins, plugin, client):
     """A pod with gpu-memory 1Gi whose CUDA client holds 768Mi: `nri-gpushare
     resize` raises it to 2Gi and 40% compute in the module (memsize, weight)
-    while the client runs; status shows it; a shrink below what the client
-    holds is refused with the amount and changes nothing; a restarted plugin
-    keeps 2Gi (its records), and the module still holds it."""
+    while the client runs; status and gpushare-smi show it; a second client
+    started then in the same running container sees 2Gi and holds 1Gi more
+    (1792Mi in all, past the 1Gi it was created with); a shrink below what
+    the two hold is refused with the amount and changes nothing; a restarted
+    plugin keeps 2Gi (its records), and the module still holds it."""
     ctl_dir, release = probe_control("resize-ctl")
-    held = 768 << 20
+    (ctl_dir / "go").unlink(missing_ok=True)
+    held, more = 768 << 20, GiB
+    script = (
+        f"/gs/cuda_probe {held} /gs-ctl/release & "
+        "while [ ! -e /gs-ctl/go ]; do sleep 0.2; done; "
+        f"/gs/cuda_probe {more} /gs-ctl/release; wait; exec sleep 3600"
+    )
     pod = await client.run_pod("resize", annotations={P + "gpu-memory": "1Gi"})
-    cid = await start_probe(client, pod, held, ctl_dir)
+    cid = await start_probe(client, pod, held, ctl_dir, script)
     assert (await probe_lines(client, cid, "held"))[3] == f"hold {held} 0"
     files = ROOT / "0" / cid
     assert (value(files / "memsize"), value(files / "weight")) == (GiB, 0)
@@ -578,9 +590,20 @@ async def test_a_running_pod_is_resized_live_and_a_restart_keeps_it(bed, plugins
     [shown] = json.loads(smi.stdout)["containers"][0]["gpus"]
     assert (shown["memory_quota"], shown["memory_used"]) == (2 * GiB, held), shown
 
-    shrunk = resize(plugin, cid[:12], "--memory", "512Mi")
+    (ctl_dir / "go").touch()  # the second client, in the container as it runs
+    second = (await probe_lines(client, cid, "held", times=2))[5:10]
+    assert second == [
+        f"info {2 * GiB} {2 * GiB - held} 0",
+        f"devtotal {2 * GiB} 0",
+        f"over {2 * GiB + 1} 2",  # CUDA_ERROR_OUT_OF_MEMORY past the new quota
+        f"hold {more} 0",
+        "held",
+    ], second
+    assert value(files / "memused") == held + more
+
+    shrunk = resize(plugin, cid[:12], "--memory", "1Gi")
     assert shrunk.returncode == 1
-    assert "its processes hold 768Mi on GPU 0; it cannot shrink below that (asked 512Mi)" in (
+    assert "its processes hold 1792Mi on GPU 0; it cannot shrink below that (asked 1024Mi)" in (
         shrunk.stderr
     ), shrunk.stderr
     assert (value(files / "memsize"), value(files / "weight")) == (2 * GiB, 40)
@@ -599,7 +622,7 @@ async def test_a_running_pod_is_resized_live_and_a_restart_keeps_it(bed, plugins
     assert {"interposer", "kernel-ledger"} <= set(alloc["guards"]), alloc
 
     release.touch()
-    await probe_lines(client, cid, "freed 0")
+    await probe_lines(client, cid, "freed 0", times=2)
     await client.stop_pod(pod)
     assert registered() == [] and refcount() == 0
     await client.remove_pod(pod)
