@@ -84,3 +84,25 @@ def test_an_unknown_container_or_an_absent_module(tree):
     (tree / "inst_ctl").unlink()
     with pytest.raises(Exception, match="not loaded"):
         ProcfsKernelModule(tree).update_quota("c2", GpuQuota(0, 1 << 30, 0, False))
+
+
+async def test_the_daemon_changes_quotas_on_the_module_worker_like_its_other_requests():
+    from nri_gpushare.config import Config
+    from nri_gpushare.daemon.kmod_resize import ResizableKernelModule
+    from nri_gpushare.daemon.main import kmod_worker
+    from nri_gpushare.share.kernel import GpuDeclaration, Registration
+    from tests.fakes import FakeKernelModule
+
+    assert isinstance(kmod_worker(Config()), ResizableKernelModule)
+    fake = FakeKernelModule()
+    kmod = ResizableKernelModule(fake)
+    try:
+        await kmod.declare_gpus([GpuDeclaration(0, 8 << 30)])
+        await kmod.register(Registration("c1", (GpuQuota(0, 1 << 30, 10),)))
+        await kmod.update_quota("c1", GpuQuota(0, 2 << 30, 20, True))
+        assert fake.regs["c1"].quotas == (GpuQuota(0, 2 << 30, 20, True),)
+        fake.held["c1", 0] = 3 << 29
+        with pytest.raises(MemoryHeld):
+            await kmod.update_quota("c1", GpuQuota(0, 1 << 30, 20, True))
+    finally:
+        kmod.close()
