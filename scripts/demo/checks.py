@@ -11,7 +11,7 @@ CUDA_SUCCESS = 0
 CUDA_ERROR_OUT_OF_MEMORY = 2
 TOLERANCE = 3.0
 """Points a measured share may be off its target."""
-BUSY_MARGIN = 2.0
+BUSY_MARGIN = 3.0
 """Points the simulated GPU may be idle below what the loads ask for before
 the host counts as too loaded to measure (the qemu guest, where processes
 wake slowly between the module's slices, allows more)."""
@@ -36,12 +36,15 @@ class Pod:
 
 @dataclass(frozen=True)
 class Window:
-    """One measured window: seconds, and the percent of the simulated GPU's
-    time each container got (by container ID) and all processes together."""
+    """One measured window: seconds, the percent of the simulated GPU's time
+    each container got (by container ID) and all processes together, and
+    the most any load's threads waited for a CPU (percent of the window,
+    summed over its threads; None: not known)."""
 
     seconds: float
     shares: dict[str, float]
     total: float
+    cpu_wait: float | None = None
 
 
 def check_quota(lines: Sequence[str], quota: int) -> None:
@@ -111,27 +114,31 @@ def measured(
     margin: float = BUSY_MARGIN,
     between: Callable[[], None] = lambda: None,
 ) -> tuple[Window, int]:
-    """Measure windows until the simulated GPU was busy enough for the
-    shares to count (at most `tries`); the window and how many were taken
-    (check_shares then checks it).  A host too loaded to keep the GPU busy
-    every time fails with that reason, never passes.  `between` runs before
-    each new try (the loads' feedback settles again after a starved window)."""
+    """Measure windows until the simulated GPU was busy for what the loads
+    ask (at most `tries`); the window and how many were taken (check_shares
+    then checks it).  A GPU idle every time fails, never passes: the host was
+    too loaded to run the loads, or they fell short by themselves (how long
+    they waited for a CPU and their last shares tell which).  `between` runs
+    before each new try (the loads' feedback settles after a starved window)."""
     need = busy_needed(pods, margin)
-    totals = []
+    seen = []
     for attempt in range(1, tries + 1):
         if attempt > 1:
             between()
         window = measure()
         if window.total >= need:
             return window, attempt
-        totals.append(f"{window.total:.1f}%")
+        waited = "" if window.cpu_wait is None else f", its loads waiting {window.cpu_wait:.1f}%"
+        seen.append(f"{window.total:.1f}%{waited}")
         print(
             f"    the simulated GPU was busy {window.total:.1f}% of the window (at least "
-            f"{need:g}% needed): the host is too loaded to keep it busy"
+            f"{need:g}% needed){waited} for a CPU: not busy enough to measure shares"
             + ("; measuring again" if attempt < tries else ""),
             flush=True,
         )
+    last = ", ".join(f"{p.name} {window.shares.get(p.container_id, 0.0):.1f}%" for p in pods)
     raise DemoFailed(
-        f"compute shares not measured: the host was too loaded to keep the simulated GPU "
-        f"busy in {tries} windows (busy {', '.join(totals)}; at least {need:g}% needed)"
+        f"compute shares not measured: the simulated GPU was idle too much in {tries} windows "
+        f"(busy {'; '.join(seen)}; at least {need:g}% needed): the host is too loaded to keep "
+        f"it busy, or the loads fell short of their shares (last window: {last})"
     )

@@ -208,9 +208,14 @@ def share_table(
         for r in rows
     ]
     lines.insert(1, "    " + "-" * (sum(widths) + 6 + max(len(r[3]) for r in rows)))
+    waited = (
+        ""
+        if window.cpu_wait is None
+        else f"; the loads waited {window.cpu_wait:.1f}% of it for a CPU"
+    )
     lines.append(
         f"    GPU {COMPUTE_GPU} busy {window.total:.1f}% of the {window.seconds:.1f} s window "
-        f"(window {tries}), measured from the simulated GPU's own record of each process"
+        f"(window {tries}{waited}), measured from the simulated GPU's own record of each process"
     )
     for p in pods:
         if p.container_id in charged and p.container_id in before:

@@ -52,9 +52,32 @@ def owner(pid: int, container_ids: Collection[str], proc: Path = Path("/proc")) 
     return next((cid for cid in container_ids if cid in last), None)
 
 
-def window_of(s0: Snapshot, s1: Snapshot, device: int, owners: dict[int, str | None]) -> Window:
+def cpu_wait_ns(pid: int, proc: Path = Path("/proc")) -> int:
+    """The time process `pid`'s threads have waited runnable for a CPU, in
+    all (the second field of each /proc/PID/task/TID/schedstat); 0 when it
+    cannot be read."""
+    total = 0
+    try:
+        for task in (proc / str(pid) / "task").iterdir():
+            try:
+                total += int((task / "schedstat").read_text().split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    except OSError:
+        return 0
+    return total
+
+
+def window_of(
+    s0: Snapshot,
+    s1: Snapshot,
+    device: int,
+    owners: dict[int, str | None],
+    waited_ns: dict[int, int] | None = None,
+) -> Window:
     """Each container's share of `device`'s time between two snapshots, and
-    every process's together (percent)."""
+    every process's together (percent); `waited_ns`: how long each load's
+    threads waited for a CPU meanwhile (the window keeps the most)."""
     span = s1.now_ns - s0.now_ns
     shares: dict[str, float] = {}
     total = 0.0
@@ -67,7 +90,10 @@ def window_of(s0: Snapshot, s1: Snapshot, device: int, owners: dict[int, str | N
         cid = owners.get(pid)
         if cid is not None:
             shares[cid] = shares.get(cid, 0.0) + pct
-    return Window(span / 1e9, {k: round(v, 1) for k, v in shares.items()}, round(total, 1))
+    wait = None
+    if waited_ns:
+        wait = round(100.0 * max(waited_ns.values()) / span, 1)
+    return Window(span / 1e9, {k: round(v, 1) for k, v in shares.items()}, round(total, 1), wait)
 
 
 class SimulatedGpu:
@@ -88,7 +114,10 @@ class SimulatedGpu:
     def window(self, device: int, seconds: float, container_ids: Collection[str]) -> Window:
         """Measure `seconds` of `device`'s time, shared out by container."""
         s0 = self.snapshot()
+        loads = [pid for pid, _ in s0.procs if owner(pid, container_ids) is not None]
+        waits = {pid: cpu_wait_ns(pid) for pid in loads}
         time.sleep(seconds)
         s1 = self.snapshot()
+        waited = {pid: cpu_wait_ns(pid) - before for pid, before in waits.items()}
         owners = {pid: owner(pid, container_ids) for pid, _ in s1.procs}
-        return window_of(s0, s1, device, owners)
+        return window_of(s0, s1, device, owners, waited)

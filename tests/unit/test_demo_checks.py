@@ -15,14 +15,14 @@ from scripts.demo.checks import (
     check_shares,
     measured,
 )
-from scripts.demo.measure import parse_snapshot, window_of
+from scripts.demo.measure import cpu_wait_ns, parse_snapshot, window_of
 
 GiB = 1 << 30
 PAIR = [Pod("core-30", "a", 30), Pod("core-60", "b", 60)]
 
 
-def window(a: float, b: float, total: float | None = None) -> Window:
-    return Window(4.0, {"a": a, "b": b}, a + b if total is None else total)
+def window(a: float, b: float, total: float | None = None, wait: float | None = 3.0) -> Window:
+    return Window(4.0, {"a": a, "b": b}, a + b if total is None else total, wait)
 
 
 def test_shares_within_three_points_pass():
@@ -49,8 +49,8 @@ def test_a_pod_that_never_ran_fails():
 
 
 def test_the_busy_bar_is_what_the_loads_ask_for():
-    assert busy_needed(PAIR) == 88.0
-    assert busy_needed([*PAIR, Pod("no-core", "c", None)]) == 98.0
+    assert busy_needed(PAIR) == 87.0
+    assert busy_needed([*PAIR, Pod("no-core", "c", None)]) == 97.0
 
 
 def test_a_loaded_host_is_measured_again_then_passes():
@@ -67,8 +67,11 @@ def test_a_host_loaded_every_time_fails_with_that_reason():
         calls.append(1)
         return window(20.0, 40.0)
 
-    with pytest.raises(DemoFailed, match=r"too loaded .* in 3 windows \(busy 60\.0%, 60\.0%"):
+    with pytest.raises(
+        DemoFailed, match=r"in 3 windows \(busy 60\.0%, its loads waiting 3\.0%; "
+    ) as e:
         measured(PAIR, loaded)
+    assert "too loaded" in str(e.value) and "core-30 20.0%, core-60 40.0%" in str(e.value)
     assert len(calls) == 3
 
 
@@ -118,3 +121,13 @@ def test_shares_come_from_the_simulated_gpus_executed_time():
     assert w.seconds == 4.0 and w.shares == {"a": 30.0, "b": 60.0} and w.total == 95.0
     with pytest.raises(ValueError):
         parse_snapshot("garbage")
+    waited = window_of(s0, s1, 1, {10: "a"}, {10: 40_000_000, 11: 80_000_000})
+    assert waited.cpu_wait == 2.0  # the most any load waited: 80 ms of 4 s
+
+
+def test_cpu_wait_sums_the_threads_runnable_time(tmp_path):
+    for tid, line in ((7, "100 300 5\n"), (8, "1 200 2\n"), (9, "garbled\n")):
+        (tmp_path / "7" / "task" / str(tid)).mkdir(parents=True)
+        (tmp_path / "7" / "task" / str(tid) / "schedstat").write_text(line)
+    assert cpu_wait_ns(7, tmp_path) == 500
+    assert cpu_wait_ns(8, tmp_path) == 0
