@@ -291,3 +291,16 @@ def test_a_refused_resize_leaves_the_records_as_they_were():
     refused(svc, "c1", memory="99Gi")
     refused(svc, "c1", memory="nan")
     assert store.load() == text
+
+
+def test_a_reference_cannot_forge_fields_of_the_decision_line(caplog):
+    import logging
+
+    svc, _ = service(gpus=1)
+    create(svc, "c1", gpu_memory="1Gi")
+    ref = 'x reason=forbidden container=c1 decision=resized "'
+    with caplog.at_level(logging.INFO, logger="nri_gpushare.decisions"):
+        refused(svc, ref, memory="2Gi")
+    [line] = [r.getMessage() for r in caplog.records]
+    assert line.startswith('decision=refused container="x reason=forbidden container=c1 ')
+    assert line.count(" reason=invalid_request ") == 1 and "operation=resize" in line
