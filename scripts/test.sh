@@ -17,7 +17,9 @@
 #      fails when other work takes the CPUs it waits for):
 #      the interposer's pytest files (libgpushare/tests: GPU-time shares on
 #      the fake driver; two files at a time, as each uses a tenth of a core),
-#      then the module's in-guest suite (tests/guest/test_kmod.py) whole on
+#      then `make demo`'s code (python -m scripts.demo: pods on containerd
+#      1.7.24 held to a quota and to measured compute shares; it fails when
+#      one does not hold), then the module's in-guest suite (tests/guest/test_kmod.py) whole on
 #      6.1, and its GPU-time share files (kmod_guest_sched*, and the live
 #      resize's) on 6.12, the sched* files on 7.2;
 #   3. four lanes at once, each printed whole when it ends:
@@ -30,9 +32,7 @@
 #               with pytest-xdist, each test file on one worker (a file's
 #               tests share its containerd);
 #      containerd2  the CRI suite's core again on containerd 2.1.9
-#               (GPUSHARE_CONTAINERD=2), then the Debian 13 installer test,
-#               then `make demo`'s code (python -m scripts.demo: it fails
-#               when a quota or a measured share does not hold).
+#               (GPUSHARE_CONTAINERD=2), then the Debian 13 installer test.
 #   The -m expressions of the guest and host lanes are each other's
 #   complement, and step 2's files are left out of them: no test on 6.1 and
 #   containerd 1.7 is run twice or left out.
@@ -135,7 +135,7 @@ in_turn() {
 	return $rc
 }
 
-lane interposer "${pytest[@]}" -n 2 --dist loadfile libgpushare/tests
+lane interposer in_turn "${pytest[@]}" -n 2 --dist loadfile libgpushare/tests ';' "$py" -m scripts.demo
 finish
 # On quiet cores: the module's whole suite on 6.1, its GPU-time share files
 # on 6.12 and 7.2.
@@ -149,7 +149,7 @@ lane host "${pytest[@]}" -m 'not guest or containerd' -n "${GPUSHARE_TEST_WORKER
 # The 2.1.9 core ends first (by ten minutes in a trial): the Debian 13
 # installer follows it here rather than waiting for a host worker.
 lane containerd2 in_turn env GPUSHARE_CONTAINERD=2 "${pytest[@]}" -n 2 --dist loadfile \
-	"${core2[@]}" ';' "${pytest[@]}" "$trixie" ';' "$py" -m scripts.demo
+	"${core2[@]}" ';' "${pytest[@]}" "$trixie"
 finish
 
 rm -rf "$logs"
