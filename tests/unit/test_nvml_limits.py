@@ -2,6 +2,7 @@
 the real nvidia-ml-py structures), and the share service setting and
 clearing them over a container's life."""
 
+import asyncio
 import threading
 
 import pynvml
@@ -51,6 +52,7 @@ class FakeNvml:
         self.limits: dict[tuple[str, str], tuple[int, int]] = {}
         self.calls: list[str] = []
         self.block: threading.Event | None = None
+        self.entered = threading.Event()  # a call reached `block`
         self.shutdowns = 0
 
     def nvmlInit(self):
@@ -77,6 +79,7 @@ class FakeNvml:
 
     def nvmlDeviceSetMemoryLimits_v1(self, handle, limits):
         if self.block is not None:
+            self.entered.set()
             self.block.wait(10)
         self._answer(handle)
         key = (handle["uuid"], str(limits.nameSpace))
@@ -209,11 +212,16 @@ async def test_a_cgroup_without_the_memory_controller_is_explained(tmp_path):
 async def test_a_hung_driver_costs_one_timeout(tmp_path):
     (tmp_path / "k8s.io/c1").mkdir(parents=True)
     nvml = FakeNvml()
-    limits = started(nvml, tmp_path, timeout=0.05)
+    timeout = 0.3  # the worker thread must start the call within it, even under load
+    limits = started(nvml, tmp_path, timeout=timeout)
     nvml.block = threading.Event()
     try:
         with pytest.raises(LimitError, match="did not answer"):
             await limits.set_limit(0, "/k8s.io/c1", GiB)
+        # The worker is stuck once its call has run longer than the timeout
+        # (under load the thread can start it late: wait for that, not a clock).
+        assert await asyncio.to_thread(nvml.entered.wait, 10)
+        await asyncio.sleep(timeout)
         with pytest.raises(LimitError, match="has not answered"):
             await limits.set_limit(1, "/k8s.io/c1", GiB)
     finally:
