@@ -236,7 +236,7 @@ class Lifecycle:
         table.unserved.pop(container_id, None)
         table.local.pop(container_id, None)
         if alloc is not None:
-            table.ledger.remove(alloc)
+            table.unbook(alloc)
             table.decisions.released(alloc, why)
             table.journal.or_log(lambda: table.journal.append(records.removed(container_id)))
         await table.link.release(container_id)

@@ -105,45 +105,51 @@ class Resizer:
                 "conflict",
             )
         new = _keeping_annotation(old, new)
-        self._place(old, new)  # the ledger now holds `new`: so must the table
-        table.allocations[cid] = new
+        # Until the module says yes the table keeps `old` (what a compaction
+        # records) and the ledger books the larger of the two, so nothing
+        # placed meanwhile takes room a refusal would need back.
         generation = table.generation
+        table.booked[cid] = (generation, self._place(old, new))
         table.resizing.add(cid)
         try:
             registered = cid in table.link.registered and await table.link.ready()
             off = table.link.mode == "off"
             check_live(old, registered, "is off (kmod: off)" if off else table.link.problem)
             await self._apply(old, new)
-        except ShareRefused:
-            if self._gone(new, generation):
+        except BaseException as e:
+            self._book(old, generation)
+            if isinstance(e, ShareRefused) and self._gone(old, generation):
                 raise self._gone_refusal(old) from None
-            self._put_back(old, new, generation)
-            raise
-        except BaseException:
-            self._put_back(old, new, generation)
             raise
         finally:
             table.resizing.discard(cid)
-        if self._gone(new, generation):
+        if self._gone(old, generation):
+            table.booked.pop(cid, None)
             raise self._gone_refusal(old)
+        table.allocations[cid] = new  # before the append: a compaction records it
         try:
             table.journal.append(records.resized(new))
         except OSError as e:
+            table.allocations[cid] = old
             await self._unapply(old, new, list(range(len(new.shares))))
-            self._put_back(old, new, generation)
+            self._book(old, generation)
             raise ShareRefused(
                 f"gpushare: cannot resize {who(old)}: the change cannot be recorded ({e}); "
                 f"it was undone; the node's state directory needs attention",
                 "state",
             ) from None
+        self._book(new, generation)
+        table.decisions.resized(old, new)
         if (applied := table.limits.applied.get(cid)) is not None:
             await table.limits.apply(new, applied.cgroups_path, who(new))
-        table.decisions.resized(old, new)
+            if self._gone(new, generation):  # released meanwhile: no limits left behind
+                await table.limits.clear(cid)
         return new, True
 
-    def _place(self, old: Allocation, new: Allocation) -> None:
-        """Swap `old` for `new` in the ledger, or raise ShareRefused
-        ("capacity") naming each GPU without room (the ledger unchanged)."""
+    def _place(self, old: Allocation, new: Allocation) -> Allocation:
+        """Book the larger of `old` and `new` per GPU in place of `old` and
+        return that booking, or raise ShareRefused ("capacity") naming each
+        GPU without room (the ledger unchanged)."""
         ledger = self.table.ledger
         ledger.remove(old)
         problems = []
@@ -180,12 +186,25 @@ class Resizer:
                 + " (a share keeps its GPUs; nothing was changed)",
                 "capacity",
             )
-        ledger.add(new)
+        booking = _larger(old, new)
+        ledger.add(booking)
+        return booking
 
-    def _gone(self, new: Allocation, generation: int) -> bool:
+    def _book(self, alloc: Allocation, generation: int) -> None:
+        """The ledger books `alloc` in place of the resize's booking, when the
+        container still holds its share in this generation of the table."""
+        table = self.table
+        booked = table.booked.pop(alloc.container_id, None)
+        if booked is not None and booked[0] == generation == table.generation:
+            table.ledger.remove(booked[1])
+            table.ledger.add(alloc)
+
+    def _gone(self, alloc: Allocation, generation: int) -> bool:
         """Whether the container was released, or the table rebuilt, meanwhile."""
         table = self.table
-        return generation != table.generation or table.allocations.get(new.container_id) is not new
+        return (
+            generation != table.generation or table.allocations.get(alloc.container_id) is not alloc
+        )
 
     def _gone_refusal(self, old: Allocation) -> ShareRefused:
         return ShareRefused(
@@ -193,14 +212,6 @@ class Resizer:
             f"kernel module changed it; see 'nri-gpushare status'",
             "conflict",
         )
-
-    def _put_back(self, old: Allocation, new: Allocation, generation: int) -> None:
-        """Undo `_place` when the resize does not happen (the books only)."""
-        table = self.table
-        if generation == table.generation and table.allocations.get(old.container_id) is new:
-            table.ledger.remove(new)
-            table.ledger.add(old)
-            table.allocations[old.container_id] = old
 
     async def _apply(self, old: Allocation, new: Allocation) -> None:
         """The new quotas in the module, GPU by GPU; on a refusal the GPUs
@@ -262,6 +273,20 @@ class Resizer:
             f"was changed",
             "kmod",
         )
+
+
+def _larger(old: Allocation, new: Allocation) -> Allocation:
+    """Per GPU the larger memory and compute of the two, high when either is."""
+    shares = tuple(
+        dataclasses.replace(
+            a,
+            memory_bytes=max(a.memory_bytes, b.memory_bytes),
+            core_percent=max(a.core_percent, b.core_percent),
+        )
+        for a, b in zip(old.shares, new.shares, strict=True)
+    )
+    priority = "high" if old.high_priority or new.high_priority else old.priority
+    return dataclasses.replace(old, shares=shares, priority=priority)
 
 
 def _memory_on(alloc: Allocation, gpu: int) -> int:

@@ -61,7 +61,10 @@ class ShareTable:
         self.local: dict[str, LocalState] = {}  # container ID -> state, local allocations
         self.pod_containers: dict[str, set[str]] = {}  # pod UID -> container names seen
         self.creating: set[str] = set()  # waiting for the module
-        self.resizing: set[str] = set()  # a resize waiting for the module
+        self.resizing: set[str] = set()  # a resize waiting for the module (or unsettled)
+        # While a resize waits for the module, the ledger books the larger of
+        # the old and new share: container ID -> (generation, that booking).
+        self.booked: dict[str, tuple[int, Allocation]] = {}
         self.generation = 0  # bumped when synchronize replaces the table
 
     @property
@@ -73,6 +76,12 @@ class ShareTable:
     def registered(self) -> set[str]:
         """Container IDs registered with the kernel module."""
         return self.link.registered
+
+    def unbook(self, alloc: Allocation) -> None:
+        """Take `alloc`'s container out of the ledger: what a resize booked
+        for it, if any (of this generation of the table), else `alloc`."""
+        generation, booked = self.booked.pop(alloc.container_id, (self.generation, alloc))
+        self.ledger.remove(booked if generation == self.generation else alloc)
 
     def holds(self, container_id: str) -> bool:
         """Whether the ID holds a share or is being placed."""
