@@ -91,11 +91,14 @@ def _scheduler(gpu: dict[str, Any]) -> str:
 
 
 def _owner(alloc: dict[str, Any]) -> str:
-    """The pod, or for a container started by hand how it asked and its name."""
+    """The pod, or for a container started by hand how it asked and its name
+    (its creator's text: escaped, so no escape sequence reaches the terminal)."""
+    from nri_gpushare.units import quote
+
     origin = alloc.get("origin", "nri")
     if origin == "nri":
-        return str(alloc["pod"] or "-")
-    return f"{origin} {alloc['name']}"
+        return quote(str(alloc["pod"] or "-"))
+    return f"{quote(str(origin))} {quote(str(alloc['name']))}"
 
 
 def _print_guards(status: dict[str, Any]) -> None:
@@ -126,7 +129,7 @@ def _print_guards(status: dict[str, Any]) -> None:
 
 
 def _print_status(status: dict[str, Any]) -> None:
-    from nri_gpushare.units import format_bytes
+    from nri_gpushare.units import format_bytes, quote
 
     kmod = status["kmod"]
     enforced = "loaded" if kmod["loaded"] else f"{kmod['problem']}: isolation not enforced"
@@ -177,8 +180,8 @@ def _print_status(status: dict[str, Any]) -> None:
             print(f"  {alloc['container_id'][:13]}: used {why}")
     for entry in status.get("unserved", []):
         print(
-            f"UNSERVED {entry['container_id'][:13]} {entry['pod'] or entry['name']}: asked for "
-            f"{entry['asked']}, runs without a share ({entry['action']})"
+            f"UNSERVED {entry['container_id'][:13]} {quote(entry['pod'] or entry['name'])}: "
+            f"asked for {entry['asked']}, runs without a share ({entry['action']})"
         )
 
 

@@ -69,16 +69,17 @@ def resize(args: argparse.Namespace) -> int:
 
 
 def describe(resized: dict[str, Any]) -> str:
-    """'resized container main (pod ns/p): GPU 0 2048Mi 30%, priority normal'."""
-    from nri_gpushare.units import format_bytes
+    """'resized container main (pod ns/p): GPU 0 2048Mi 30%, priority normal'.
+    Names are their creators' text: escaped, so none reaches the terminal raw."""
+    from nri_gpushare.units import format_bytes, quote
 
-    who = f"container {resized.get('name') or resized.get('container_id')}"
+    who = f"container {quote(str(resized.get('name') or resized.get('container_id')))}"
     if resized.get("pod"):
-        who += f" (pod {resized['pod']})"
+        who += f" (pod {quote(str(resized['pod']))})"
     gpus = ", ".join(
         f"GPU {g.get('index')} {format_bytes(int(g.get('memory', 0)))}"
         + (f" {g['core']}%" if g.get("core") else "")
         for g in resized.get("gpus", [])
     )
     verb = "resized" if resized.get("changed") else "unchanged (already so)"
-    return f"{verb} {who}: {gpus}, priority {resized.get('priority')}"
+    return f"{verb} {who}: {gpus}, priority {quote(str(resized.get('priority')))}"

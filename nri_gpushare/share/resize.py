@@ -2,7 +2,7 @@
 
 The operation, in order, each step refusing with nothing changed:
 
-1. find the container (its ID, a unique prefix of it, or its name);
+1. find the container (its ID, else a name or ID prefix naming one container);
 2. the new values, checked like a new request's (`resize_ask`);
 3. refused for a share the kubelet accounted (memory or compute from the
    pod's resources.limits);
@@ -69,14 +69,15 @@ class Resizer:
             raise
 
     def find(self, ref: str) -> Allocation:
-        """The allocation `ref` names: a container ID, a unique prefix of one,
-        or a unique name ("name" or "namespace/pod/name")."""
+        """The allocation `ref` names: a container ID, else a unique name
+        ("name" or "namespace/pod/name") or ID prefix; refused when the names
+        and prefixes it matches are more than one container."""
         allocations = self.table.allocations
         if (exact := allocations.get(ref)) is not None:
             return exact
-        found = [a for cid, a in allocations.items() if ref and cid.startswith(ref)]
-        if not found:
-            found = [a for a in allocations.values() if ref in (a.name, f"{a.pod}/{a.name}")]
+        named = [a for a in allocations.values() if ref in (a.name, f"{a.pod}/{a.name}")]
+        prefixed = [a for cid, a in allocations.items() if ref and cid.startswith(ref)]
+        found = list({a.container_id: a for a in named + prefixed}.values())
         if len(found) == 1:
             return found[0]
         if not found:
@@ -85,10 +86,10 @@ class Resizer:
                 f"this node has that ID, ID prefix or name ('nri-gpushare status' lists them)",
                 "invalid",
             )
-        listed = ", ".join(sorted(a.container_id[:13] for a in found)[:8])
+        listed = ", ".join(sorted(f"{a.container_id[:13]} '{quote(a.name)}'" for a in found)[:8])
         raise ShareRefused(
             f"gpushare: cannot resize '{quote(ref)}': it names {len(found)} containers "
-            f"({listed}); give more of the container ID",
+            f"by name or ID prefix ({listed}); give more of the container ID",
             "invalid",
         )
 

@@ -113,7 +113,7 @@ def test_the_container_is_found_by_id_prefix_or_name_and_a_vague_one_is_refused(
     create(svc, "abc222", gpu_memory="1Gi")
     assert resize(svc, "abc1", memory="2Gi")[0].container_id == "abc111"
     e = refused(svc, "abc", memory="2Gi")
-    assert "names 2 containers (abc111, abc222)" in str(e)
+    assert "names 2 containers by name or ID prefix (abc111 'main', abc222 'main')" in str(e)
     assert "no container holding a share" in str(refused(svc, "zzz", memory="2Gi"))
     svc2, _ = service()
     create(svc2, "x1", gpu_memory="1Gi")
