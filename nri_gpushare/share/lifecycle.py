@@ -221,10 +221,12 @@ class Lifecycle:
         table = self.table
         await table.link.bind(c)
         alloc = table.allocations.get(c.id)
-        if alloc is not None:
+        while alloc is not None:
             await table.limits.apply(alloc, c.cgroups_path, c.describe())
-            if table.allocations.get(c.id) is not alloc:  # released meanwhile
+            now = table.allocations.get(c.id)
+            if now is None:  # released meanwhile
                 await table.limits.clear(c.id)
+            alloc = None if now is alloc else now  # resized meanwhile: its new limits
 
     async def release(self, container_id: str, why: str = "released") -> bool:
         """Unregister and free the container's shares (Stop and Remove); idempotent.

@@ -143,7 +143,7 @@ class Resizer:
         table.decisions.resized(old, new)
         if (applied := table.limits.applied.get(cid)) is not None:
             await table.limits.apply(new, applied.cgroups_path, who(new))
-            if self._gone(new, generation):  # released meanwhile: no limits left behind
+            if cid not in table.allocations:  # released meanwhile: no limits left behind
                 await table.limits.clear(cid)
         return new, True
 
