@@ -318,8 +318,9 @@ class KernelLink:
         cgroups: Mapping[str, str],
     ) -> None:
         """Make the module hold exactly the live `allocations` (after `forget`):
-        registrations without a live share are removed, differing ones replaced,
-        lost ones registered again and bound to `cgroups` (container ID -> path)."""
+        registrations without a live share are removed, differing ones written
+        in place (`keep`), lost ones registered again and bound to `cgroups`
+        (container ID -> path)."""
         if module is None:
             # Whether the module holds them is unknown (it did not answer, or is
             # not loaded): each release still unregisters, so none is left behind.
@@ -333,14 +334,45 @@ class KernelLink:
             if alloc is None or alloc.isolation == "none":
                 log.info("container %s: gone; removing its kernel-module registration", cid)
                 await self.unregister(cid)
-            elif not registered_as(alloc, reg):
-                log.warning("container %s: module registration differs; registering again", cid)
-                await self.unregister(cid)
             else:
-                self.registered.add(cid)
+                await self.keep(alloc, reg)
         for cid, alloc in allocations.items():
             if alloc.isolation != "none" and cid not in self.registered:
                 await self._reregister(alloc, cgroups.get(cid, ""))
+
+    async def keep(self, alloc: Allocation, registration: Registration) -> bool:
+        """A live share the module holds as `registration`: True when it stays
+        registered, its quotas written in place where they differ (never
+        unregistered: its processes' reservations would be orphaned); False
+        when the registration names other GPUs, or vanished, and was removed
+        (to be registered again)."""
+        cid = alloc.container_id
+        held = {q.gpu_index: q for q in registration.quotas}
+        wanted = quotas(alloc)
+        if sorted(held) != sorted(q.gpu_index for q in wanted):
+            log.warning("container %s: registered on other GPUs; registering again", cid)
+            await self.unregister(cid)
+            return False
+        assert self.kmod is not None
+        for q in wanted:
+            if held[q.gpu_index] == q:
+                continue
+            log.warning("container %s: module quota on GPU %d differs; written", cid, q.gpu_index)
+            try:
+                await self.kmod.update_quota(cid, q)
+            except NotRegistered:
+                return False
+            except KmodError as e:
+                log.error(
+                    "container %s: cannot write its quota on GPU %d (%s); the module keeps %s; "
+                    "compare 'nri-gpushare status' with /proc/gpushare",
+                    cid,
+                    q.gpu_index,
+                    e,
+                    held[q.gpu_index],
+                )
+        self.registered.add(cid)
+        return True
 
     async def _reregister(self, alloc: Allocation, cgroups_path: str) -> None:
         assert self.kmod is not None

@@ -62,6 +62,7 @@ from nri_gpushare.share.model import (
     ContainerInfo,
     Gpu,
     GpuShare,
+    Priority,
 )
 from nri_gpushare.share.plan import assigned_annotation, share_json
 
@@ -283,7 +284,8 @@ def from_registration(
     c: ContainerInfo, registration: Registration, gpus: Sequence[Gpu]
 ) -> Allocation | None:
     """The allocation the module's registration describes; None when it names
-    GPUs this node does not have."""
+    GPUs this node does not have.  GPUs that disagree on high priority (a
+    priority change cut short) give "normal": resync writes it back."""
     by_index = {g.index: g for g in gpus}
     regs = registration.quotas
     if unknown := [q.gpu_index for q in regs if q.gpu_index not in by_index]:
@@ -293,8 +295,15 @@ def from_registration(
         GpuShare(q.gpu_index, by_index[q.gpu_index].uuid, q.memory_bytes, q.core_percent)
         for q in regs
     )
-    high = any(q.high_priority for q in regs)
-    return Allocation(c.id, c.name, c.pod, shares, "high" if high else "normal", "full")
+    return Allocation(c.id, c.name, c.pod, shares, _priority(registration, "normal"), "full")
+
+
+def _priority(registration: Registration, mixed: Priority) -> Priority:
+    """The registration's priority; `mixed` when its GPUs disagree."""
+    high = {q.high_priority for q in registration.quotas}
+    if len(high) != 1:
+        return mixed
+    return "high" if high == {True} else "normal"
 
 
 def recover(
@@ -342,24 +351,47 @@ def recover(
 def module_wins(
     c: ContainerInfo, record: Allocation, registration: Registration | None, gpus: Sequence[Gpu]
 ) -> Allocation:
-    """`record` checked against the module's registration of container `c`:
-    where the two differ, the registration's shares win (one naming GPUs this
-    node does not have is ignored)."""
-    if registration is None or registered_as(record, registration):
+    """`record` checked against the module's registration of container `c`.
+
+    The module is right about the numbers it holds, per GPU (memory, compute
+    weight, high priority): a resize writes the module before its journal
+    line, so a kill between the two leaves the module newer.  The record is
+    right about the rest (isolation, interposer, origin, namespace, device
+    IDs, GPU order; the compute of a share without a compute limit: 0 in the
+    module).  GPUs that disagree on high priority are a priority change cut
+    short (never answered): the recorded priority wins; resync writes it back.
+    A registration of other GPUs gives its GPUs (ignored when this node lacks
+    one); one of a share with isolation none is stale (resync removes it)."""
+    if registration is None or record.isolation == "none" or registered_as(record, registration):
         return record
     module = from_registration(c, registration, gpus)
     if module is None:
         return record
+    held = {q.gpu_index: q for q in registration.quotas}
+    full = record.isolation == "full"
+    shares = module.shares
+    if sorted(held) == sorted(s.index for s in record.shares):
+        shares = tuple(
+            dataclasses.replace(
+                s,
+                memory_bytes=held[s.index].memory_bytes,
+                core_percent=held[s.index].core_percent if full else s.core_percent,
+            )
+            for s in record.shares
+        )
+    won = dataclasses.replace(
+        record, shares=shares, priority=_priority(registration, record.priority)
+    )
     log.warning(
         "%s: the daemon's record (%s) differs from the kernel module's registration (%s); "
-        "the module's wins",
+        "the module's wins: %s",
         c.describe(),
         record.describe_shares(),
         module.describe_shares(),
+        won.describe_shares(),
     )
     given = created_with(record)
-    assigned = "" if given == assigned_annotation(module) else given
-    return dataclasses.replace(module, kubelet=record.kubelet, assigned=assigned)
+    return dataclasses.replace(won, assigned="" if given == assigned_annotation(won) else given)
 
 
 def created_with(record: Allocation) -> str:

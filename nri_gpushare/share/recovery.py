@@ -10,7 +10,6 @@ import logging
 from collections.abc import Sequence
 
 from nri_gpushare.share import records
-from nri_gpushare.share.kmod_link import registered_as
 from nri_gpushare.share.local_shares import LocalShares
 from nri_gpushare.share.model import ContainerInfo
 from nri_gpushare.share.placement import Ledger
@@ -109,16 +108,7 @@ class Recovery:
         module = await table.link.registrations()
         for cid, alloc in wanted.items():
             c = ContainerInfo(id=cid, name=alloc.name)
-            by_module = records.module_wins(c, alloc, (module or {}).get(cid), table.gpus)
-            if by_module is not alloc:  # what the module does not keep stays the record's
-                alloc = dataclasses.replace(
-                    by_module,
-                    isolation=alloc.isolation,
-                    interposer=alloc.interposer,
-                    origin=alloc.origin,
-                    namespace=alloc.namespace,
-                    assigned=alloc.assigned,
-                )
+            alloc = records.module_wins(c, alloc, (module or {}).get(cid), table.gpus)
             try:
                 for note in table.ledger.add(alloc):
                     log.warning("container %s: recovered share: %s", cid, note)
@@ -137,10 +127,8 @@ class Recovery:
         recovered = {cid: table.allocations[cid] for cid in wanted if cid in table.allocations}
         if module is not None:
             for cid, alloc in recovered.items():
-                registration = module.get(cid)
                 if alloc.isolation == "none":
                     continue
-                if registration is not None and registered_as(alloc, registration):
-                    table.link.registered.add(cid)
-                else:
+                registration = module.get(cid)
+                if registration is None or not await table.link.keep(alloc, registration):
                     await table.link.register(alloc, f"container {cid}")
