@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+import time
+import types
+from collections.abc import Generator, Sequence
 
 from nri_gpushare.share import records
+from nri_gpushare.share.kernel import KmodError, Registration
 from nri_gpushare.share.local_shares import LocalShares
 from nri_gpushare.share.model import ContainerInfo
 from nri_gpushare.share.placement import Ledger
@@ -20,6 +23,17 @@ from nri_gpushare.share.table import LocalState, ShareTable
 from nri_gpushare.share.unserved import UnservedWatch
 
 log = logging.getLogger(__name__)
+
+RESIZE_WAIT = 1.0
+"""Seconds a Synchronize waits for the resizes in flight (a resize takes
+milliseconds; containerd's Synchronize allows 5 s in all)."""
+
+
+@types.coroutine
+def _next_turn() -> Generator[None, None, None]:
+    """One turn of the event loop to the other tasks (a bare yield: what
+    asyncio.sleep(0) does, without importing the loop)."""
+    yield
 
 
 class Recovery:
@@ -38,10 +52,10 @@ class Recovery:
         they no longer fit (a smaller reserve or inventory): they exist, so
         nothing new is placed on top of them.  A bad record or container is
         logged and treated as absent: this never raises for what it reads.
-        """
+        The registry is read once no resize is being written (`_registrations`)."""
         table = self.table
         live = list({c.id: c for c in live}.values())  # one entry per container
-        module = await table.link.registrations()
+        module = await self._registrations()
         text = table.store.load()
         saved = records.decode(text, table.gpus) if text is not None else {}
         # From here to resync nothing is awaited: the table is replaced at once.
@@ -92,6 +106,30 @@ class Recovery:
         )
         dropped = {cid: saved[cid] for cid in forgotten if not saved[cid].local}
         await table.limits.resync(recovered, running, dropped)
+
+    async def _registrations(self) -> dict[str, Registration] | None:
+        """The module's registry read with no resize in flight: a multi-GPU
+        resize writes GPU by GPU, so a registry read between two writes holds
+        half of it (and the resize, seeing the table rebuilt, undoes nothing).
+        Waits at most `RESIZE_WAIT` seconds, then reads it as it is."""
+        table = self.table
+        deadline = time.monotonic() + RESIZE_WAIT
+        while True:
+            if table.resizing and time.monotonic() < deadline:
+                await _next_turn()  # the resize goes on
+                if table.resizing and table.link.kmod is not None:
+                    # The module's requests run in order: this lands after the
+                    # resize's write queued before it (a wait, not a spin).
+                    try:
+                        await table.link.kmod.loaded()
+                    except KmodError:
+                        deadline = 0.0  # not answering: the resize fails too
+                continue
+            module = await table.link.registrations()
+            if not table.resizing or time.monotonic() >= deadline:
+                if table.resizing:
+                    log.warning("synchronize: resizes still in flight after %.1f s", RESIZE_WAIT)
+                return module
 
     async def recover_local(self) -> None:
         """After a daemon restart: take back the shares asked for outside NRI
