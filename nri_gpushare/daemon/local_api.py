@@ -47,6 +47,7 @@ from nri_gpushare.share.model import (
 from nri_gpushare.share.plan import share_json
 from nri_gpushare.share.resize_ask import ResizeAsk
 from nri_gpushare.share.service import ShareService
+from nri_gpushare.units import quote
 
 log = logging.getLogger(__name__)
 
@@ -147,9 +148,10 @@ class LocalApiHandler:
             return Reply.refused(str(e), e.reason)
         except TimeoutError:
             return Reply.refused(
-                f"gpushare: resizing {r.id} took more than {ANSWER_WITHIN:g} s (the kernel "
-                f"module is slow to answer); what was changed was changed back, see "
-                f"'nri-gpushare status'",
+                f"gpushare: resizing {quote(r.id)} took more than {ANSWER_WITHIN:g} s (the "
+                f"kernel module is slow to answer); what was changed was changed back, or, "
+                f"where the module did not answer, is settled on what it holds within "
+                f"seconds; see 'nri-gpushare status'",
                 "unavailable",
             )
         return Reply(True, resized=resized_json(alloc, changed))

@@ -26,7 +26,6 @@ from nri_gpushare.daemon.adapters import (
     ReconcileOwner,
     UnservedObserver,
 )
-from nri_gpushare.daemon.kmod_resize import ResizableKernelModule
 from nri_gpushare.daemon.local_api import LocalApiHandler
 from nri_gpushare.daemon.local_server import LocalApiServer
 from nri_gpushare.daemon.metrics import MetricsServer, SnapshotCollector
@@ -41,6 +40,7 @@ from nri_gpushare.host.devices import (
     write_preload_file,
 )
 from nri_gpushare.host.driver_limits import NvmlMemoryLimits
+from nri_gpushare.host.kmod_worker import OffLoopKernelModule
 from nri_gpushare.host.meminfo import ModuleMemInfo
 from nri_gpushare.host.statefile import StateDirError, StateFile
 from nri_gpushare.host.worker import BlockingWorker
@@ -58,13 +58,13 @@ SAMPLE_EVERY = 5.0
 """Seconds between two readings of every registered container's GPU time."""
 
 
-def kmod_worker(config: Config) -> ResizableKernelModule | None:
+def kmod_worker(config: Config) -> OffLoopKernelModule | None:
     """The real kernel-module client on its worker thread; None with kmod: off."""
     if config.kmod == "off":
         return None
     from nri_gpushare.kmod.procfs import ProcfsKernelModule
 
-    return ResizableKernelModule(ProcfsKernelModule(config.kmod_root))
+    return OffLoopKernelModule(ProcfsKernelModule(config.kmod_root))
 
 
 def meminfo_reader(config: Config) -> ModuleMemInfo | None:
@@ -92,10 +92,12 @@ def gputime_reader(config: Config) -> ModuleGpuTime | None:
 async def sample_compute(service: ShareService, every: float = SAMPLE_EVERY) -> None:
     """Sample every registered container's GPU time, every `every` seconds,
     for status's compute used over the last minute (until cancelled); also
-    lands the unregistrations and binds a module upgrade held up."""
+    lands the unregistrations and binds a module upgrade held up, and
+    settles the resizes whose outcome the module left unknown."""
     while True:
         try:
             await service.link.catch_up()
+            await service.resizer.settle()
         except Exception:  # nor keep the sampling from running
             log.exception("landing what a module upgrade held up")
         try:

@@ -9,10 +9,11 @@ one `BlockingWorker` thread, awaited under a timeout.
   A file access cannot be interrupted: a running one goes on, so a caller
   treats a timed-out request as possibly done (the share domain undoes a
   registration that timed out).  One that had not started yet is dropped,
-  except unregistrations, which always run.
+  except unregistrations and quota changes, which always run (a resize's
+  change back must land after the change it undoes).
 - While one access has been running for longer than `timeout`, the module is
   stuck: new requests fail at once instead of each waiting out its timeout
-  (unregistrations are still queued), so a stuck kernel costs one
+  (unregistrations and quota changes are still queued), so a stuck kernel costs one
   CreateContainer at most one timeout, far inside containerd's 2 s.
 """
 
@@ -25,6 +26,7 @@ from typing import TypeVar
 from nri_gpushare.host.worker import BlockingWorker, WorkerStuck, WorkerTimeout
 from nri_gpushare.share.kernel import (
     GpuDeclaration,
+    GpuQuota,
     KernelModuleClient,
     KmodError,
     Registration,
@@ -72,6 +74,21 @@ class OffLoopKernelModule:
 
     async def registrations(self) -> list[Registration]:
         return await self._call(self.client.registrations, "reading gpushare.ko's registry")
+
+    async def update_quota(self, container_id: str, quota: GpuQuota) -> None:
+        await self._call(
+            lambda: self.client.update_quota(container_id, quota),
+            f"changing container {container_id}'s quota on GPU {quota.gpu_index}",
+            must_run=True,
+        )
+
+    async def upgrading(self) -> bool:
+        """Whether `nri-gpushare kmod-upgrade` has frozen the module (False
+        for a client that cannot tell)."""
+        check: Callable[[], bool] | None = getattr(self.client, "upgrading", None)
+        if check is None:
+            return False
+        return await self._call(check, "reading gpushare.ko's upgrade state")
 
     # -- the worker ---------------------------------------------------------------------
 

@@ -10,9 +10,13 @@ The operation, in order, each step refusing with nothing changed:
    GPU, never over-commit; a part that shrinks or stays always fits), and
    refused for a share the kernel module does not hold (its limits are the
    environment it started with: nothing can change live);
-5. applied to the module GPU by GPU (memsize, weight, highprio); when the
-   module refuses one GPU, those changed before it are changed back, so a
-   multi-GPU share changes on all its GPUs or none;
+5. applied to the module GPU by GPU (memsize, weight, highprio; refused while
+   an upgrade has frozen it); when the module refuses one GPU, those changed
+   before it are changed back, so a multi-GPU share changes on all its GPUs
+   or none.  While the module answers, the ledger books the larger of the old
+   and new share and the table keeps the old one.  A change back that fails
+   leaves the resize unsettled (answered "may have been applied", booked as
+   both) until `settle` reads the module again;
 6. recorded (the journal's new line: a daemon restart rebuilds the resized
    share), the driver's memory limits set again, logged as a decision.
 
@@ -27,17 +31,20 @@ import dataclasses
 import logging
 
 from nri_gpushare.share import records
-from nri_gpushare.share.kernel import (
-    KernelModule,
-    KmodError,
-    MemoryHeld,
-    OverCommitted,
-    UpgradeInProgress,
-)
-from nri_gpushare.share.kmod_link import quotas
+from nri_gpushare.share.kernel import KernelModule, KmodError
+from nri_gpushare.share.kmod_link import quotas, registered_as
 from nri_gpushare.share.model import Allocation, ShareRefused
 from nri_gpushare.share.plan import assigned_annotation
-from nri_gpushare.share.resize_ask import ResizeAsk, check_kubelet, check_live, resized, who
+from nri_gpushare.share.resize_ask import (
+    ResizeAsk,
+    check_kubelet,
+    check_live,
+    larger,
+    refusal,
+    resized,
+    unsure,
+    who,
+)
 from nri_gpushare.share.table import ShareTable
 from nri_gpushare.units import format_bytes, quote
 
@@ -47,6 +54,10 @@ log = logging.getLogger(__name__)
 class Resizer:
     def __init__(self, table: ShareTable) -> None:
         self.table = table
+        # Resizes whose change the module could not undo, until `settle`:
+        # container ID -> (generation, old, new).
+        self.unsettled: dict[str, tuple[int, Allocation, Allocation]] = {}
+        self._undo_error = ""  # the last change back the module refused
 
     async def resize(self, ref: str, ask: ResizeAsk) -> tuple[Allocation, bool]:
         """The container's share after the resize, and whether it changed.
@@ -116,14 +127,17 @@ class Resizer:
             registered = cid in table.link.registered and await table.link.ready()
             off = table.link.mode == "off"
             check_live(old, registered, "is off (kmod: off)" if off else table.link.problem)
+            await self._check_not_upgrading(old)
             await self._apply(old, new)
         except BaseException as e:
-            self._book(old, generation)
+            if cid not in self.unsettled:  # else booked as both until `settle`
+                self._book(old, generation)
             if isinstance(e, ShareRefused) and self._gone(old, generation):
                 raise self._gone_refusal(old) from None
             raise
         finally:
-            table.resizing.discard(cid)
+            if cid not in self.unsettled:
+                table.resizing.discard(cid)
         if self._gone(old, generation):
             table.booked.pop(cid, None)
             raise self._gone_refusal(old)
@@ -132,7 +146,9 @@ class Resizer:
             table.journal.append(records.resized(new))
         except OSError as e:
             table.allocations[cid] = old
-            await self._unapply(old, new, list(range(len(new.shares))))
+            if not await self._unapply(old, list(range(len(new.shares)))):
+                table.resizing.add(cid)
+                raise self._unsure(old, new, f"the change cannot be recorded: {e}") from None
             self._book(old, generation)
             raise ShareRefused(
                 f"gpushare: cannot resize {who(old)}: the change cannot be recorded ({e}); "
@@ -187,7 +203,7 @@ class Resizer:
                 + " (a share keeps its GPUs; nothing was changed)",
                 "capacity",
             )
-        booking = _larger(old, new)
+        booking = larger(old, new)
         ledger.add(booking)
         return booking
 
@@ -224,74 +240,103 @@ class Resizer:
                     attempted.append(k)
                     await self._kmod().update_quota(new.container_id, now)
         except KmodError as e:
-            await self._unapply(old, new, attempted)
-            raise self._refusal(old, new, e) from None
+            if not await self._unapply(old, attempted):
+                raise self._unsure(old, new, str(e)) from None
+            raise refusal(old, new, e) from None
         except BaseException:
             # Cancelled, or a client bug: a write may still land; change it back.
-            await self._unapply(old, new, attempted)
+            if not await self._unapply(old, attempted):
+                self._unsure(old, new, "cancelled")
             raise
 
-    async def _unapply(self, old: Allocation, new: Allocation, which: list[int]) -> None:
+    async def _unapply(self, old: Allocation, which: list[int]) -> bool:
+        """`old`'s quotas written back on GPUs `which` (queued behind the
+        writes they undo); whether all were."""
         if old.container_id not in self.table.link.registered:
-            return  # released meanwhile: unregistered, nothing to change back
-        kmod = self._kmod()
+            return True  # released meanwhile: unregistered, nothing to change back
+        kmod, undone = self._kmod(), True
         for k in reversed(which):
             quota = quotas(old)[k]
             try:
                 await kmod.update_quota(old.container_id, quota)
             except KmodError as e:
+                undone = False
+                self._undo_error = str(e)
                 log.error(
                     "%s: the kernel module's quota on GPU %d could not be changed back (%s); "
-                    "compare 'nri-gpushare status' with /proc/gpushare",
+                    "the daemon reads it again later",
                     who(old),
                     quota.gpu_index,
                     e,
                 )
+        return undone
+
+    def _unsure(self, old: Allocation, new: Allocation, why: str) -> ShareRefused:
+        """Remember a resize the module may hold in part (booked as the larger
+        of both, no other resize of it) until `settle` reads the module."""
+        self.unsettled[old.container_id] = (self.table.generation, old, new)
+        return unsure(old, new, why, self._undo_error)
+
+    async def settle(self) -> None:
+        """Settle each resize whose outcome the module left unknown on what it
+        holds now: the old share where it holds the old quotas (or none), the
+        new where it holds the new ones, else the old quotas written again and
+        read again next time.  The daemon calls this every few seconds."""
+        if not self.unsettled:
+            return
+        module = await self.table.link.registrations()
+        if module is None:
+            return  # not answering: next time
+        for cid, (generation, old, new) in list(self.unsettled.items()):
+            reg = module.get(cid)
+            if self._gone(old, generation) or reg is None or registered_as(old, reg):
+                self._settled(old, old, generation)
+            elif registered_as(new, reg):
+                await self._adopt(old, new, generation)
+            else:
+                held = {q.gpu_index: q for q in reg.quotas}
+                which = [k for k, q in enumerate(quotas(old)) if held.get(q.gpu_index) != q]
+                if await self._unapply(old, which):
+                    self._settled(old, old, generation)
+
+    def _settled(self, old: Allocation, alloc: Allocation, generation: int) -> None:
+        cid = old.container_id
+        if self.unsettled.pop(cid, None) is None:
+            return
+        self.table.resizing.discard(cid)
+        self._book(alloc, generation)
+        if not self._gone(alloc, generation):
+            log.info("%s: the module holds %s: settled", who(old), alloc.describe_shares())
+
+    async def _adopt(self, old: Allocation, new: Allocation, generation: int) -> None:
+        """The module took the whole resize after all: so do the books."""
+        table = self.table
+        table.allocations[old.container_id] = new
+        table.journal.or_log(lambda: table.journal.append(records.resized(new)))
+        self._settled(old, new, generation)
+        table.decisions.resized(old, new)
+        if (applied := table.limits.applied.get(new.container_id)) is not None:
+            await table.limits.apply(new, applied.cgroups_path, who(new))
+
+    async def _check_not_upgrading(self, old: Allocation) -> None:
+        """Refuse while `nri-gpushare kmod-upgrade` has frozen the module: a
+        change it carries over could not be undone meanwhile."""
+        upgrading = getattr(self._kmod(), "upgrading", None)
+        try:
+            frozen = upgrading is not None and bool(await upgrading())
+        except KmodError:
+            frozen = False  # the writes will say what is wrong
+        if frozen:
+            raise ShareRefused(
+                f"gpushare: cannot resize {who(old)}: gpushare.ko is being upgraded "
+                f"(nri-gpushare kmod-upgrade); nothing was changed; try again once it is done",
+                "kmod",
+            )
 
     def _kmod(self) -> KernelModule:
         kmod = self.table.link.kmod
         assert kmod is not None  # registered: the link has a module
         return kmod
-
-    def _refusal(self, old: Allocation, new: Allocation, e: KmodError) -> ShareRefused:
-        fail = f"gpushare: cannot resize {who(old)}"
-        if isinstance(e, MemoryHeld):
-            return ShareRefused(
-                f"{fail}: its processes hold {format_bytes(e.held_bytes)} on GPU "
-                f"{e.gpu_index}; it cannot shrink below that (asked "
-                f"{format_bytes(_memory_on(new, e.gpu_index))}); nothing was changed",
-                "capacity",
-            )
-        if isinstance(e, OverCommitted):
-            return ShareRefused(
-                f"{fail}: the gpushare kernel module has no room for it ({e}); nothing was changed",
-                "capacity",
-            )
-        if isinstance(e, UpgradeInProgress):
-            return ShareRefused(f"{fail}: {e}; nothing was changed", "kmod")
-        return ShareRefused(
-            f"{fail}: the gpushare kernel module refused it: {e} (errno {e.errno}); nothing "
-            f"was changed",
-            "kmod",
-        )
-
-
-def _larger(old: Allocation, new: Allocation) -> Allocation:
-    """Per GPU the larger memory and compute of the two, high when either is."""
-    shares = tuple(
-        dataclasses.replace(
-            a,
-            memory_bytes=max(a.memory_bytes, b.memory_bytes),
-            core_percent=max(a.core_percent, b.core_percent),
-        )
-        for a, b in zip(old.shares, new.shares, strict=True)
-    )
-    priority = "high" if old.high_priority or new.high_priority else old.priority
-    return dataclasses.replace(old, shares=shares, priority=priority)
-
-
-def _memory_on(alloc: Allocation, gpu: int) -> int:
-    return next((s.memory_bytes for s in alloc.shares if s.index == gpu), 0)
 
 
 def _keeping_annotation(old: Allocation, new: Allocation) -> Allocation:

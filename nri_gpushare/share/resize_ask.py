@@ -16,9 +16,10 @@ import dataclasses
 from dataclasses import dataclass
 
 from nri_gpushare.names import KUBELET_PREFIX, RESOURCES
+from nri_gpushare.share.kernel import KmodError, MemoryHeld, OverCommitted, UpgradeInProgress
 from nri_gpushare.share.model import PRIORITIES, Allocation, NodePolicy, ShareRefused
 from nri_gpushare.share.request.values import Invalid, choice, core_list, expand, memory_list
-from nri_gpushare.units import quote
+from nri_gpushare.units import format_bytes, quote
 
 
 @dataclass(frozen=True)
@@ -132,3 +133,57 @@ def check_live(old: Allocation, registered: bool, module_problem: str) -> None:
         f"gpushare.ko loaded to resize it live",
         "kmod",
     )
+
+
+def refusal(old: Allocation, new: Allocation, e: KmodError) -> ShareRefused:
+    """The module's refusal of a resize it left unchanged, in the caller's words."""
+    fail = f"gpushare: cannot resize {who(old)}"
+    if isinstance(e, MemoryHeld):
+        return ShareRefused(
+            f"{fail}: its processes hold {format_bytes(e.held_bytes)} on GPU "
+            f"{e.gpu_index}; it cannot shrink below that (asked "
+            f"{format_bytes(_memory_on(new, e.gpu_index))}); nothing was changed",
+            "capacity",
+        )
+    if isinstance(e, OverCommitted):
+        return ShareRefused(
+            f"{fail}: the gpushare kernel module has no room for it ({e}); nothing was changed",
+            "capacity",
+        )
+    if isinstance(e, UpgradeInProgress):
+        return ShareRefused(f"{fail}: {e}; nothing was changed", "kmod")
+    return ShareRefused(
+        f"{fail}: the gpushare kernel module refused it: {e} (errno {e.errno}); nothing "
+        f"was changed",
+        "kmod",
+    )
+
+
+def unsure(old: Allocation, new: Allocation, why: str, undo: str) -> ShareRefused:
+    """A resize the module may hold in part: its change could not be undone."""
+    return ShareRefused(
+        f"gpushare: resizing {who(old)} to {new.describe_shares()} failed ({why}) and the "
+        f"kernel module's quotas could not be changed back ({undo}): the change may have "
+        f"been applied on some of its GPUs. Until the daemon has read the module's quotas "
+        f"again (every few seconds, once it answers), it books the larger of both and "
+        f"refuses another resize of it; then 'nri-gpushare status' shows what holds",
+        "kmod",
+    )
+
+
+def larger(old: Allocation, new: Allocation) -> Allocation:
+    """Per GPU the larger memory and compute of the two, high when either is."""
+    shares = tuple(
+        dataclasses.replace(
+            a,
+            memory_bytes=max(a.memory_bytes, b.memory_bytes),
+            core_percent=max(a.core_percent, b.core_percent),
+        )
+        for a, b in zip(old.shares, new.shares, strict=True)
+    )
+    priority = "high" if old.high_priority or new.high_priority else old.priority
+    return dataclasses.replace(old, shares=shares, priority=priority)
+
+
+def _memory_on(alloc: Allocation, gpu: int) -> int:
+    return next((s.memory_bytes for s in alloc.shares if s.index == gpu), 0)

@@ -89,6 +89,22 @@ async def test_a_registration_that_lands_late_is_undone_in_order() -> None:
     worker.close()
 
 
+async def test_a_quota_change_asked_while_stuck_still_runs_in_order() -> None:
+    """A resize's change back is queued behind the stuck request, like an
+    unregistration, and so lands after the change it undoes."""
+    kmod = Hangs("a")
+    worker = OffLoopKernelModule(kmod, timeout=0.2)
+    with pytest.raises(KmodError, match="did not answer within 0.2 s"):
+        await worker.register(reg("a"))
+    with pytest.raises(KmodError, match="will run when it does"):
+        await worker.update_quota("a", GpuQuota(0, 2 * GiB, 0))
+    kmod.release.set()
+    await settled(worker)
+    assert kmod.regs["a"].quotas == (GpuQuota(0, 2 * GiB, 0),)
+    assert not await worker.upgrading()  # a client that cannot tell: not frozen
+    worker.close()
+
+
 async def test_a_request_given_up_before_it_started_never_runs() -> None:
     kmod = Hangs("a")
     worker = OffLoopKernelModule(kmod, timeout=0.2)

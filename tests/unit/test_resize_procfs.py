@@ -88,14 +88,14 @@ def test_an_unknown_container_or_an_absent_module(tree):
 
 async def test_the_daemon_changes_quotas_on_the_module_worker_like_its_other_requests():
     from nri_gpushare.config import Config
-    from nri_gpushare.daemon.kmod_resize import ResizableKernelModule
     from nri_gpushare.daemon.main import kmod_worker
+    from nri_gpushare.host.kmod_worker import OffLoopKernelModule
     from nri_gpushare.share.kernel import GpuDeclaration, Registration
     from tests.fakes import FakeKernelModule
 
-    assert isinstance(kmod_worker(Config()), ResizableKernelModule)
+    assert isinstance(kmod_worker(Config()), OffLoopKernelModule)
     fake = FakeKernelModule()
-    kmod = ResizableKernelModule(fake)
+    kmod = OffLoopKernelModule(fake)
     try:
         await kmod.declare_gpus([GpuDeclaration(0, 8 << 30)])
         await kmod.register(Registration("c1", (GpuQuota(0, 1 << 30, 10),)))
