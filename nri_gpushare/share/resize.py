@@ -282,6 +282,9 @@ class Resizer:
         holds now: the old share where it holds the old quotas (or none), the
         new where it holds the new ones, else the old quotas written again and
         read again next time.  The daemon calls this every few seconds."""
+        for generation, old, _ in list(self.unsettled.values()):
+            if self._gone(old, generation):  # released, or the table rebuilt
+                self._settled(old, old, generation)
         if not self.unsettled:
             return
         module = await self.table.link.registrations()

@@ -158,3 +158,13 @@ def test_a_resize_the_module_took_after_all_is_adopted_at_settle():
     assert svc.allocations["c1"].shares[0].memory_bytes == 2 * GiB  # what the module holds
     assert svc.ledger.usage[0].memory_bytes == 2 * GiB and not svc.resizer.unsettled
     assert svc.status()["allocations"][0]["resized"] is True
+
+
+def test_an_unsettled_resize_of_a_released_container_is_dropped():
+    svc, kmod = service(kmod=FreezesAfterGpu0())
+    create(svc, "c1", gpu_memory="1Gi", gpu_count="2")
+    assert "may have been applied" in str(refused(svc, "c1", memory="4Gi"))
+    done(svc.lifecycle.release("c1"))
+    assert all(u.memory_bytes == 0 for u in svc.ledger.usage.values())  # the booking freed
+    done(svc.resizer.settle())
+    assert not svc.resizer.unsettled and not svc.resizing and not svc.booked
