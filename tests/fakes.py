@@ -42,6 +42,7 @@ class FakeKernelModule:
         self.max_inst = max_inst
         self.gpus: dict[int, int] = {}  # index -> memory bytes
         self.regs: dict[str, Registration] = {}
+        self.frozen = False  # kmod-upgrade's freeze
         self.cgroups: dict[str, str] = {}
         self.fail_next: dict[str, KmodError] = {}  # method name -> error to raise once
         self.calls: list[tuple[str, object]] = []
@@ -101,6 +102,9 @@ class FakeKernelModule:
     def registrations(self) -> list[Registration]:
         self._enter("registrations")
         return list(self.regs.values())
+
+    def upgrading(self) -> bool:
+        return self.frozen
 
     def update_quota(self, container_id: str, quota: GpuQuota) -> None:
         self._enter("update_quota", (container_id, quota))
@@ -170,6 +174,9 @@ class Inline:
 
     async def update_quota(self, container_id: str, quota: GpuQuota) -> None:
         self.client.update_quota(container_id, quota)
+
+    async def upgrading(self) -> bool:
+        return self.client.upgrading()
 
 
 T = TypeVar("T")

@@ -83,12 +83,8 @@ class OffLoopKernelModule:
         )
 
     async def upgrading(self) -> bool:
-        """Whether `nri-gpushare kmod-upgrade` has frozen the module (False
-        for a client that cannot tell)."""
-        check: Callable[[], bool] | None = getattr(self.client, "upgrading", None)
-        if check is None:
-            return False
-        return await self._call(check, "reading gpushare.ko's upgrade state")
+        """Whether `nri-gpushare kmod-upgrade` has frozen the module."""
+        return await self._call(self.client.upgrading, "reading gpushare.ko's upgrade state")
 
     # -- the worker ---------------------------------------------------------------------
 

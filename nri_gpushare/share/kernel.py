@@ -121,6 +121,9 @@ class KernelModuleClient(Protocol):
         one GPU, live; all or nothing on that GPU.  MemoryHeld below what
         its processes hold, OverCommitted when the GPU has no room."""
 
+    def upgrading(self) -> bool:
+        """Whether `nri-gpushare kmod-upgrade` has frozen the module."""
+
 
 class KernelModule(Protocol):
     """`KernelModuleClient`'s requests, awaited; what the share domain talks to."""
@@ -138,3 +141,5 @@ class KernelModule(Protocol):
     async def registrations(self) -> list[Registration]: ...
 
     async def update_quota(self, container_id: str, quota: GpuQuota) -> None: ...
+
+    async def upgrading(self) -> bool: ...

@@ -111,7 +111,7 @@ class Resizer:
         if (new.shares, new.priority) == (old.shares, old.priority):
             return old, False
         check_kubelet(old, new)
-        if cid in table.creating or cid in table.resizing:
+        if cid in table.creating or cid in table.resizing or cid in self.unsettled:
             raise ShareRefused(
                 f"gpushare: cannot resize {who(old)}: it is being created or resized; try again",
                 "conflict",
@@ -136,8 +136,7 @@ class Resizer:
                 raise self._gone_refusal(old) from None
             raise
         finally:
-            if cid not in self.unsettled:
-                table.resizing.discard(cid)
+            table.resizing.discard(cid)  # its writes are done (Synchronize waits on these)
         if self._gone(old, generation):
             table.booked.pop(cid, None)
             raise self._gone_refusal(old)
@@ -147,7 +146,6 @@ class Resizer:
         except OSError as e:
             table.allocations[cid] = old
             if not await self._unapply(old, list(range(len(new.shares)))):
-                table.resizing.add(cid)
                 raise self._unsure(old, new, f"the change cannot be recorded: {e}") from None
             self._book(old, generation)
             raise ShareRefused(
@@ -306,7 +304,6 @@ class Resizer:
         cid = old.container_id
         if self.unsettled.pop(cid, None) is None:
             return
-        self.table.resizing.discard(cid)
         self._book(alloc, generation)
         if not self._gone(alloc, generation):
             log.info("%s: the module holds %s: settled", who(old), alloc.describe_shares())
@@ -324,9 +321,8 @@ class Resizer:
     async def _check_not_upgrading(self, old: Allocation) -> None:
         """Refuse while `nri-gpushare kmod-upgrade` has frozen the module: a
         change it carries over could not be undone meanwhile."""
-        upgrading = getattr(self._kmod(), "upgrading", None)
         try:
-            frozen = upgrading is not None and bool(await upgrading())
+            frozen = await self._kmod().upgrading()
         except KmodError:
             frozen = False  # the writes will say what is wrong
         if frozen:

@@ -61,7 +61,7 @@ class ShareTable:
         self.local: dict[str, LocalState] = {}  # container ID -> state, local allocations
         self.pod_containers: dict[str, set[str]] = {}  # pod UID -> container names seen
         self.creating: set[str] = set()  # waiting for the module
-        self.resizing: set[str] = set()  # a resize waiting for the module (or unsettled)
+        self.resizing: set[str] = set()  # a resize whose module writes are in flight
         # While a resize waits for the module, the ledger books the larger of
         # the old and new share: container ID -> (generation, that booking).
         self.booked: dict[str, tuple[int, Allocation]] = {}

@@ -101,7 +101,7 @@ async def test_a_quota_change_asked_while_stuck_still_runs_in_order() -> None:
     kmod.release.set()
     await settled(worker)
     assert kmod.regs["a"].quotas == (GpuQuota(0, 2 * GiB, 0),)
-    assert not await worker.upgrading()  # a client that cannot tell: not frozen
+    assert not await worker.upgrading()  # the fake's freeze is off
     worker.close()
 
 

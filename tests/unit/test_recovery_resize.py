@@ -114,9 +114,9 @@ async def test_a_kill_after_a_memory_resize_of_a_hand_started_container_keeps_th
 async def test_synchronize_reads_the_module_once_the_resize_is_done():
     """On the module's real worker: the resize is answered, and Synchronize
     rebuilds the table from its result."""
-    from nri_gpushare.daemon.kmod_resize import ResizableKernelModule
+    from nri_gpushare.host.kmod_worker import OffLoopKernelModule
 
-    kmod = ResizableKernelModule(FakeKernelModule(), timeout=2.0)
+    kmod = OffLoopKernelModule(FakeKernelModule(), timeout=2.0)
     try:
         svc = ShareService(make_gpus(2, 16 * GiB), NodePolicy(), kmod, FakeDevices(), MemoryStore())
         await svc.start()

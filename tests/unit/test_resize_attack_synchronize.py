@@ -26,7 +26,7 @@ async def test_a_resize_racing_a_synchronize_leaves_the_table_as_the_module_hold
     says, whatever the interleaving."""
     import threading
 
-    from nri_gpushare.daemon.kmod_resize import ResizableKernelModule
+    from nri_gpushare.host.kmod_worker import OffLoopKernelModule
 
     class Slow(FakeKernelModule):
         def update_quota(self, container_id, quota):
@@ -34,7 +34,7 @@ async def test_a_resize_racing_a_synchronize_leaves_the_table_as_the_module_hold
             super().update_quota(container_id, quota)
 
     fake = Slow()
-    kmod = ResizableKernelModule(fake, timeout=2.0)
+    kmod = OffLoopKernelModule(fake, timeout=2.0)
     try:
         store = MemoryStore()
         svc = ShareService(make_gpus(2, 16 * GiB), NodePolicy(), kmod, FakeDevices(), store)
