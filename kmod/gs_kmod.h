@@ -196,6 +196,7 @@ int gs_proc_add_gpu(struct gs_gpu *gpu);
 int gs_proc_add_share(struct gs_share *share);
 int gs_proc_set(struct gs_gpu *gpu, enum gs_setting setting, u64 val);
 int gs_may_write(struct file *file);
+int gs_may_read_registry(struct file *file);
 int gs_proc_add_ctl(struct proc_dir_entry *root);
 
 int gs_dev_init(void);

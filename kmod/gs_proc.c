@@ -10,12 +10,15 @@
  *         memused, gputime
  *
  * Every attribute file holds one decimal number or string.  inst_ctl is
- * 0600 and container directories 0500, so only root sees the containers.
- * Opening a file for writing needs CAP_SYS_ADMIN (checked on the opener's
- * credentials, so that a descriptor passed to a less privileged program
- * cannot be used as a confused deputy); a value out of range is refused
- * with EINVAL and one that would over-commit the GPU with ENOSPC, changing
- * nothing.  A write with a NUL byte in it is EINVAL.
+ * 0600, GPU directories 0711 and container directories 0500, so only root
+ * lists or reads the containers; opening a file for writing, and the
+ * registry's (inst_ctl, upgrade, a container's files) even for reading,
+ * needs CAP_SYS_ADMIN too, which root in a container lacks (checked on
+ * the opener's credentials, so that a descriptor passed to a less
+ * privileged program cannot be used as a confused deputy).  The GPUs'
+ * files name no container and stay world-readable.  A value out of range
+ * is refused with EINVAL and one that would over-commit the GPU with
+ * ENOSPC, changing nothing.  A write with a NUL byte in it is EINVAL.
  *
  * This file describes the attribute files, in tables (struct gs_attr in
  * gs_proc.h) that one show and one store serve (gs_proc_attr.c); inst_ctl

@@ -177,6 +177,19 @@ int gs_may_write(struct file *file)
 {
 	if (!(file->f_mode & FMODE_WRITE))
 		return 0;
+	return gs_may_read_registry(file);
+}
+
+/*
+ * May @file, being opened, read the registry (inst_ctl, upgrade, a
+ * container's files)?  What writing needs: CAP_SYS_ADMIN in the initial
+ * user namespace, by the opener's credentials.  The modes (0600, 0500)
+ * keep other users out; this keeps out root without the capability too,
+ * as in a container (uid 0 with CAP_DAC_OVERRIDE), which would otherwise
+ * read every container's ID and quotas.
+ */
+int gs_may_read_registry(struct file *file)
+{
 	return file_ns_capable(file, &init_user_ns, CAP_SYS_ADMIN) ? 0 : -EPERM;
 }
 
@@ -188,7 +201,11 @@ static int gs_attr_open(struct inode *inode, struct file *file)
 	/* Root's CAP_DAC_OVERRIDE gets past the 0444 mode. */
 	if ((file->f_mode & FMODE_WRITE) && !gs_attr_writable(f->attr))
 		return -EACCES;
-	ret = gs_may_write(file);
+	/* A container's files are the registry: read as it is written. */
+	if (gs_is_ctr_attr(f->attr))
+		ret = gs_may_read_registry(file);
+	else
+		ret = gs_may_write(file);
 	return ret ? ret : single_open(file, gs_attr_show, pde_data(inode));
 }
 
@@ -275,8 +292,12 @@ int gs_proc_add_gpu(struct gs_gpu *gpu)
 	char name[12];
 	int ret;
 
+	/*
+	 * 0711: anyone opens the GPU's files by name, only root lists the
+	 * directory, whose entries include the containers' IDs.
+	 */
 	snprintf(name, sizeof(name), "%u", gpu->index);
-	gpu->dir = proc_mkdir(name, gs_proc_root);
+	gpu->dir = proc_mkdir_mode(name, 0711, gs_proc_root);
 	if (!gpu->dir)
 		return -ENOMEM;
 	ret = gs_create_files(gpu->dir, gs_gpu_files, gs_gpu_attrs, gpu->files,
@@ -290,7 +311,10 @@ int gs_proc_add_share(struct gs_share *share)
 {
 	int ret;
 
-	/* Root only: no container may list or read the others' quotas. */
+	/*
+	 * Root only, and its files need CAP_SYS_ADMIN even to read (see
+	 * gs_may_read_registry()): no container reads the others' quotas.
+	 */
 	share->dir = proc_mkdir_mode(share->ctr->id, 0500,
 				     gs_gpus[share->quota->gpu]->dir);
 	if (!share->dir)

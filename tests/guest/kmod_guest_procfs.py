@@ -120,6 +120,7 @@ def test_version_is_read_only() -> None:
 
 def test_gpu_directory() -> None:
     ok("gpu 0 17179869184")
+    assert stat.S_IMODE(os.stat(ROOT / "0").st_mode) == 0o711  # only root lists the IDs
     assert modes("0") == GPU_FILES
     assert {f: value(ROOT / "0" / f) for f in GPU_FILES} == {
         "free_weight": 100,
@@ -354,22 +355,37 @@ def test_writes_need_root() -> None:
     ok("del a")
 
 
+REGISTRY = ["inst_ctl", "upgrade"] + [f"0/a/{name}" for name in CTR_FILES]
+
+
+def try_registry_reads() -> list[object]:
+    """What opening each registry file for reading (and listing the GPU's
+    and the container's directories) gives, and the files that stay
+    readable: the version and the GPU's, which name no container."""
+    return [
+        [errno_of(lambda p=p: read(ROOT / p)) for p in REGISTRY],
+        errno_of(lambda: os.listdir(ROOT / "0/a")),
+        errno_of(lambda: os.listdir(ROOT / "0")),
+        read(ROOT / "version"),
+        {f: value(ROOT / "0" / f) for f in ("nr_inst", "max_inst", "free_memsize")},
+    ]
+
+
 def test_registry_is_root_only() -> None:
-    """Other users read the module's and the GPUs' files, not the registry."""
+    """Other users read the module's and the GPUs' files, not the registry,
+    and do not list the GPU's directory (the containers' IDs)."""
     ok("gpu 0 1000")
     ok("add a 0:100")
+    registry = [errno_of(lambda p=p: read(ROOT / p)) for p in REGISTRY]
+    assert registry == [0] * len(REGISTRY)  # root with CAP_SYS_ADMIN
 
-    def try_reads() -> list[object]:
-        return [
-            errno_of(lambda: read(CTL)),
-            errno_of(lambda: os.listdir(ROOT / "0/a")),
-            errno_of(lambda: read(ROOT / "0/a/memsize")),
-            read(ROOT / "version"),
-            value(ROOT / "0/nr_inst"),
-            value(ROOT / "0/max_inst"),
-        ]
-
-    assert in_child(try_reads, uid=NOBODY) == [errno.EACCES] * 3 + ["0.1.0\n", 1, 16]
+    assert in_child(try_registry_reads, uid=NOBODY) == [
+        [errno.EACCES] * len(REGISTRY),
+        errno.EACCES,
+        errno.EACCES,
+        "0.1.0\n",
+        {"nr_inst": 1, "max_inst": 16, "free_memsize": 900},
+    ]
     ok("del a")
 
 
@@ -411,11 +427,34 @@ def effective_caps() -> int:
     raise AssertionError("no CapEff in /proc/self/status")
 
 
+def test_registry_reads_need_cap_sys_admin() -> None:
+    """uid 0 without CAP_SYS_ADMIN (root in a container: CAP_DAC_OVERRIDE
+    gets it past the 0600 and 0500 modes) reads no registry file: open()
+    is EPERM, as for writing.  It still reads the module's and the GPUs'
+    files, and lists the GPU's directory (CAP_DAC_READ_SEARCH): the IDs,
+    which procfs offers no module a way to hide, never the quotas."""
+    ok("gpu 0 1000")
+    ok("add a 0:100")
+
+    def reads_without_cap() -> list[object]:
+        drop_cap_sys_admin()
+        return [os.getuid(), effective_caps() >> CAP_SYS_ADMIN & 1, *try_registry_reads()]
+
+    uid, cap, registry, ctr_dir, gpu_dir, version, gpu = in_child(reads_without_cap)  # type: ignore[misc]
+    assert (uid, cap) == (0, 0)
+    assert registry == [errno.EPERM] * len(REGISTRY)
+    assert ctr_dir == gpu_dir == 0  # the directories list, their files do not open
+    assert (version, gpu) == ("0.1.0\n", {"nr_inst": 1, "max_inst": 16, "free_memsize": 900})
+    assert refcount() == 1
+    ok("del a")
+
+
 def test_writes_need_cap_sys_admin() -> None:
-    """uid 0 without CAP_SYS_ADMIN may open the files for reading (it owns
-    them) but not for writing: open() is refused with EPERM, changing
-    nothing.  The capability is judged at open(), on the opener's
-    credentials, so a descriptor opened without it can never write."""
+    """uid 0 without CAP_SYS_ADMIN may open the GPUs' files for reading but
+    not for writing, and the registry's not even for reading: open() is
+    refused with EPERM, changing nothing.  The capability is judged at
+    open(), on the opener's credentials, so a descriptor opened without it
+    can never write."""
     ok("gpu 0 1000")
     ok("add a 0:100")
     before = snapshot()
@@ -428,13 +467,13 @@ def test_writes_need_cap_sys_admin() -> None:
             effective_caps() >> CAP_SYS_ADMIN & 1,
             [errno_of(lambda p=p: os.close(os.open(p, os.O_WRONLY))) for p in paths],
             [errno_of(lambda p=p: os.close(os.open(p, os.O_RDWR))) for p in paths],
-            read(CTL),
+            errno_of(lambda: read(CTL)),
         ]
 
     uid, cap, wronly, rdwr, dump = in_child(try_writes)  # type: ignore[misc]
     assert (uid, cap) == (0, 0)
     assert wronly == rdwr == [errno.EPERM] * 5
-    assert dump == "gpu 0 1000\nadd a 0:100:0:0\n"  # reading needs no capability
+    assert dump == errno.EPERM  # reading the registry needs the capability too
     assert snapshot() == before
     assert refcount() == 1
     ok("del a")

@@ -88,6 +88,36 @@ def test_query_from_the_container_cgroup(cgroups: MakeCgroup) -> None:
     assert query_in(cg) is None
 
 
+def test_a_container_learns_only_its_own_quota(cgroups: MakeCgroup) -> None:
+    """QUERY answers for the caller's registration, MEM's INFO for the
+    opener's: neither for another container's, not even on a GPU where
+    only the other has a quota (ENXIO), as root or not."""
+    setup_two_gpus()
+    ok("add b 0:3000:20:0")
+    cg_a, cg_b = cgroups("gs-own-a"), cgroups("gs-own-b")
+    ok("bind a /gs-own-a")
+    ok("bind b /gs-own-b")
+    want_b = ["b", os.stat(cg_b).st_ino, [[0, 3000, 20, False]]]
+    assert query_in(cg_b) == query_in(cg_b, uid=NOBODY) == want_b
+    assert query_in(cg_a)[0] == "a"  # type: ignore[index]
+
+    def info(gpu: int) -> list[object]:
+        fd = os.open(DEV, os.O_RDWR)
+        try:
+            m = abi.mem(fd, abi.MEM_INFO, gpu, 0)
+            return [0, m.quota, m.used]
+        except abi.MemError as e:
+            return [e.errno, None, None]
+        finally:
+            os.close(fd)
+
+    for uid in (None, NOBODY):
+        assert in_child(lambda: info(0), cgroup=cg_b, uid=uid) == [0, 3000, 0]
+        assert in_child(lambda: info(1), cgroup=cg_b, uid=uid) == [errno.ENXIO, None, None]
+    ok("del a")
+    ok("del b")
+
+
 def test_query_from_c(cgroups: MakeCgroup) -> None:
     if not QUERY_EXE:
         pytest.fail("GPUSHARE_KMOD_QUERY (the compiled kmod_query.c) is not set")
