@@ -173,12 +173,15 @@ def render(doc: Mapping[str, Any], local_time: str | None = None) -> str:
     }
     for g in doc["gpus"]:
         empty = g["containers"] == 0
-        mem_used = "-" if empty else _known(g["memory_used"], _size, g["memory_used_why"], notes)
-        core_used = "-" if empty else _known(g["core_used"], _pct, g["core_used_why"], notes)
-        if not empty and g["memory_used"] is not None and (g["index"], "memory") in nvml:
-            mem_used += "*"
-        if not empty and g["core_used"] is not None and (g["index"], "core") in nvml:
-            core_used += "*"
+        star = {what: "*" if (g["index"], what) in nvml else "" for what in ("memory", "core")}
+        mem_used = (
+            "-"
+            if empty
+            else _known(g["memory_used"], _size, g["memory_used_why"], notes, star["memory"])
+        )
+        core_used = (
+            "-" if empty else _known(g["core_used"], _pct, g["core_used_why"], notes, star["core"])
+        )
         policy = (
             f"{g['policy']} {g['policy_name'] or 'unknown'}"
             if g["policy"] is not None
