@@ -163,11 +163,6 @@ def added(a: Allocation) -> str:
     return _line({"add": entry})
 
 
-def resized(a: Allocation) -> str:
-    """The journal line recording a resize: the allocation as it now is."""
-    return added(a)
-
-
 def removed(container_id: str) -> str:
     """The journal line recording a release."""
     return _line({"del": container_id})
@@ -390,10 +385,16 @@ def module_wins(
         module.describe_shares(),
         won.describe_shares(),
     )
-    given = created_with(record)
-    return dataclasses.replace(won, assigned="" if given == assigned_annotation(won) else given)
+    return keeping_creation(record, won)
 
 
 def created_with(record: Allocation) -> str:
     """The gpushare.io/assigned annotation the container was created with."""
     return record.assigned or assigned_annotation(record)
+
+
+def keeping_creation(old: Allocation, new: Allocation) -> Allocation:
+    """`new`, a changed `old`, remembering the annotation the container was
+    created with ("" when `new` is that share again)."""
+    given = created_with(old)
+    return dataclasses.replace(new, assigned="" if given == assigned_annotation(new) else given)

@@ -27,14 +27,12 @@ room (orphaned memory the daemon does not count) says so.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 from nri_gpushare.share import records
 from nri_gpushare.share.kernel import KernelModule, KmodError
 from nri_gpushare.share.kmod_link import quotas, registered_as
 from nri_gpushare.share.model import Allocation, ShareRefused
-from nri_gpushare.share.plan import assigned_annotation
 from nri_gpushare.share.resize_ask import (
     ResizeAsk,
     check_kubelet,
@@ -116,7 +114,7 @@ class Resizer:
                 f"gpushare: cannot resize {who(old)}: it is being created or resized; try again",
                 "conflict",
             )
-        new = _keeping_annotation(old, new)
+        new = records.keeping_creation(old, new)
         # Until the module says yes the table keeps `old` (what a compaction
         # records) and the ledger books the larger of the two, so nothing
         # placed meanwhile takes room a refusal would need back.
@@ -142,7 +140,7 @@ class Resizer:
             raise self._gone_refusal(old)
         table.allocations[cid] = new  # before the append: a compaction records it
         try:
-            table.journal.append(records.resized(new))
+            table.journal.append(records.added(new))
         except OSError as e:
             table.allocations[cid] = old
             if not await self._unapply(old, list(range(len(new.shares)))):
@@ -312,7 +310,7 @@ class Resizer:
         """The module took the whole resize after all: so do the books."""
         table = self.table
         table.allocations[old.container_id] = new
-        table.journal.or_log(lambda: table.journal.append(records.resized(new)))
+        table.journal.or_log(lambda: table.journal.append(records.added(new)))
         self._settled(old, new, generation)
         table.decisions.resized(old, new)
         if (applied := table.limits.applied.get(new.container_id)) is not None:
@@ -336,9 +334,3 @@ class Resizer:
         kmod = self.table.link.kmod
         assert kmod is not None  # registered: the link has a module
         return kmod
-
-
-def _keeping_annotation(old: Allocation, new: Allocation) -> Allocation:
-    """`new`, remembering the annotation the container was created with."""
-    created = records.created_with(old)
-    return dataclasses.replace(new, assigned="" if created == assigned_annotation(new) else created)
