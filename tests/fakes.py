@@ -16,6 +16,7 @@ coroutine that never waits (the service over `Inline`) without a loop.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
@@ -177,6 +178,19 @@ class Inline:
 
     async def upgrading(self) -> bool:
         return self.client.upgrading()
+
+
+class Gated(Inline):
+    """Inline, but each update_quota waits for `gate` first (a slow module
+    worker: what happens while a resize waits for the module)."""
+
+    def __init__(self, client: KernelModuleClient) -> None:
+        super().__init__(client)
+        self.gate = asyncio.Event()
+
+    async def update_quota(self, container_id: str, quota: GpuQuota) -> None:
+        await self.gate.wait()
+        await super().update_quota(container_id, quota)
 
 
 T = TypeVar("T")

@@ -15,7 +15,7 @@ from nri_gpushare.share.model import ContainerInfo, NodePolicy, ShareRefused
 from nri_gpushare.share.records import MemoryStore
 from nri_gpushare.share.resize_ask import ResizeAsk
 from nri_gpushare.share.service import ShareService
-from tests.fakes import FakeDevices, FakeKernelModule, GiB, Inline, MiB, done, make_gpus
+from tests.fakes import FakeDevices, FakeKernelModule, Gated, GiB, Inline, MiB, done, make_gpus
 
 P = "gpushare.io/"
 
@@ -343,20 +343,6 @@ def test_a_journal_that_cannot_be_written_undoes_the_resize():
 
 
 # -- while the module answers --------------------------------------------------------------------
-
-
-class Gated(Inline):
-    """Inline, but each update_quota waits for `gate` first."""
-
-    def __init__(self, client):
-        super().__init__(client)
-        import asyncio
-
-        self.gate = asyncio.Event()
-
-    async def update_quota(self, container_id, quota):
-        await self.gate.wait()
-        await super().update_quota(container_id, quota)
 
 
 async def test_a_second_resize_or_a_release_while_the_module_answers(caplog):

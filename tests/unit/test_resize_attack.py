@@ -21,20 +21,8 @@ from nri_gpushare.share.model import NodePolicy, ShareRefused
 from nri_gpushare.share.records import MemoryStore
 from nri_gpushare.share.resize_ask import ResizeAsk
 from nri_gpushare.share.service import ShareService
-from tests.fakes import FakeDevices, FakeKernelModule, GiB, Inline, done, make_gpus
+from tests.fakes import FakeDevices, FakeKernelModule, Gated, GiB, Inline, done, make_gpus
 from tests.unit.test_resize import P, books, create, live, pod, refused, resize, service
-
-
-class Gated(Inline):
-    """Inline, but update_quota waits for `gate` (a slow module worker)."""
-
-    def __init__(self, client):
-        super().__init__(client)
-        self.gate = asyncio.Event()
-
-    async def update_quota(self, container_id, quota):
-        await self.gate.wait()
-        await super().update_quota(container_id, quota)
 
 
 def within_capacity(svc, kmod) -> bool:

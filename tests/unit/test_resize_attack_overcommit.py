@@ -15,20 +15,8 @@ import pytest
 from nri_gpushare.share.model import NodePolicy, ShareRefused
 from nri_gpushare.share.resize_ask import ResizeAsk
 from nri_gpushare.share.service import ShareService
-from tests.fakes import FakeDevices, FakeKernelModule, GiB, Inline, make_gpus
+from tests.fakes import FakeDevices, FakeKernelModule, Gated, GiB, make_gpus
 from tests.unit.test_resize import P, pod
-
-
-class Gated(Inline):
-    """update_quota waits for `gate` (the module's worker is slow)."""
-
-    def __init__(self, client):
-        super().__init__(client)
-        self.gate = asyncio.Event()
-
-    async def update_quota(self, container_id, quota):
-        await self.gate.wait()
-        await super().update_quota(container_id, quota)
 
 
 def over(svc):
