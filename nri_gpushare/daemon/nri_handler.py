@@ -20,17 +20,18 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from nri_gpushare.daemon.adapters import PodEvents
+from nri_gpushare.daemon.nri_views import container_info, may_ask
+from nri_gpushare.daemon.sync_gather import SyncState
 from nri_gpushare.daemon.unserved_policy import Follower, UnservedPolicy
 from nri_gpushare.nri.api import nri
 from nri_gpushare.nri.api.lite import Adjustment, ContainerView, Device, MountSpec, PodSandboxView
 from nri_gpushare.nri.stub import EventMask, Plugin, PluginError
 from nri_gpushare.share.model import ContainerInfo, InjectionPlan, ShareRefused
-from nri_gpushare.share.request import COARSE_MARKERS, RAW_MARKERS
 from nri_gpushare.share.service import ShareService
 
 log = logging.getLogger(__name__)
@@ -40,78 +41,6 @@ ANSWER_WITHIN = 0.8
 is the runtime's and the wire's)."""
 MARK_REMOVAL = "-"
 """NRI: an adjustment's annotation key with this prefix removes the annotation."""
-
-
-class PodFields(Protocol):
-    """What the domain reads of a pod: a `PodSandboxView` or a `PodHead`."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def namespace(self) -> str: ...
-    @property
-    def uid(self) -> str: ...
-    @property
-    def annotations(self) -> Mapping[str, str]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class PodHead:
-    """A pod as Synchronize keeps it between requests: no view, so no request
-    buffer, stays referenced; annotations only for a pod that may ask."""
-
-    name: str
-    namespace: str
-    uid: str
-    annotations: Mapping[str, str]
-    asking: bool
-
-
-def container_info(pod: PodFields | None, container: ContainerView) -> ContainerInfo:
-    """The domain's view of an NRI container (labels, annotations, env, cgroup)."""
-    env: dict[str, str] = {}
-    for entry in container.env:
-        key, _, value = entry.partition("=")
-        env[key] = value
-    return ContainerInfo(
-        id=container.id,
-        name=container.name,
-        pod_name=pod.name if pod else "",
-        pod_namespace=pod.namespace if pod else "",
-        pod_uid=pod.uid if pod else "",
-        pod_annotations=pod.annotations if pod else {},
-        annotations=container.annotations,
-        labels=container.labels,
-        env=env,
-        cgroups_path=container.cgroups_path,
-        pid=container.pid,
-        running=container.state != nri.ContainerState.CONTAINER_STOPPED,
-    )
-
-
-def may_ask(*views: PodSandboxView | ContainerView) -> bool:
-    """`may_ask_raw` on the views' serialized bytes, searched in place (no
-    copy, nothing decoded)."""
-    for view in views:
-        if view.contains_any(COARSE_MARKERS) and view.contains_any(RAW_MARKERS):
-            return True
-    return False
-
-
-def bare_info(pod: PodFields | None, container: ContainerView) -> ContainerInfo:
-    """`container_info` for a container that cannot ask for a share (`may_ask_raw`
-    said no): its labels, annotations and environment are neither read nor
-    kept, since nothing in the domain reads them for such a container."""
-    return ContainerInfo(
-        id=container.id,
-        name=container.name,
-        pod_name=pod.name if pod else "",
-        pod_namespace=pod.namespace if pod else "",
-        pod_uid=pod.uid if pod else "",
-        cgroups_path=container.cgroups_path,
-        pid=container.pid,
-        running=container.state != nri.ContainerState.CONTAINER_STOPPED,
-    )
 
 
 def adjustment(plan: InjectionPlan) -> Adjustment:
@@ -186,51 +115,6 @@ def timed(event: str) -> Callable[[Handler], Handler]:
     return decorate
 
 
-@dataclass
-class _SyncState:
-    """One Synchronize's pods and containers, gathered request by request."""
-
-    pods: dict[str, PodHead] = field(default_factory=dict)
-    live: list[ContainerInfo] = field(default_factory=list)
-    #: containers whose pod was not sent yet (kept as views: rare)
-    waiting: list[ContainerView] = field(default_factory=list)
-    pods_seen: int = 0
-    containers_seen: int = 0
-
-    def gather(self, pods: list[PodSandboxView], containers: list[ContainerView]) -> None:
-        self.pods_seen += len(pods)
-        self.containers_seen += len(containers)
-        for p in pods:
-            try:
-                asking = may_ask(p)  # its containers are read in full
-                self.pods[p.id] = PodHead(
-                    p.name, p.namespace, p.uid, dict(p.annotations) if asking else {}, asking
-                )
-            except Exception:  # one odd pod must not stop the rest
-                log.exception("a pod unreadable in Synchronize; its containers have no pod")
-        for c in containers:
-            self._container(c, last=False)
-
-    def finish(self) -> list[ContainerInfo]:
-        """The live containers, every request gathered."""
-        for c in self.waiting:
-            self._container(c, last=True)
-        self.waiting = []
-        return self.live
-
-    def _container(self, c: ContainerView, last: bool) -> None:
-        try:
-            pod = self.pods.get(c.pod_sandbox_id)
-            if pod is None and not last:
-                self.waiting.append(c)
-            elif (pod is not None and pod.asking) or may_ask(c):
-                self.live.append(container_info(pod, c))
-            else:  # the usual container: nothing of ours in it nor in its pod
-                self.live.append(bare_info(pod, c))
-        except Exception:  # one odd container must not stop the rest
-            log.exception("a container unreadable in Synchronize; ignored")
-
-
 class GpuShareHandler(Plugin):
     """NRI events -> share domain."""
 
@@ -249,12 +133,12 @@ class GpuShareHandler(Plugin):
         self.request_timeout = request_timeout
         #: Time spent in each handler, per event (the metrics' histogram).
         self.latency = HandlerLatency()
-        self._sync = _SyncState()
+        self._sync = SyncState()
 
     async def configure(
         self, config: str, runtime_name: str, runtime_version: str
     ) -> EventMask | None:
-        self._sync = _SyncState()  # a new connection: what a broken one gathered goes
+        self._sync = SyncState()  # a new connection: what a broken one gathered goes
         await self.unserved.followed(self.request_timeout())
         return None
 
@@ -268,7 +152,7 @@ class GpuShareHandler(Plugin):
     async def synchronize(
         self, pods: list[PodSandboxView], containers: list[ContainerView]
     ) -> list[nri.ContainerUpdate]:
-        sync, self._sync = self._sync, _SyncState()
+        sync, self._sync = self._sync, SyncState()
         sync.gather(pods, containers)
         live = sync.finish()
         await self.service.recovery.synchronize(live)

@@ -38,9 +38,9 @@ from nri_gpushare.nri.wire import PLUGIN_CONN, MuxConnection
 SAMPLE = Path(__file__).parent / "data" / "create_container_request.bin"
 PACKAGE = str(Path(nri_gpushare.__file__).parent) + "/"
 SERVICE = "nri.pkg.api.v1alpha1.Plugin"
-SHARE_LIMIT = 25
+SHARE_LIMIT = 26
 """Modules a request asking for a share enters, from the socket to the reply."""
-OURS_LIMIT = 17
+OURS_LIMIT = 18
 """Of them, outside the NRI protocol (nri/): the daemon, the domain, the host."""
 PLAIN_LIMIT = 10
 """Modules a container asking for nothing enters (7 of them the protocol's)."""

@@ -8,7 +8,8 @@ import pytest
 
 from nri_gpushare.config import ConfigError, parse_config
 from nri_gpushare.daemon.main import build_service, kmod_worker
-from nri_gpushare.daemon.nri_handler import GpuShareHandler, adjustment, container_info
+from nri_gpushare.daemon.nri_handler import GpuShareHandler, adjustment
+from nri_gpushare.daemon.nri_views import container_info
 from nri_gpushare.daemon.status import StatusServer
 from nri_gpushare.host.kmod_worker import OffLoopKernelModule
 from nri_gpushare.host.sockets import query_status

@@ -9,7 +9,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nri_gpushare.daemon.nri_handler import container_info
+from nri_gpushare.daemon.nri_views import container_info
 from nri_gpushare.nri.api import lite, nri
 from nri_gpushare.share.model import ContainerInfo, NodePolicy, ShareRefused, SourcePolicy
 from nri_gpushare.share.request import MARKERS, _parse, may_ask, may_ask_raw, parse_request
