@@ -42,7 +42,7 @@ SHARE_LIMIT = 26
 """Modules a request asking for a share enters, from the socket to the reply."""
 OURS_LIMIT = 18
 """Of them, outside the NRI protocol (nri/): the daemon, the domain, the host."""
-PLAIN_LIMIT = 10
+PLAIN_LIMIT = 11
 """Modules a container asking for nothing enters (7 of them the protocol's)."""
 
 
