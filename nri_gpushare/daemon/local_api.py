@@ -19,6 +19,10 @@ container that asks for none through its CDI device is refused (a
 Kubernetes one unless NRI placed a share for it), or it would use the GPU
 with nothing booked.
 
+``runc-create`` and ``hook`` are the compiled front's (``front/``): the
+bundle and the state are read here instead (`local_bundle`), then asked as
+``create``, ``start`` and ``release`` are.
+
 ``resize`` is the node operator's `nri-gpushare resize` (the socket answers
 root only, see `local_server`): the share service's `resizer` does it.
 
@@ -34,6 +38,7 @@ import logging
 from collections.abc import Mapping
 from typing import Protocol
 
+from nri_gpushare.daemon import local_bundle
 from nri_gpushare.host.containerd.client import ContainerdError, ContainerNotFound
 from nri_gpushare.local.protocol import Reply, Request
 from nri_gpushare.share.model import (
@@ -105,6 +110,10 @@ class LocalApiHandler:
         self.by_minor: Mapping[int, Gpu] = {g.minor: g for g in service.gpus}
 
     async def __call__(self, request: Request) -> Reply:
+        if request.op == "runc-create":
+            return await local_bundle.runc_create(request, self)
+        if request.op == "hook":
+            return await local_bundle.hook(request, self)
         if request.op == "resize":
             return await self._resize(request)
         if request.op == "release":
@@ -178,9 +187,12 @@ class LocalApiHandler:
     async def undelivered(self, request: Request, reply: Reply) -> None:
         """The caller went away before it had the answer: a share it did not
         learn of must not stay booked."""
-        if request.op == "create" and reply.ok and reply.plan is not None:
+        booked = local_bundle.created(request, reply)
+        if booked is None and request.op == "create" and reply.ok and reply.plan is not None:
+            booked = request.namespace, request.id
+        if booked is not None:
             await self.service.local_shares.release_local(
-                request.namespace, request.id, "its creator went away before the answer"
+                *booked, "its creator went away before the answer"
             )
 
     async def _create(self, r: Request) -> Reply:

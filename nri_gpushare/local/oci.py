@@ -121,12 +121,14 @@ def load_config(data: bytes, what: str = "config.json") -> dict[str, Any]:
     return json_object(data, what, MAX_CONFIG)
 
 
-def read_config(bundle: str) -> dict[str, Any]:
+def read_config(bundle: str, *, follow: bool = True) -> dict[str, Any]:
     """Read <bundle>/config.json (I/O).  A symlink is followed, as runc follows
-    it; anything but a regular file is refused (a FIFO would block)."""
+    it, unless `follow` is false (the daemon's reads: a symlink is an error);
+    anything but a regular file is refused (a FIFO would block)."""
     path = config_path(bundle)
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+        fd = os.open(path, flags if follow else flags | os.O_NOFOLLOW)
     except OSError as e:
         raise OciError(f"{path}: cannot open: {e.strerror or e}") from e
     try:

@@ -36,6 +36,23 @@ only its poststop hook releases it.
   "resized": {"container_id", "name", "pod", "priority", "changed": bool,
   "gpus": [{"index", "uuid", "memory", "core"}]}}``.
 
+Two ops for the compiled front (``front/``: gpushare-runc and the CDI
+hooks), which parses no JSON: the daemon reads and edits the bundle itself
+(`nri_gpushare.daemon.local_bundle`).
+
+- ``runc-create``: ``{"id", "bundle", "root"}`` (``bundle`` absolute, ``root``
+  runc's ``--root``): the daemon reads the bundle's config.json, asks as
+  ``create`` via "runc" would, and when a share results writes the plan into
+  config.json.  Reply as ``create``'s, with ``"namespace"``: the one it was
+  booked under (for the ``start`` and ``release`` that follow).
+- ``hook``: ``{"hook": "create-runtime"|"poststop", "state": TEXT}``, the OCI
+  state the runtime gave the hook, as text: create-runtime asks as the hook's
+  ``create`` via "cdi", poststop releases.
+
+For both, reason ``bundle`` says the daemon could not read or edit the
+bundle (or the state) itself: the front then runs the Python program, which
+says why in its own words.
+
 A refusal is ``{"ok": false, "error": "<a message for a person>",
 "reason": "capacity|invalid|conflict|forbidden|kmod|state|interposer|
 unavailable|protocol|internal"}``.
@@ -58,7 +75,7 @@ from typing import Any, Literal, get_args
 VERSION = 1
 MAX_MESSAGE = 4 << 20
 """Bytes one request or reply may take (a container's whole environment fits)."""
-Op = Literal["create", "start", "release", "resize"]
+Op = Literal["create", "start", "release", "resize", "runc-create", "hook"]
 Via = Literal["cdi", "runc", ""]
 """Who asks: the CDI hook, gpushare-runc, or "" (not sent: a start or a release)."""
 OPS: tuple[Op, ...] = get_args(Op)
@@ -67,6 +84,10 @@ MAX_ENTRIES = 4096
 """env or annotation entries one request may carry."""
 MAX_TEXT = 64 << 10
 """Bytes one key or value may take."""
+MAX_STATE_TEXT = 4 << 20
+"""Characters of a hook's OCI state (oci.MAX_STATE bytes)."""
+Hook = Literal["create-runtime", "poststop"]
+HOOKS: tuple[Hook, ...] = get_args(Hook)
 MAX_VALUE = 1024
 """Characters a resize's value may take (a list of 64 sizes fits)."""
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
@@ -92,6 +113,9 @@ class Request:
     memory: str = ""  # resize: the new values, "" unchanged
     core: str = ""
     priority: str = ""
+    root: str = ""  # runc-create: runc's --root
+    hook: Hook | None = None  # hook: which one
+    state: str = ""  # hook: the OCI state, as text
 
 
 @dataclass(frozen=True)
@@ -102,6 +126,7 @@ class Reply:
     plan: dict[str, Any] | None = None
     released: bool | None = None
     resized: dict[str, Any] | None = None
+    namespace: str | None = None  # runc-create: where the share is booked
 
     @classmethod
     def refused(cls, error: str, reason: str) -> Reply:
@@ -133,6 +158,10 @@ def encode_request(r: Request) -> bytes:
         obj.update(pid=r.pid)
     elif r.op == "resize":
         obj.update(memory=r.memory, core=r.core, priority=r.priority)
+    elif r.op == "runc-create":
+        obj.update(bundle=r.bundle, root=r.root)
+    elif r.op == "hook":
+        obj = {"v": VERSION, "op": r.op, "hook": r.hook, "state": r.state}
     _request(obj)  # the daemon's checks, here: a clear error before sending
     return _line(obj)
 
@@ -147,6 +176,8 @@ def encode_reply(r: Reply) -> bytes:
         obj["released"] = r.released
     if r.resized is not None:
         obj["resized"] = r.resized
+    if r.namespace is not None:
+        obj["namespace"] = r.namespace
     return _line(obj)
 
 
@@ -220,6 +251,8 @@ def _request(obj: dict[str, Any]) -> Request:
     op = obj.get("op")
     if op not in OPS:
         raise ProtocolError(f"op {op!r:.40}: not one of {', '.join(OPS)}")
+    if op == "hook":
+        return _hook(obj)
     namespace = _name(obj, "namespace", required=False)
     cid = _reference(obj) if op == "resize" else _name(obj, "id")
     pid = obj.get("pid", 0)
@@ -234,6 +267,11 @@ def _request(obj: dict[str, Any]) -> Request:
         if not (memory or core or priority):
             raise ProtocolError("resize: give memory, core or priority")
         return Request(op, namespace, cid, memory=memory, core=core, priority=priority)
+    if op == "runc-create":
+        bundle = _text(obj, "bundle", required=True)
+        if not bundle.startswith("/"):
+            raise ProtocolError(f"bundle: {bundle[:200]!r} is not an absolute path")
+        return Request(op, namespace, cid, via="runc", bundle=bundle, root=_text(obj, "root"))
     if op == "start":
         if pid == 0:
             raise ProtocolError("pid: missing")
@@ -264,6 +302,16 @@ def _request(obj: dict[str, Any]) -> Request:
     )
 
 
+def _hook(obj: dict[str, Any]) -> Request:
+    hook = obj.get("hook")
+    if hook not in HOOKS:
+        raise ProtocolError(f"hook {hook!r:.40}: not one of {', '.join(HOOKS)}")
+    state = obj.get("state")
+    if not isinstance(state, str) or not state or len(state) > MAX_STATE_TEXT:
+        raise ProtocolError(f"state: not a string of 1 to {MAX_STATE_TEXT} characters")
+    return Request("hook", "", "", via="cdi", hook=hook, state=state)
+
+
 def decode_reply(data: bytes) -> Reply:
     """The reply in `data`; ProtocolError if it is not one."""
     obj = _load(data)
@@ -281,4 +329,7 @@ def decode_reply(data: bytes) -> Reply:
     resized = obj.get("resized")
     if resized is not None and not isinstance(resized, dict):
         raise ProtocolError("resized: not an object")
-    return Reply(True, plan=plan, released=released, resized=resized)
+    namespace = obj.get("namespace")
+    if namespace is not None and not isinstance(namespace, str):
+        raise ProtocolError("namespace: not a string")
+    return Reply(True, plan=plan, released=released, resized=resized, namespace=namespace)
