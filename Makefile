@@ -11,7 +11,7 @@ CHECK_WORKERS ?= 2
 
 .PHONY: demo demo-kernel test check prereqs kmod lint bench report install-node check-static check-static-untimed \
 	check-ruff check-mypy check-layers check-kmod check-interposer check-unit \
-	check-shell check-checkpatch check-interposer-all
+	check-shell check-checkpatch check-interposer-all check-front
 
 prereqs:
 	bash scripts/install-prereqs.sh
@@ -35,7 +35,7 @@ test: prereqs
 
 # The fast tier: its parts run side by side (make -j), each one's output
 # printed whole when it ends.  No containerd, no qemu, no root needed.
-CHECK_PARTS := check-unit check-kmod check-mypy check-ruff check-layers check-interposer
+CHECK_PARTS := check-unit check-kmod check-mypy check-ruff check-layers check-interposer check-front
 check: prereqs
 	$(MAKE) --no-print-directory -j4 --output-sync=target $(CHECK_PARTS)
 
@@ -55,12 +55,17 @@ check-kmod:
 check-interposer:
 	$(MAKE) -C libgpushare unit
 
+# The compiled gpushare-runc and CDI hooks (front/): its C unit tests.
+check-front:
+	$(MAKE) -C front check
+
 # make test's first step (scripts/test.sh): the static checks and the C tests.
 check-static: check-static-untimed check-interposer-all
 
 # The static checks and C tests that measure no time (scripts/test.sh runs
 # them beside other work; the interposer's C tests time its gate).
-check-static-untimed: check-ruff check-mypy check-layers check-kmod check-shell check-checkpatch
+check-static-untimed: check-ruff check-mypy check-layers check-kmod check-shell check-checkpatch \
+	check-front
 
 check-shell:
 	shellcheck scripts/*.sh .ci/run kmod/fetch-checkpatch.sh tests/guest/harness/init.sh \

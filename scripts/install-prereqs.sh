@@ -122,4 +122,8 @@ if [ ! -f "$stamp" ]; then
 	"$top/.venv/bin/pip" install -q -e "${top}[test]"
 	touch "$stamp"
 fi
+
+# --- the compiled front (gpushare-runc and the CDI hooks), next to the ---
+# --- Python programs it hands odd cases to: .venv/bin/gpushare-front ---
+make -s -C "$top/front" PYBIN="$top/.venv/bin" venv
 echo "install-prereqs: ok"

@@ -1,9 +1,16 @@
 """A fake of the daemon's local API for the hook and gpushare-runc tests: a
 unix-socket server in a thread that records what it is asked and answers
-canned replies (`protocol.encode_reply`)."""
+canned replies (`protocol.encode_reply`).
+
+The compiled front's ops (``runc-create``, ``hook``) are answered by the
+daemon's own code for them (`nri_gpushare.daemon.local_bundle`: the bundle
+read and edited for real), which asks the canned answers; `requests` records
+what that code asked (as the Python programs would have asked it), `outer`
+the front's own requests."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import socket
@@ -12,6 +19,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from nri_gpushare.daemon import local_bundle
 from nri_gpushare.local.protocol import (
     ProtocolError,
     Reply,
@@ -54,6 +62,7 @@ class FakeDaemon:
         }
         self.answers.update(answers or {})
         self.requests: list[Request] = []
+        self.outer: list[Request] = []
         self.raw: list[bytes] = []
         self.connections = 0
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -87,16 +96,41 @@ class FakeDaemon:
                 except ProtocolError as e:
                     conn.sendall(encode_reply(Reply.refused(str(e), "protocol")))
                     continue
-                self.requests.append(request)
-                answer = self.answers[request.op]
-                if callable(answer):
-                    answer = answer(request)
+                if request.op in ("runc-create", "hook"):
+                    self.outer.append(request)
+                    try:
+                        answer = asyncio.run(self._front_op(request))
+                    except _Raw as raw:
+                        answer = raw.data
+                else:
+                    answer = self._answer(request)
                 conn.sendall(answer if isinstance(answer, bytes) else encode_reply(answer))
+
+    def _answer(self, request: Request) -> Reply | bytes:
+        self.requests.append(request)
+        answer = self.answers[request.op]
+        return answer(request) if callable(answer) else answer
+
+    async def _front_op(self, request: Request) -> Reply:
+        async def ask(inner: Request) -> Reply:
+            answer = self._answer(inner)
+            if isinstance(answer, bytes):
+                raise _Raw(answer)  # what a daemon answering nonsense would send
+            return answer
+
+        if request.op == "hook":
+            return await local_bundle.hook(request, ask)
+        return await local_bundle.runc_create(request, ask)
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(5)
         self._sock.close()
+
+
+class _Raw(Exception):
+    def __init__(self, data: bytes) -> None:
+        self.data = data
 
 
 @contextmanager

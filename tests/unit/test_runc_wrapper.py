@@ -1,5 +1,8 @@
-"""gpushare-runc, the installed console script, with a fake runc (a shell
-script named by GPUSHARE_RUNC) and a fake daemon."""
+"""gpushare-runc with a fake runc (a shell script named by GPUSHARE_RUNC) and
+a fake daemon: each test for both programs, the Python console script (the
+reference) and the compiled front (front/, installed into the venv by
+scripts/install-prereqs.sh), which does create and delete itself and hands
+the rest to the Python one."""
 
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ from nri_gpushare.local.protocol import Reply, Request
 from tests.unit.fake_local_daemon import PLAN, fake_daemon, short_dir
 
 WRAPPER = Path(sys.executable).with_name("gpushare-runc")
+FRONT = Path(sys.executable).with_name("gpushare-front")
+PROGRAMS = {"python": WRAPPER, "front": FRONT}
 
 # Logs each call as its argument count then its arguments, NUL-terminated;
 # at create, copies the config.json it sees and writes the pid file; at state,
@@ -72,8 +77,9 @@ ROOT = "/run/containerd/runc/default"
 class Bed:
     """A bundle at .../io.containerd.runtime.v2.task/default/c1, a fake runc and its log."""
 
-    def __init__(self, tmp: Path, socket_path: str) -> None:
+    def __init__(self, tmp: Path, socket_path: str, program: Path = WRAPPER) -> None:
         self.tmp = tmp
+        self.program = program
         self.bundle = tmp / "io.containerd.runtime.v2.task" / "default" / "c1"
         self.bundle.mkdir(parents=True)
         self.write_config(CONFIG)
@@ -89,6 +95,7 @@ class Bed:
             "GPUSHARE_RUNC": str(self.runc),
             "GPUSHARE_API_SOCKET": socket_path,
             "FAKE_RUNC_LOG": str(self.log),
+            "GPUSHARE_PYBIN": str(WRAPPER.parent),
         }
 
     def write_config(self, config: object) -> None:
@@ -118,7 +125,7 @@ class Bed:
         """Run gpushare-runc with `args`; (result, its pid)."""
         env = dict(self.env, **kw.pop("env", {}))
         proc = subprocess.Popen(
-            [str(WRAPPER), *args],
+            [str(self.program), *args],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -160,9 +167,11 @@ def daemon():
         yield d
 
 
-@pytest.fixture
-def bed(tmp_path: Path, daemon) -> Bed:
-    return Bed(tmp_path, daemon.path)
+@pytest.fixture(params=list(PROGRAMS))
+def bed(request, tmp_path: Path, daemon) -> Bed:
+    program = PROGRAMS[request.param]
+    assert program.exists(), f"{program} is missing: make prereqs builds and installs it"
+    return Bed(tmp_path, daemon.path, program)
 
 
 # -- the fast path: everything but create and delete is runc itself --------------
@@ -430,7 +439,7 @@ def test_create_bad_config(bed, daemon, content, says):
     done, _ = bed.run(bed.create_args())
     assert done.returncode == 1
     assert done.stderr.decode().startswith("gpushare: ") and says in done.stderr.decode()
-    assert bed.calls() == [] and daemon.connections == 0
+    assert bed.calls() == [] and daemon.requests == []  # the front's runc-create asked nothing
 
 
 def test_create_huge_env(bed, daemon):
@@ -438,7 +447,7 @@ def test_create_huge_env(bed, daemon):
     done, _ = bed.run(bed.create_args())
     assert done.returncode == 1
     assert b"env: not an object of at most 4096 entries" in done.stderr
-    assert bed.calls() == [] and daemon.connections == 0
+    assert bed.calls() == [] and daemon.requests == []  # the front's runc-create asked nothing
 
 
 def test_create_bad_plan_releases_and_leaves_config(bed, daemon):
@@ -448,7 +457,9 @@ def test_create_bad_plan_releases_and_leaves_config(bed, daemon):
     assert done.returncode == 1
     assert b"plan devices: a string, expected an array" in done.stderr
     assert bed.config() == before and bed.calls() == []
-    assert daemon.ops() == ["create", "release"]
+    # The front's runc-create fails the same way in the daemon, which
+    # releases; then the Python wrapper asks again and says why.
+    assert daemon.ops() == ["create", "release"] * (2 if bed.program == FRONT else 1)
 
 
 def test_create_daemon_nonsense(bed, daemon):
@@ -488,7 +499,7 @@ def test_create_ambiguous_arguments_are_refused(bed, daemon):
     done, _ = bed.run(args)
     assert done.returncode == 1
     assert b"cannot tell the container ID" in done.stderr
-    assert bed.calls() == [] and daemon.connections == 0
+    assert bed.calls() == [] and daemon.requests == []  # the front's runc-create asked nothing
 
 
 def test_create_unknown_switch_is_tolerated(bed, daemon):
