@@ -80,13 +80,16 @@ class PluginProcess:
     def status(self) -> dict[str, Any]:
         return query_status(self.status_socket)
 
-    def runc_wrapper(self) -> Path:
+    def runc_wrapper(self, program: str = "gpushare-front") -> Path:
         """gpushare-runc asking this plugin: a runtime binary for ctr's
-        --runc-binary or dockerd's --add-runtime."""
-        script = self.workdir / "gpushare-runc"
+        --runc-binary or dockerd's --add-runtime.  `program`: the compiled
+        front (what scripts/install-node.sh installs as gpushare-runc), or
+        "gpushare-runc" for the Python wrapper alone."""
+        name = "gpushare-runc" if program == "gpushare-front" else "gpushare-runc-py"
+        script = self.workdir / name
         script.write_text(
             f"#!/bin/sh\nGPUSHARE_API_SOCKET={self.api_socket} "
-            f'exec {ROOT / ".venv" / "bin" / "gpushare-runc"} "$@"\n'
+            f'exec {ROOT / ".venv" / "bin" / program} "$@"\n'
         )
         script.chmod(0o755)
         return script

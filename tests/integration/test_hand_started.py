@@ -26,6 +26,10 @@ NS = "default"
 GiB = 1 << 30
 # Bounds a wait that normally ends at once (a broken path fails instead of hanging).
 STUCK = 60.0
+# gpushare-runc and the CDI hooks: the compiled front (installed) and the
+# Python programs (its reference and fallback); the key tests run both.
+PROGRAMS = ["gpushare-front", "gpushare-runc"]
+HOOK_PROGRAMS = ["gpushare-front", "nri-gpushare"]
 
 
 def ctr(bed: Containerd, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -120,9 +124,10 @@ def local(plugin: PluginProcess) -> dict[str, dict]:
     return {a["container_id"]: a for a in plugin.status()["allocations"] if a["origin"] != "nri"}
 
 
-async def test_ctr_run_with_a_label_gets_its_share_next_to_a_pod(bed, start_plugin, cri):
+@pytest.mark.parametrize("program", PROGRAMS)
+async def test_ctr_run_with_a_label_gets_its_share_next_to_a_pod(bed, start_plugin, cri, program):
     plugin = start_plugin(bed, inventory=gpu_inventory(1, "8Gi"))
-    runtime = plugin.runc_wrapper()
+    runtime = plugin.runc_wrapper(program)
     pod = await run_sleeper(cri, "pod", {P + "gpu-memory": "3Gi"})
     cid = name()
     ctr_run(bed, runtime, cid, ["sleep", "3600"], "-d", "--label", P + "gpu-memory=2Gi")
@@ -147,9 +152,10 @@ async def test_ctr_run_with_a_label_gets_its_share_next_to_a_pod(bed, start_plug
     assert reserved(plugin)[0][0] == 3 * GiB
 
 
-async def test_ctr_run_rm_shows_the_share_and_gives_it_back(bed, start_plugin):
+@pytest.mark.parametrize("program", PROGRAMS)
+async def test_ctr_run_rm_shows_the_share_and_gives_it_back(bed, start_plugin, program):
     plugin = start_plugin(bed, inventory=gpu_inventory(1, "8Gi"))
-    runtime = plugin.runc_wrapper()
+    runtime = plugin.runc_wrapper(program)
     cid = name()
     env = ["ALIYUN_COM_GPU_MEM_CONTAINER=6"]
     done = ctr_run(bed, runtime, cid, ["env"], "--rm", "--env", env[0])
@@ -159,9 +165,12 @@ async def test_ctr_run_rm_shows_the_share_and_gives_it_back(bed, start_plugin):
     assert reserved(plugin)[0][0] == 0
 
 
-async def test_a_request_that_does_not_fit_fails_ctr_run_with_the_reason(bed, start_plugin):
+@pytest.mark.parametrize("program", PROGRAMS)
+async def test_a_request_that_does_not_fit_fails_ctr_run_with_the_reason(
+    bed, start_plugin, program
+):
     plugin = start_plugin(bed, inventory=gpu_inventory(1, "8Gi"))
-    runtime = plugin.runc_wrapper()
+    runtime = plugin.runc_wrapper(program)
     cid = name()
     done = ctr_run(
         bed, runtime, cid, ["true"], "--rm", "--label", P + "gpu-memory=12Gi", check=False
@@ -269,8 +278,9 @@ async def test_docker_run_with_the_gpushare_runtime_gets_the_cgpu_share(
     assert local(plugin) == {}
 
 
-def cdi_spec(plugin: PluginProcess, directory: Path) -> Path:
-    """The node's CDI spec, written by `nri-gpushare cdi generate` for `plugin`."""
+def cdi_spec(plugin: PluginProcess, directory: Path, hook: str = "gpushare-front") -> Path:
+    """The node's CDI spec, written by `nri-gpushare cdi generate` for
+    `plugin`, its hooks run by `hook` (the front, or nri-gpushare itself)."""
     directory.mkdir(exist_ok=True)
     out = directory / "gpushare.io-gpu.json"
     subprocess.run(
@@ -283,7 +293,7 @@ def cdi_spec(plugin: PluginProcess, directory: Path) -> Path:
             "--output",
             str(out),
             "--hook-path",
-            str(ROOT / ".venv" / "bin" / "nri-gpushare"),
+            str(ROOT / ".venv" / "bin" / hook),
         ],
         check=True,
         capture_output=True,
@@ -292,12 +302,13 @@ def cdi_spec(plugin: PluginProcess, directory: Path) -> Path:
     return out
 
 
+@pytest.mark.parametrize("hook", HOOK_PROGRAMS)
 async def test_docker_with_a_cdi_device_asks_the_daemon_through_the_hooks(
-    bed, start_plugin, make_dockerd
+    bed, start_plugin, make_dockerd, hook
 ):
     plugin = start_plugin(bed, inventory=gpu_inventory(2, "8Gi"))
     spec_dir = plugin.workdir / "cdi"
-    cdi_spec(plugin, spec_dir)
+    cdi_spec(plugin, spec_dir, hook)
     docker = make_dockerd(cdi_spec_dirs=[spec_dir])
     share = ["--annotation", P + "gpu-memory=2Gi", "--annotation", P + "isolation=none"]
     run = docker.docker(

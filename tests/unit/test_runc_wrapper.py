@@ -291,6 +291,8 @@ def test_create_with_a_share(bed, daemon):
     assert sorted(os.listdir(bed.bundle)) == ["config.json"]
     assert daemon.ops() == ["create", "start"]
     assert daemon.requests[1] == Request("start", "default", "c1", pid=4242)
+    front = bed.program == FRONT
+    assert [r.op for r in daemon.outer] == (["runc-create"] if front else [])
 
 
 def test_create_options_after_the_id_and_relative_paths(bed, daemon):
