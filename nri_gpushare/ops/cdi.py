@@ -38,6 +38,8 @@ from nri_gpushare.share.model import Gpu, InterposerPolicy
 from nri_gpushare.share.plan import DeviceLookup
 
 DEFAULT_OUTPUT = "/etc/cdi/gpushare.io-gpu.json"
+#: The compiled hooks (front/), installed next to nri-gpushare in its venv.
+FRONT = "gpushare-front"
 #: The file names a CDI runtime loads from /etc/cdi and /var/run/cdi.
 SPEC_SUFFIXES = (".json", ".yaml")
 
@@ -48,18 +50,25 @@ SPEC_SUFFIXES = (".json", ".yaml")
 def default_hook_path(
     which: Callable[[str], str | None] | None = None, argv0: str | None = None
 ) -> str | None:
-    """The absolute path of the nri-gpushare program: found on PATH (`which`,
-    default shutil.which), else the running one (`argv0`, default sys.argv[0])
-    when it is an executable file; None otherwise (run as `python -m`)."""
+    """The absolute path of the program the hooks run: the compiled front
+    (`FRONT`, no Python start per hook) when it is installed next to the
+    nri-gpushare program (its venv's bin), else that program.  nri-gpushare
+    is found on PATH (`which`, default shutil.which), else it is the running
+    one (`argv0`, default sys.argv[0]) when that is an executable file; None
+    otherwise (run as `python -m`)."""
     found = (which or shutil.which)(PROGRAM)
-    if found:
-        return os.path.abspath(found)
+    program = os.path.abspath(found) if found else None
     argv0 = sys.argv[0] if argv0 is None else argv0
-    if argv0:
+    if program is None and argv0:
         path = Path(argv0).resolve()
         if path.is_file() and os.access(path, os.X_OK):
-            return str(path)
-    return None
+            program = str(path)
+    if program is None:
+        return None
+    front = Path(program).resolve().with_name(FRONT)
+    if front.is_file() and os.access(front, os.X_OK):
+        return str(front)
+    return program
 
 
 def _executable_problem(path: str) -> str:
@@ -134,7 +143,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     gen.add_argument(
         "--hook-path",
-        help=f"absolute path of {PROGRAM} for the hooks (default: the one running)",
+        help=f"absolute path of the hook program (default: {FRONT} next to {PROGRAM}, "
+        f"else {PROGRAM})",
     )
     return parser
 

@@ -249,6 +249,23 @@ def test_default_hook_path_falls_back_to_the_running_program(tmp_path):
     assert cdi.default_hook_path(which=lambda _: None, argv0=str(module)) is None
 
 
+def test_default_hook_path_is_the_front_installed_next_to_nri_gpushare(tmp_path):
+    """scripts/install-node.sh links /usr/local/bin/nri-gpushare into the venv,
+    where the compiled hooks (gpushare-front) are too."""
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    program = bin_dir / "nri-gpushare"
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o755)
+    link = tmp_path / "nri-gpushare"
+    link.symlink_to(program)
+    front = bin_dir / "gpushare-front"
+    front.write_text("")
+    assert cdi.default_hook_path(which=lambda _: str(link)) == str(link)  # not executable
+    front.chmod(0o755)
+    assert cdi.default_hook_path(which=lambda _: str(link)) == str(front)
+
+
 # -- nri-gpushare cdi generate ---------------------------------------------------------
 
 
