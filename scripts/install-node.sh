@@ -8,7 +8,7 @@
 #
 # Install (re-run = upgrade): Debian packages (apt), the daemon in its own
 # virtualenv /opt/nri-gpushare/venv with its commands linked into
-# /usr/local/bin, /etc/nri-gpushare/gpushare.yaml when absent (never
+# /usr/local/bin (gpushare-runc: the compiled front, also the CDI hooks), /etc/nri-gpushare/gpushare.yaml when absent (never
 # overwritten), the systemd unit, the CUDA interposer under a versioned path
 # with an atomically swapped symlink, and gpushare.ko through DKMS (rebuilt
 # for every new kernel) with /etc/modules-load.d/gpushare.conf.
@@ -171,9 +171,18 @@ install_daemon() {
 		pyproject.toml README.md LICENSE nri_gpushare | tar -C "$build" -xf -
 	"$VENV/bin/pip" install -q --upgrade "$build"
 	rm -rf "$build"
+	# The compiled gpushare-runc and CDI hooks (front/), in the venv next to
+	# the Python programs it hands odd cases to: gpushare-runc is the front.
+	build=$(mktemp -d)
+	make -s -C "$src/front" BUILD="$build" PYBIN="$VENV/bin" "$build/gpushare-front" >/dev/null
+	install -m 0755 "$build/gpushare-front" "$VENV/bin/.gpushare-front.tmp"
+	mv "$VENV/bin/.gpushare-front.tmp" "$VENV/bin/gpushare-front"
+	rm -rf "$build"
 	for cmd in $COMMANDS; do
-		[ -x "$VENV/bin/$cmd" ] || die "$VENV/bin/$cmd was not installed"
-		ln -sfn "$VENV/bin/$cmd" "/usr/local/bin/$cmd"
+		target=$VENV/bin/$cmd
+		[ "$cmd" = gpushare-runc ] && target=$VENV/bin/gpushare-front
+		[ -x "$target" ] || die "$target was not installed"
+		ln -sfn "$target" "/usr/local/bin/$cmd"
 	done
 }
 

@@ -19,7 +19,11 @@ ctr, nerdctl, docker, podman.
   makes ``nerdctl rm`` and ``podman rm`` fail); problems go to stderr.
 
 Standard library and `nri_gpushare.local` only: this runs in every container
-start.
+start.  This is the reference implementation: the compiled front
+(``front/``, ``gpushare-front hook ...``, what `nri-gpushare cdi generate`
+names when it is installed) sends the state to the daemon (the ``hook`` op)
+and runs this program, with the same arguments and stdin, for every case it
+does not handle itself.
 """
 
 from __future__ import annotations

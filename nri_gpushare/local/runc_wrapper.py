@@ -1,6 +1,12 @@
 """`gpushare-runc`: a drop-in runc that gives containers started by ctr,
 nerdctl or docker (which never reach NRI) their GPU share.
 
+This is the reference implementation.  What a node runs as gpushare-runc is
+the compiled front (``front/``, ``gpushare-front``): it does the common
+create and delete itself (the daemon reads and edits the bundle: the local
+API's ``runc-create``) and execs this program, with the same arguments and
+``$GPUSHARE_RUNC`` set to the runc it found, for ``exec`` and every odd case.
+
 Install it as the runtime binary (containerd: the runc runtime's
 ``BinaryName``; docker: ``--add-runtime``/``default-runtime``), or as ``runc``
 ahead of the real one on PATH.  The real runc is ``$GPUSHARE_RUNC``, else the

@@ -114,9 +114,14 @@ def headers_from_host_if_gone(root: Root, kernel: str) -> None:
 
 def test_install_puts_everything_in_place(node: Root) -> None:
     kernel = node.kernel
-    for command in ("nri-gpushare", "gpushare-runc", "gpushare-smi"):
+    for command, program in (
+        ("nri-gpushare", "nri-gpushare"),
+        ("gpushare-runc", "gpushare-front"),  # compiled; the Python one is its fallback
+        ("gpushare-smi", "gpushare-smi"),
+    ):
         link = node.host(f"/usr/local/bin/{command}")
-        assert os.readlink(link) == f"/opt/nri-gpushare/venv/bin/{command}"
+        assert os.readlink(link) == f"/opt/nri-gpushare/venv/bin/{program}"
+    assert os.access(node.host("/opt/nri-gpushare/venv/bin/gpushare-front"), os.X_OK)
     assert node.ok(["nri-gpushare", "load-module", "--help"])
     config = node.host("/etc/nri-gpushare/gpushare.yaml").read_text()
     assert re.search(r"^inventory: \[\]", config, re.M), "the installed inventory is empty"
