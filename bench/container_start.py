@@ -3,28 +3,26 @@ container that runs `true`, through plain runc and through gpushare-runc,
 rotating between the arms in one run on one private containerd (the test
 bed) with the daemon running, so that load on the machine hits all alike.
 
-Arms:
+gpushare-runc is the compiled front (front/, `.venv/bin/gpushare-front`,
+what scripts/install-node.sh installs as gpushare-runc).  Arms:
 - runc: the shim runs runc itself (the baseline);
-- wrapper, no share: gpushare-runc passes through (create asks nothing:
-  the container asks for no share, so it execs runc after reading
-  config.json; every other subcommand is a plain exec);
+- wrapper, no share: create sends runc-create (the daemon reads config.json:
+  the container asks for no share) and execs runc; every other subcommand
+  is a plain exec;
 - wrapper, share: the container asks `gpushare.io/gpu-memory=1Gi`: the
-  daemon places, registers and the wrapper edits config.json, runs runc
-  create as a child, binds; at delete it releases.
-- lean wrapper, share: the same, the wrapper's Python started with `-S`
-  and the source tree on its path.  The project's venv holds an editable
-  install (`pip install -e`), whose import finder, run at every Python
-  start by site, costs ~16 ms here, four times per container (create,
-  start, delete twice); a regular install has no such finder, so this arm
-  is closer to what a node pays.
+  daemon places, registers and edits config.json, the front runs runc
+  create as a child and binds (start); at delete it releases;
+- python wrapper, share: the same through the Python wrapper alone (the
+  reference the front hands odd cases to), for comparison.
 
 and, through a private dockerd (Debian trixie's 26.1) on the same containerd
 (unless --no-docker), `docker run --rm --network none` of the same container:
 - docker, runc: the baseline of the docker arms;
 - docker, CDI hooks: `--device gpushare.io/gpu=0` from the spec
-  `nri-gpushare cdi generate` writes, with a 1Gi share (isolation none, as
-  the CDI path without the kernel module allows): its createRuntime hook
-  asks the daemon to place and register, its poststop hook releases.
+  `nri-gpushare cdi generate` writes with the front as the hook program, with
+  a 1Gi share (isolation none, as the CDI path without the kernel module
+  allows): its createRuntime hook asks the daemon to place and register,
+  its poststop hook releases.
 
 Prints count, p50 and p99 of each arm's wall time, the difference of each
 to its baseline's p50 (runc for the ctr arms, docker runc for the docker
@@ -75,9 +73,10 @@ def cdi_spec(plugin: PluginProcess, directory: Path) -> None:
     """The node's CDI spec for `plugin`, as `nri-gpushare cdi generate` writes it."""
     directory.mkdir()
     nri_gpushare = str(ROOT / ".venv" / "bin" / "nri-gpushare")
+    front = str(ROOT / ".venv" / "bin" / "gpushare-front")
     subprocess.run(
         [nri_gpushare, "cdi", "generate", "--config", str(plugin.config_path),
-         "--output", str(directory / "gpushare.io-gpu.json"), "--hook-path", nri_gpushare],
+         "--output", str(directory / "gpushare.io-gpu.json"), "--hook-path", front],
         check=True, capture_output=True, timeout=60,
     )  # fmt: skip
 
@@ -96,12 +95,7 @@ def main() -> int:
         ).start()
         try:
             wrapper = plugin.runc_wrapper()
-            lean = work / "gpushare-runc-lean"
-            lean.write_text(
-                f"#!/bin/sh\nGPUSHARE_API_SOCKET={plugin.api_socket} PYTHONPATH={ROOT} "
-                f'exec {sys.executable} -S -m nri_gpushare.local.runc_wrapper "$@"\n'
-            )
-            lean.chmod(0o755)
+            python_wrapper = plugin.runc_wrapper("gpushare-runc")
             runc = shutil.which("runc") or "/usr/sbin/runc"
             ctr = [str(bed.ctr), "-a", str(bed.grpc_address), "-n", "default"]
             subprocess.run([*ctr, "images", "import", str(build_images())], check=True,
@@ -118,7 +112,7 @@ def main() -> int:
                 "runc": ctr_run(runc, []),
                 "wrapper, no share": ctr_run(str(wrapper), []),
                 "wrapper, share": ctr_run(str(wrapper), share),
-                "lean wrapper, share": ctr_run(str(lean), share),
+                "python wrapper, share": ctr_run(str(python_wrapper), share),
             }
             baselines = dict.fromkeys(arms, "runc")
             if not args.no_docker:
@@ -168,13 +162,13 @@ def main() -> int:
     shutil.rmtree(work, ignore_errors=True)
     figures: dict[str, float] = {}
     print(f"container start (true), {args.runs} containers per arm, rotating; milliseconds")
-    print(f"{'arm':20} {'n':>4} {'p50':>8} {'p99':>8} {'+p50':>8} {'ratio':>6}")
+    print(f"{'arm':22} {'n':>4} {'p50':>8} {'p99':>8} {'+p50':>8} {'ratio':>6}")
     for arm, values in times.items():
         p50 = statistics.median(values)
         base = statistics.median(times[baselines[arm]])
         p99 = percentile(values, 0.99)
         print(
-            f"{arm:20} {len(values):4d} {p50 * 1e3:8.1f} {p99 * 1e3:8.1f} "
+            f"{arm:22} {len(values):4d} {p50 * 1e3:8.1f} {p99 * 1e3:8.1f} "
             f"{(p50 - base) * 1e3:+8.1f} {p50 / base:6.2f}"
         )
         figures |= {
