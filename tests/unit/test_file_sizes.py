@@ -1,6 +1,6 @@
 """Every source file of the product (the plugin, the kernel module, the
-interposer, the compiled front, and their own tests) stays at 400 lines or fewer: one concern per
-file (issue 27).  Generated bindings are left out."""
+interposer, the compiled front, and their own tests) stays at 400 lines or
+fewer: one concern per file (issue 27).  Generated bindings are left out."""
 
 from __future__ import annotations
 
