@@ -54,6 +54,21 @@ static int read_state(struct buf *b)
 	return 0;
 }
 
+/*
+ * `nri-gpushare hook` in our place; when even that cannot run, a poststop
+ * hook (the first argument that is no option) still exits 0: it must never
+ * fail a delete.
+ */
+static int python(int nargs, char **args, const char *state, size_t len)
+{
+	int i;
+
+	fallback_hook(nargs, args, state, len);
+	for (i = 0; i < nargs && args[i][0] == '-'; i++)
+		;
+	return i < nargs && !strcmp(args[i], "poststop") ? 0 : 127;
+}
+
 int hook_main(int nargs, char **args)
 {
 	const char *action = NULL, *socket = api_socket();
@@ -70,10 +85,10 @@ int hook_main(int nargs, char **args)
 		else if (!action && (!strcmp(args[i], "create-runtime") || !strcmp(args[i], "poststop")))
 			action = args[i];
 		else
-			return fallback_hook(nargs, args, NULL, 0);  /* usage, --help, --timeout */
+			return python(nargs, args, NULL, 0);  /* usage, --help, --timeout */
 	}
 	if (!action || isatty(STDIN_FILENO))
-		return fallback_hook(nargs, args, NULL, 0);
+		return python(nargs, args, NULL, 0);
 	if (read_state(&state) || !state.len || state.len > MAX_STATE)
 		goto python;
 	creating = !strcmp(action, "create-runtime");
@@ -111,7 +126,7 @@ python:
 	buf_free(&req);
 	buf_free(&why);
 	if (code < 0)
-		code = fallback_hook(nargs, args, state.p ? state.p : "", state.len);
+		code = python(nargs, args, state.p ? state.p : "", state.len);
 	buf_free(&state);
 	return code;
 }

@@ -161,3 +161,16 @@ def test_usage(program):
     assert done.returncode == 2 and b"--timeout 'x'" in done.stderr
     done = hook(program, "poststop", "--bogus", stdin=b"")
     assert done.returncode == 0  # a poststop hook never fails a delete
+
+
+def test_the_front_without_its_python_fails_create_and_never_poststop(bundle, tmp_path):
+    """The Python hook it hands odd cases to is missing (a broken install)."""
+    env = {"PATH": "/bin:/usr/bin", "GPUSHARE_PYBIN": str(tmp_path / "nothing")}
+    with short_dir() as d:
+        sock = os.path.join(d, "none.sock")
+        for action, code in (("create-runtime", 127), ("poststop", 0)):
+            done = subprocess.run(
+                [str(PROGRAMS["front"]), "hook", action, "--socket", sock],
+                input=state(bundle), capture_output=True, env=env, timeout=60,
+            )  # fmt: skip
+            assert done.returncode == code and b"gpushare: cannot run" in done.stderr
