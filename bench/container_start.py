@@ -4,7 +4,8 @@ rotating between the arms in one run on one private containerd (the test
 bed) with the daemon running, so that load on the machine hits all alike.
 
 gpushare-runc is the compiled front (front/, `.venv/bin/gpushare-front`,
-what scripts/install-node.sh installs as gpushare-runc).  Arms:
+what scripts/install-node.sh installs as gpushare-runc), run by the shim as
+it is (the daemon's socket in containerd's environment).  Arms:
 - runc: the shim runs runc itself (the baseline);
 - wrapper, no share: create sends runc-create (the daemon reads config.json:
   the container asks for no share) and execs runc; every other subcommand
@@ -89,13 +90,18 @@ def main() -> int:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gs-start-"))
     docker: Dockerd | None = None
+    # The plugin's socket reaches gpushare-runc as on a node, through the
+    # environment containerd gives its shims (the tests' runc_wrapper() is a
+    # shell script setting it, one more program start per runc call).
+    os.environ["GPUSHARE_API_SOCKET"] = str(work / "plugin" / "api.sock")
     with Containerd() as bed:
         plugin = PluginProcess(
             bed.nri_socket, work / "plugin", inventory=gpu_inventory(1, "16Gi")
         ).start()
+        assert plugin.api_socket == os.environ["GPUSHARE_API_SOCKET"]
         try:
-            wrapper = plugin.runc_wrapper()
-            python_wrapper = plugin.runc_wrapper("gpushare-runc")
+            wrapper = ROOT / ".venv" / "bin" / "gpushare-front"
+            python_wrapper = ROOT / ".venv" / "bin" / "gpushare-runc"
             runc = shutil.which("runc") or "/usr/sbin/runc"
             ctr = [str(bed.ctr), "-a", str(bed.grpc_address), "-n", "default"]
             subprocess.run([*ctr, "images", "import", str(build_images())], check=True,
