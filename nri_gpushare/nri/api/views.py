@@ -318,6 +318,10 @@ class ContainerView(_LazyMessage):
         i = 3 * _C.LINUX
         if idx[i] < 0:
             return ""
+        if pb.single(idx, _C.LINUX):  # the usual case: one `linux`, read where it is
+            a, b = idx[i + 1], idx[i + 2]
+            linux = pb.index(buf, "LinuxContainer", _LINUX_TYPES, _L.LAST + 1, a, b)
+            return pb.string_at(buf, linux, _L.CGROUPS_PATH, "LinuxContainer")
         # Repeated occurrences of `linux` merge: the last cgroups_path wins.
         found = ""
         for a, b in pb.payloads(buf, _C.LINUX, idx[i], idx[i + 2]):
