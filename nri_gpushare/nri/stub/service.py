@@ -27,6 +27,7 @@ import betterproto
 from nri_gpushare.nri.api import lite, nri
 from nri_gpushare.nri.api.lite import ConfigureRequestView, ContainerView, PodSandboxView
 from nri_gpushare.nri.stub.events import BY_EVENT, EVENTS, Delivery, Event, EventSpec, describe_mask
+from nri_gpushare.nri.stub.gc_pause import collection_paused
 from nri_gpushare.nri.stub.plugin import (
     CreateResult,
     Plugin,
@@ -194,6 +195,10 @@ class PluginService:
         return lite.encode_configure_response(mask)
 
     async def _synchronize(self, payload: bytes) -> bytes:
+        with collection_paused():
+            return await self._synchronize_part(payload)
+
+    async def _synchronize_part(self, payload: bytes) -> bytes:
         request = lite.decode_synchronize_request(payload)
         if request.more and self.plugin.synchronize_part(request.pods, request.containers):
             return lite.encode_synchronize_response(more=True)
