@@ -1,5 +1,5 @@
-"""`pb.index`, the one-loop walker the lazy views index a message with, and
-`pb.single`: hostile inputs (truncated varints, lengths past the end, nested
+"""`pbi.index`, the one-loop walker the lazy views index a message with, and
+`pbi.single`: hostile inputs (truncated varints, lengths past the end, nested
 garbage, duplicated and unknown fields, runs of two-byte keys) give what the
 generator walker `pb.spans` gives, field for field and error for error.
 """
@@ -14,6 +14,7 @@ from nri_gpushare.nri.api import fields as F
 from nri_gpushare.nri.api import lite, nri
 from nri_gpushare.nri.api.views import _CTR_TYPES, _LINUX_TYPES
 from nri_gpushare.nri.wire import pb
+from nri_gpushare.nri.wire import pb_index as pbi
 from nri_gpushare.nri.wire.errors import DecodeError
 from tests.unit.test_fuzz_common import fuzz
 
@@ -23,7 +24,7 @@ COUNT = C.USER + 1
 
 def reference(
     data: bytes, what: str, wire_types: pb.WireTypes, count: int, start: int = 0, end: int = -1
-) -> pb.Index:
+) -> pbi.Index:
     """`index` as `spans` walks: what the one-loop walker must equal."""
     idx = [-1] * (3 * count)
     at = start
@@ -46,7 +47,7 @@ def outcome(walk: object, *args: object) -> object:
 
 
 def same(data: bytes, wire_types: pb.WireTypes = _CTR_TYPES, count: int = COUNT) -> object:
-    got = outcome(pb.index, data, "Container", wire_types, count)
+    got = outcome(pbi.index, data, "Container", wire_types, count)
     assert got == outcome(reference, data, "Container", wire_types, count)
     return got
 
@@ -72,9 +73,9 @@ CONTAINER = bytes(
 def test_a_container_indexes_as_spans_walks_it() -> None:
     idx = same(CONTAINER)
     assert isinstance(idx, list)
-    assert pb.string_at(CONTAINER, idx, C.ID, "Container") == "c1"
-    assert pb.varint_at(idx, C.PID) == 4242
-    assert pb.varint_at(idx, C.CREATED_AT) == 1764000000000000000
+    assert pbi.string_at(CONTAINER, idx, C.ID, "Container") == "c1"
+    assert pbi.varint_at(idx, C.PID) == 4242
+    assert pbi.varint_at(idx, C.CREATED_AT) == 1764000000000000000
 
 
 @pytest.mark.parametrize(
@@ -106,16 +107,16 @@ def test_the_last_of_a_duplicated_field_wins_and_the_first_key_is_kept() -> None
     data = b"\x0a\x01a" + b"\x1a\x00" + b"\x0a\x02bb" + b"\x60\x05" + b"\x60\x07"
     idx = same(data)
     assert isinstance(idx, list)
-    assert pb.string_at(data, idx, C.ID, "Container") == "bb"
+    assert pbi.string_at(data, idx, C.ID, "Container") == "bb"
     assert idx[3 * C.ID] == 0  # where its region starts
-    assert pb.varint_at(idx, C.PID) == 7
+    assert pbi.varint_at(idx, C.PID) == 7
 
 
 def test_unknown_fields_are_walked_and_left_out() -> None:
     unknown = b"\xf8\x07\x01" + b"\xfa\x07\x02zz" + b"\xfd\x07abcd" + b"\xf9\x07" + bytes(8)
     data = unknown + b"\x0a\x01x" + unknown
     idx = same(data)
-    assert isinstance(idx, list) and pb.string_at(data, idx, C.ID, "Container") == "x"
+    assert isinstance(idx, list) and pbi.string_at(data, idx, C.ID, "Container") == "x"
 
 
 def test_runs_of_two_byte_keys_are_not_taken_for_one_byte_ones() -> None:
@@ -153,12 +154,12 @@ def test_a_mutated_container_indexes_as_spans_walks_it(at: int, noise: bytes, cu
 def test_single_says_one_occurrence_only_when_there_is_one(before: int, after: int) -> None:
     linux = pb.len_field(C.LINUX, bytes(nri.LinuxContainer(cgroups_path="a" * 200)))
     data = b"\x0a\x01x" * before + linux + b"\x60\x01" * after
-    idx = pb.index(data, "Container", _CTR_TYPES, COUNT)
-    assert pb.single(idx, C.LINUX)
+    idx = pbi.index(data, "Container", _CTR_TYPES, COUNT)
+    assert pbi.single(idx, C.LINUX)
     again = data + pb.len_field(C.LINUX, bytes(nri.LinuxContainer(cgroups_path="b")))
-    idx = pb.index(again, "Container", _CTR_TYPES, COUNT)
-    assert not pb.single(idx, C.LINUX)
-    assert pb.single(idx, C.ID) == (before == 1)  # absent, once, or a run
+    idx = pbi.index(again, "Container", _CTR_TYPES, COUNT)
+    assert not pbi.single(idx, C.LINUX)
+    assert pbi.single(idx, C.ID) == (before == 1)  # absent, once, or a run
     assert lite.decode_container(again).cgroups_path == "b"  # merged: the last wins
 
 
@@ -166,6 +167,6 @@ def test_single_is_false_for_an_overlong_length_and_the_walk_reads_it() -> None:
     # A 3-byte length for a short payload: one occurrence, read by walking.
     payload = bytes(nri.LinuxContainer(cgroups_path="c"))
     data = b"\x5a" + bytes([len(payload) | 0x80, 0x80, 0x00]) + payload
-    idx = pb.index(data, "Container", _CTR_TYPES, COUNT)
-    assert not pb.single(idx, C.LINUX)
+    idx = pbi.index(data, "Container", _CTR_TYPES, COUNT)
+    assert not pbi.single(idx, C.LINUX)
     assert lite.decode_container(data).cgroups_path == "c"

@@ -18,6 +18,7 @@ import betterproto
 from nri_gpushare.nri.api import fields as F
 from nri_gpushare.nri.api import nri
 from nri_gpushare.nri.wire import pb
+from nri_gpushare.nri.wire import pb_index as pbi
 from nri_gpushare.nri.wire.errors import DecodeError
 
 M = TypeVar("M", bound=betterproto.Message)
@@ -101,7 +102,7 @@ def parse(cls: type[M], raw: bytes) -> M:
 #
 # A view is a span of the request's buffer. Nothing is decoded until read:
 # the first read of an id-like field indexes the message's top level once
-# (`pb.index`: every field's key and length checked, nothing copied); labels,
+# (`pb_index.index`: every field's key and length checked, nothing copied); labels,
 # annotations, env and the cgroups path are then decoded, each on its own
 # first read, from where that field lies.
 
@@ -120,7 +121,7 @@ class _LazyMessage:
         self.buf = buf
         self.start = start
         self.end = len(buf) if end < 0 else end
-        self._idx: pb.Index | None = None
+        self._idx: pbi.Index | None = None
         self._labels: dict[str, str] | None = None
         self._annotations: dict[str, str] | None = None
         self._message: Any = None
@@ -175,42 +176,42 @@ class PodSandboxView(_LazyMessage):
     __slots__ = ()
     _fields = ("id", "name", "uid", "namespace", "labels", "annotations")
 
-    def _index(self) -> pb.Index:
+    def _index(self) -> pbi.Index:
         idx = self._idx
         if idx is None:
-            idx = self._idx = pb.index(
+            idx = self._idx = pbi.index(
                 self.buf, "PodSandbox", _POD_TYPES, _P.IPS + 1, self.start, self.end
             )
         return idx
 
     @property
     def id(self) -> str:
-        return pb.string_at(self.buf, self._idx or self._index(), _P.ID, "PodSandbox")
+        return pbi.string_at(self.buf, self._idx or self._index(), _P.ID, "PodSandbox")
 
     @property
     def name(self) -> str:
-        return pb.string_at(self.buf, self._idx or self._index(), _P.NAME, "PodSandbox")
+        return pbi.string_at(self.buf, self._idx or self._index(), _P.NAME, "PodSandbox")
 
     @property
     def uid(self) -> str:
-        return pb.string_at(self.buf, self._idx or self._index(), _P.UID, "PodSandbox")
+        return pbi.string_at(self.buf, self._idx or self._index(), _P.UID, "PodSandbox")
 
     @property
     def namespace(self) -> str:
-        return pb.string_at(self.buf, self._idx or self._index(), _P.NAMESPACE, "PodSandbox")
+        return pbi.string_at(self.buf, self._idx or self._index(), _P.NAMESPACE, "PodSandbox")
 
     @property
     def labels(self) -> dict[str, str]:
         if self._labels is None:
             idx = self._idx or self._index()
-            self._labels = pb.string_map(self.buf, idx, _P.LABELS, "PodSandbox.labels")
+            self._labels = pbi.string_map(self.buf, idx, _P.LABELS, "PodSandbox.labels")
         return self._labels
 
     @property
     def annotations(self) -> dict[str, str]:
         if self._annotations is None:
             idx = self._idx or self._index()
-            self._annotations = pb.string_map(
+            self._annotations = pbi.string_map(
                 self.buf, idx, _P.ANNOTATIONS, "PodSandbox.annotations"
             )
         return self._annotations
@@ -253,47 +254,47 @@ class ContainerView(_LazyMessage):
         self._env: list[str] | None = None
         self._cgroups_path: str | None = None
 
-    def _index(self) -> pb.Index:
+    def _index(self) -> pbi.Index:
         idx = self._idx
         if idx is None:
-            idx = self._idx = pb.index(
+            idx = self._idx = pbi.index(
                 self.buf, "Container", _CTR_TYPES, _C.USER + 1, self.start, self.end
             )
         return idx
 
     @property
     def id(self) -> str:
-        return pb.string_at(self.buf, self._idx or self._index(), _C.ID, "Container")
+        return pbi.string_at(self.buf, self._idx or self._index(), _C.ID, "Container")
 
     @property
     def pod_sandbox_id(self) -> str:
-        return pb.string_at(self.buf, self._idx or self._index(), _C.POD_SANDBOX_ID, "Container")
+        return pbi.string_at(self.buf, self._idx or self._index(), _C.POD_SANDBOX_ID, "Container")
 
     @property
     def name(self) -> str:
-        return pb.string_at(self.buf, self._idx or self._index(), _C.NAME, "Container")
+        return pbi.string_at(self.buf, self._idx or self._index(), _C.NAME, "Container")
 
     @property
     def state(self) -> int:
         """An nri.ContainerState value."""
-        return pb.signed(pb.varint_at(self._idx or self._index(), _C.STATE), 32)
+        return pb.signed(pbi.varint_at(self._idx or self._index(), _C.STATE), 32)
 
     @property
     def pid(self) -> int:
-        return pb.varint_at(self._idx or self._index(), _C.PID) & 0xFFFFFFFF
+        return pbi.varint_at(self._idx or self._index(), _C.PID) & 0xFFFFFFFF
 
     @property
     def labels(self) -> dict[str, str]:
         if self._labels is None:
             idx = self._idx or self._index()
-            self._labels = pb.string_map(self.buf, idx, _C.LABELS, "Container.labels")
+            self._labels = pbi.string_map(self.buf, idx, _C.LABELS, "Container.labels")
         return self._labels
 
     @property
     def annotations(self) -> dict[str, str]:
         if self._annotations is None:
             idx = self._idx or self._index()
-            self._annotations = pb.string_map(
+            self._annotations = pbi.string_map(
                 self.buf, idx, _C.ANNOTATIONS, "Container.annotations"
             )
         return self._annotations
@@ -302,7 +303,7 @@ class ContainerView(_LazyMessage):
     def env(self) -> list[str]:
         """ "NAME=value" entries."""
         if self._env is None:
-            self._env = pb.strings(self.buf, self._idx or self._index(), _C.ENV, "Container")
+            self._env = pbi.strings(self.buf, self._idx or self._index(), _C.ENV, "Container")
         return self._env
 
     @property
@@ -318,16 +319,16 @@ class ContainerView(_LazyMessage):
         i = 3 * _C.LINUX
         if idx[i] < 0:
             return ""
-        if pb.single(idx, _C.LINUX):  # the usual case: one `linux`, read where it is
+        if pbi.single(idx, _C.LINUX):  # the usual case: one `linux`, read where it is
             a, b = idx[i + 1], idx[i + 2]
-            linux = pb.index(buf, "LinuxContainer", _LINUX_TYPES, _L.LAST + 1, a, b)
-            return pb.string_at(buf, linux, _L.CGROUPS_PATH, "LinuxContainer")
+            linux = pbi.index(buf, "LinuxContainer", _LINUX_TYPES, _L.LAST + 1, a, b)
+            return pbi.string_at(buf, linux, _L.CGROUPS_PATH, "LinuxContainer")
         # Repeated occurrences of `linux` merge: the last cgroups_path wins.
         found = ""
-        for a, b in pb.payloads(buf, _C.LINUX, idx[i], idx[i + 2]):
-            linux = pb.index(buf, "LinuxContainer", _LINUX_TYPES, _L.LAST + 1, a, b)
+        for a, b in pbi.payloads(buf, _C.LINUX, idx[i], idx[i + 2]):
+            linux = pbi.index(buf, "LinuxContainer", _LINUX_TYPES, _L.LAST + 1, a, b)
             if linux[3 * _L.CGROUPS_PATH] >= 0:
-                found = pb.string_at(buf, linux, _L.CGROUPS_PATH, "LinuxContainer")
+                found = pbi.string_at(buf, linux, _L.CGROUPS_PATH, "LinuxContainer")
         return found
 
     def message(self) -> nri.Container:
