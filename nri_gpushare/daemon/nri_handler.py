@@ -171,12 +171,20 @@ class GpuShareHandler(Plugin):
     async def create_container(
         self, pod: PodSandboxView, container: ContainerView
     ) -> Adjustment | None:
+        if not may_ask(container, pod) and not self.service.holds(container.id):
+            return None  # nothing of ours in it: nothing decoded, nothing to do
         loop = asyncio.get_running_loop()
+        # The decision line is written once the answer is on its way (call_soon
+        # runs after the transport wrote it): containerd does not wait for it.
+        with self.service.decisions.held(loop.call_soon):
+            return await self._create(loop, pod, container)
+
+    async def _create(
+        self, loop: asyncio.AbstractEventLoop, pod: PodSandboxView, container: ContainerView
+    ) -> Adjustment | None:
         # Answer before the runtime gives up: a late answer is lost (containerd
         # creates the container without it), so its share must not stay booked.
         deadline = loop.time() + ANSWER_WITHIN * self.request_timeout()
-        if not may_ask(container, pod) and not self.service.holds(container.id):
-            return None  # nothing of ours in it: nothing decoded, nothing to do
         info = container_info(pod, container)
         try:
             async with asyncio.timeout_at(deadline):

@@ -28,6 +28,10 @@ JSON (``log_format: json``): every log line is one JSON object with ``ts``
 
 Refusal reasons are classified into a fixed set (`REFUSAL_REASONS`) for the
 metrics' ``reason`` label: never free text.
+
+Lines decided while answering the runtime may be held (`DecisionLog.held`)
+and written right after the answer is sent: the runtime does not wait for
+the log.  Counts are taken at once either way.
 """
 
 from __future__ import annotations
@@ -38,7 +42,9 @@ import re
 import sys
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,11 +152,41 @@ class DecisionLog:
 
     def _emit(self, decision: str, level: int, fields: dict[str, Any]) -> None:
         self.counts[decision] += 1
-        # The line is written only when a handler formats the record: nothing
-        # is formatted on the event loop for a level that is off.
-        log.log(
-            level, "%s", _Line(decision, fields), extra={"decision": decision, "fields": fields}
-        )
+        held = _HELD.get()
+        if held is not None:
+            held.append((decision, level, fields))
+        else:
+            _write(decision, level, fields)
+
+    @contextmanager
+    def held(self, release: Callable[[Callable[[], None]], object]) -> Iterator[None]:
+        """Hold the lines decided inside (in this task only) and hand their
+        writing to `release` when it ends (the daemon: the event loop's
+        `call_soon`, which runs after the answer being made is sent)."""
+        lines: list[tuple[str, int, dict[str, Any]]] = []
+        token = _HELD.set(lines)
+        try:
+            yield
+        finally:
+            _HELD.reset(token)
+            if lines:
+                release(lambda: _write_all(lines))
+
+
+_HELD: ContextVar[list[tuple[str, int, dict[str, Any]]] | None] = ContextVar(
+    "gpushare_held_decisions", default=None
+)
+
+
+def _write(decision: str, level: int, fields: dict[str, Any]) -> None:
+    # The line is written only when a handler formats the record: nothing
+    # is formatted on the event loop for a level that is off.
+    log.log(level, "%s", _Line(decision, fields), extra={"decision": decision, "fields": fields})
+
+
+def _write_all(lines: list[tuple[str, int, dict[str, Any]]]) -> None:
+    for decision, level, fields in lines:
+        _write(decision, level, fields)
 
 
 class _Line:

@@ -21,7 +21,9 @@ Neither reaches a statically linked program, or one that talks to
 message on stderr) instead of failing.  See docs/security.md.
 
 The mount's source is the library the configured path resolves to when the
-container is created (`os.path.realpath`): the node installer keeps each
+container is created (`os.path.realpath`, looked up again whenever the file
+the path leads to changes: another inode, or the same one renamed, which
+changes its ctime): the node installer keeps each
 version at /usr/lib/nri-gpushare/<version>/libgpushare.so and swaps the
 configured symlink to a new one, so a container's spec names the exact
 version it got, and an upgrade never changes a file a container has mounted.
@@ -47,6 +49,27 @@ class LibraryCheck(Protocol):
         """Why the file at `path` cannot serve as the interposer ("" when it can)."""
 
 
+_RESOLVED: dict[str, tuple[tuple[int, int, int], str]] = {}
+
+
+def resolved(path: str) -> str:
+    """`os.path.realpath(path)`, from one stat while the file it leads to is
+    the same (device, inode, ctime) as when it was last resolved."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return os.path.realpath(path)
+    key = (st.st_dev, st.st_ino, st.st_ctime_ns)
+    known = _RESOLVED.get(path)
+    if known is not None and known[0] == key:
+        return known[1]
+    real = os.path.realpath(path)
+    if len(_RESOLVED) > 16:  # one configured library; a few in tests
+        _RESOLVED.clear()
+    _RESOLVED[path] = (key, real)
+    return real
+
+
 def wants_interposer(isolation: str) -> bool:
     """Whether a share with this isolation is given the interposer."""
     return isolation in ("full", "memory")
@@ -63,7 +86,7 @@ def interposer_injection(
     """Mounts and environment that load the interposer; `env`: the
     container's own environment (kept behind ours in LD_PRELOAD).  The
     library's mount source is the file its configured path resolves to now."""
-    library = os.path.realpath(policy.library)
+    library = resolved(policy.library)
     mounts = [Mount(library, policy.container_path, options=MOUNT_OPTIONS)]
     injected: dict[str, str] = {}
     if policy.preload == "ld.so.preload":

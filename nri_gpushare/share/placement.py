@@ -99,6 +99,16 @@ class Ledger:
             or len(u.high_priority) > p.max_high_priority_per_gpu
         )
 
+    def _fits(self, index: int, memory: int, core: int, high: bool) -> bool:
+        """Whether `shortfalls` is empty, without writing why."""
+        u, p = self.usage[index], self.policy
+        return (
+            memory <= self.free_memory(index)
+            and core <= max(0, 100 - u.core_percent)
+            and len(u.containers) < p.max_inst
+            and not (high and len(u.high_priority) >= p.max_high_priority_per_gpu)
+        )
+
     def shortfalls(self, index: int, memory: int, core: int, high: bool) -> list[_Shortfall]:
         """Why GPU `index` cannot take this part of a request (empty: it can)."""
         u, p = self.usage[index], self.policy
@@ -148,9 +158,7 @@ class Ledger:
 
         # Each (GPU, slot) is judged once; the search below only looks them up.
         fit = {
-            (i, s): not self.shortfalls(i, *slots[s], high)
-            for i in self.usage
-            for s in range(len(slots))
+            (i, s): self._fits(i, *slots[s], high) for i in self.usage for s in range(len(slots))
         }
 
         def fits(index: int, slot: int) -> bool:

@@ -276,3 +276,64 @@ async def test_synchronize_logs_the_release_of_containers_gone(captured):
     got = decisions([line for line in text if "decision=" in line])
     assert [(d["decision"], d["container"]) for d in got] == [("placed", "a"), ("released", "a")]
     assert got[1]["why"].startswith("gone")
+
+
+def test_held_lines_are_counted_at_once_and_written_when_released(captured):
+    log = DecisionLog()
+    releases = []
+    with log.held(releases.append):
+        log.placed(alloc())
+        log.refused("c1", "capacity", "no room")
+        assert log.counts["placed"] == 1 and log.refusals["capacity"] == 1
+    assert captured() == ([], []) and len(releases) == 1
+    releases[0]()
+    text, _ = captured()
+    assert [parse_logfmt(t.split("decisions: ", 1)[1])["decision"] for t in text] == [
+        "placed",
+        "refused",
+    ]
+    log.released(alloc(), "stopped")  # outside: at once
+    assert len(captured()[0]) == 3
+
+
+async def test_handler_writes_its_decision_after_answering(captured, tmp_path):
+    """CreateContainer's placed and refused lines come once the event loop
+    runs again (after the transport wrote the answer), in order, each once."""
+    import asyncio
+
+    from nri_gpushare.config import parse_config
+    from nri_gpushare.daemon.main import build_service
+    from nri_gpushare.daemon.nri_handler import GpuShareHandler
+    from nri_gpushare.nri.api import nri
+    from nri_gpushare.nri.stub import PluginError
+    from tests.unit.test_daemon import INVENTORY, state, views
+
+    config = parse_config(
+        {"kmod": "off", "use_nvml": False, "inventory": INVENTORY, **state(tmp_path)}
+    )
+    handler = GpuShareHandler(await build_service(config, None))
+
+    def decided() -> list[dict[str, str]]:
+        lines = [t.split("decisions: ", 1)[1] for t in captured()[0] if "decisions: " in t]
+        return [parse_logfmt(line) for line in lines]
+
+    for memory, cid in (("1Gi", "ok"), ("99Gi", "big")):
+        pod, container = views(
+            nri.PodSandbox(id="p", name="p", annotations={P + "gpu-memory": memory}),
+            nri.Container(id=cid, name="main"),
+        )
+        before = len(decided())
+        try:
+            await handler.create_container(pod, container)
+        except PluginError:
+            pass
+        assert len(decided()) == before  # not yet: the answer is being sent
+        await asyncio.sleep(0)
+        assert len(decided()) == before + 1
+    decided = [
+        parse_logfmt(t.split("decisions: ", 1)[1]) for t in captured()[0] if "decision=" in t
+    ]
+    assert [(d["decision"], d["container"]) for d in decided] == [
+        ("placed", "ok"),
+        ("refused", "big"),
+    ]

@@ -223,3 +223,27 @@ def test_preload_file_is_written_once_readable_by_all(tmp_path):
     write_preload_file(str(tmp_path), IN_CONTAINER + "\n")
     assert not os.path.islink(path) and open(path).read() == IN_CONTAINER + "\n"
     assert sorted(os.listdir(tmp_path)) == ["ld.so.preload"]
+
+
+def test_resolved_follows_each_swap_of_the_library(tmp_path) -> None:
+    """The mount source is looked up again when the installer swaps the
+    symlink to a new version, and when the file it leads to is renamed."""
+    import os
+
+    from nri_gpushare.share.interposer import resolved
+
+    for version in ("1", "2", "3"):
+        (tmp_path / version).mkdir()
+        (tmp_path / version / "libgpushare.so").write_bytes(b"x")
+    link = tmp_path / "libgpushare.so"
+    for version in ("1", "2", "1"):
+        os.symlink(f"{version}/libgpushare.so", tmp_path / ".new")
+        os.replace(tmp_path / ".new", link)  # as scripts/install-node.sh swaps it
+        assert resolved(str(link)) == str(tmp_path / version / "libgpushare.so")
+        assert resolved(str(link)) == os.path.realpath(link)
+    os.rename(tmp_path / "1", tmp_path / "1-old")  # the same inode under another path
+    assert resolved(str(link)) == os.path.realpath(link)  # dangling: as realpath says
+    os.replace(tmp_path / "3" / "libgpushare.so", tmp_path / "1-old" / "moved.so")
+    os.symlink("1-old/moved.so", tmp_path / ".new")
+    os.replace(tmp_path / ".new", link)
+    assert resolved(str(link)) == str(tmp_path / "1-old" / "moved.so")

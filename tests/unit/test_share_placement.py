@@ -352,3 +352,27 @@ async def test_max_inst_boundary_without_module():
         await svc.lifecycle.create_container(pod(name, {P + "gpu-memory": "1Gi"}))
     with pytest.raises(ShareRefused, match="containers"):
         await svc.lifecycle.create_container(pod("c", {P + "gpu-memory": "1Gi"}))
+
+
+def test_fits_is_shortfalls_empty() -> None:
+    """The search's quick test (`_fits`) agrees with the refusal's reasons
+    (`shortfalls`) on every GPU state around each limit."""
+    import itertools
+    import random
+
+    from nri_gpushare.share.placement import Ledger
+
+    rng = random.Random(7)
+    policy = NodePolicy(pod_sources=STANDALONE_SOURCES, max_inst=3, max_high_priority_per_gpu=1)
+    ledger = Ledger(make_gpus(1), policy)
+    u = ledger.usage[0]
+    cap = ledger.capacity(0)
+    for _ in range(3000):
+        u.memory_bytes = rng.choice([0, cap - 1, cap, cap + 1, rng.randrange(cap)])
+        u.core_percent = rng.choice([0, 50, 99, 100, 101])
+        u.containers = set(range(rng.randrange(5)))
+        u.high_priority = set(itertools.islice(u.containers, rng.randrange(3)))
+        memory = rng.choice([0, 1, cap - u.memory_bytes, cap - u.memory_bytes + 1, cap])
+        core = rng.choice([0, 1, 100 - u.core_percent, 101 - u.core_percent])
+        high = rng.random() < 0.5
+        assert ledger._fits(0, memory, core, high) == (not ledger.shortfalls(0, memory, core, high))
