@@ -38,12 +38,12 @@ from nri_gpushare.nri.wire import PLUGIN_CONN, MuxConnection
 SAMPLE = Path(__file__).parent / "data" / "create_container_request.bin"
 PACKAGE = str(Path(nri_gpushare.__file__).parent) + "/"
 SERVICE = "nri.pkg.api.v1alpha1.Plugin"
-SHARE_LIMIT = 26
+SHARE_LIMIT = 27
 """Modules a request asking for a share enters, from the socket to the reply."""
 OURS_LIMIT = 18
 """Of them, outside the NRI protocol (nri/): the daemon, the domain, the host."""
-PLAIN_LIMIT = 11
-"""Modules a container asking for nothing enters (7 of them the protocol's)."""
+PLAIN_LIMIT = 12
+"""Modules a container asking for nothing enters (8 of them the protocol's)."""
 
 
 def request(container_id: str, share: bool) -> bytes:

@@ -66,9 +66,12 @@ def visible(c: ContainerInfo, sources: SourcePolicy) -> ContainerInfo:
         }
     if not sources.labels and _has_ours(c.labels):
         changes["labels"] = {}
-    if not sources.env and any(k in c.env for k in REQUEST_ENV):
+    if not sources.env and not _REQUEST_NAMES.isdisjoint(c.env):
         changes["env"] = {}
     return replace(c, **changes) if changes else c  # type: ignore[arg-type]
+
+
+_REQUEST_NAMES = frozenset(REQUEST_ENV)
 
 
 def _has_ours(mapping: Mapping[str, str]) -> bool:
@@ -84,7 +87,7 @@ def ignored(c: ContainerInfo, sources: SourcePolicy) -> list[str]:
         out += [f"container annotation {k}" for k in _ours(c.annotations)]
     if not sources.labels:
         out += [f"container label {k}" for k in _ours(c.labels)]
-    if not sources.env:
+    if not sources.env and not _REQUEST_NAMES.isdisjoint(c.env):
         out += [f"environment {k}" for k in REQUEST_ENV if k in c.env]
     if c.pod_name and not sources.kubelet:
         out += [f"container annotation {k} (resources.limits)" for k in _kubelet(c.annotations)]
