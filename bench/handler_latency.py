@@ -81,8 +81,10 @@ def requests(n: int, share: bool) -> list[bytes]:
 ARMS = ("null", "gpushare", "gpushare-plain")
 
 
-async def run(n: int, profile: str | None) -> dict[str, list[float]]:
-    """Seconds per request of each arm, after WARMUP requests of each."""
+async def run(n: int, profile: str | None, idle: float = 0.0) -> dict[str, list[float]]:
+    """Seconds per request of each arm, after WARMUP requests of each; with
+    `idle` seconds of sleep before each request (a plugin between a node's
+    container starts: its caches gone cold)."""
     state_dir = tempfile.mkdtemp(prefix="gs-bench-state-")  # records: like a node's, not on it
     # The node's interposer library: the plugin only checks and mounts it.
     library = Path(state_dir) / "libgpushare.so"
@@ -112,6 +114,8 @@ async def run(n: int, profile: str | None) -> dict[str, list[float]]:
         for arm in ARMS:  # rotating: the machine's load falls on every arm alike
             raw = payloads[arm][i]
             mine = profile is not None and i >= WARMUP and arm == "gpushare"
+            if idle:
+                time.sleep(idle)  # blocking: nothing else of ours runs meanwhile
             if mine:
                 profiler.enable()
             started = time.perf_counter()
@@ -146,13 +150,20 @@ def main() -> None:
         const="cumulative",
         help="profile gpushare (sorted: cumulative, tottime)",
     )
+    parser.add_argument(
+        "--idle-ms",
+        type=float,
+        default=0.0,
+        help="sleep this long before each request (cold caches, as between container starts)",
+    )
     parser.add_argument("--json", type=Path, help="also write the benchmark JSON object here")
     args = parser.parse_args()
-    times = asyncio.run(run(args.requests, args.profile))
+    times = asyncio.run(run(args.requests, args.profile, args.idle_ms / 1000))
     figures: dict[str, float] = {}
     print(
         "CreateContainer handling in process (stub: decode, handler, encode), "
-        f"{args.requests} requests each:"
+        f"{args.requests} requests each"
+        + (f", {args.idle_ms:g} ms idle before each:" if args.idle_ms else ":")
     )
     for arm in ARMS:
         ordered = sorted(times[arm])

@@ -92,6 +92,8 @@ def refusal_reason(reason: str) -> str:
 
 # -- the decisions -------------------------------------------------------------------
 
+Fields = dict[str, Any] | Callable[[], dict[str, Any]]
+
 
 @dataclass
 class DecisionLog:
@@ -105,7 +107,7 @@ class DecisionLog:
         if not log.isEnabledFor(logging.INFO):  # counted, not logged
             self.counts["placed"] += 1
             return
-        self._emit("placed", logging.INFO, _who(alloc) | _shares(alloc))
+        self._emit("placed", logging.INFO, lambda: _who(alloc) | _shares(alloc))
 
     def released(self, alloc: Allocation, why: str) -> None:
         if not log.isEnabledFor(logging.INFO):
@@ -150,7 +152,9 @@ class DecisionLog:
     ) -> None:
         self.refused(c.id, reason, message, pod=c.pod, name=c.name, origin=origin)
 
-    def _emit(self, decision: str, level: int, fields: dict[str, Any]) -> None:
+    def _emit(self, decision: str, level: int, fields: Fields) -> None:
+        """`fields`, or what makes them (an allocation is immutable: they can
+        wait until the line is written)."""
         self.counts[decision] += 1
         held = _HELD.get()
         if held is not None:
@@ -163,7 +167,7 @@ class DecisionLog:
         """Hold the lines decided inside (in this task only) and hand their
         writing to `release` when it ends (the daemon: the event loop's
         `call_soon`, which runs after the answer being made is sent)."""
-        lines: list[tuple[str, int, dict[str, Any]]] = []
+        lines: list[tuple[str, int, Fields]] = []
         token = _HELD.set(lines)
         try:
             yield
@@ -173,18 +177,20 @@ class DecisionLog:
                 release(lambda: _write_all(lines))
 
 
-_HELD: ContextVar[list[tuple[str, int, dict[str, Any]]] | None] = ContextVar(
+_HELD: ContextVar[list[tuple[str, int, Fields]] | None] = ContextVar(
     "gpushare_held_decisions", default=None
 )
 
 
-def _write(decision: str, level: int, fields: dict[str, Any]) -> None:
+def _write(decision: str, level: int, fields: Fields) -> None:
+    if not isinstance(fields, dict):
+        fields = fields()
     # The line is written only when a handler formats the record: nothing
     # is formatted on the event loop for a level that is off.
     log.log(level, "%s", _Line(decision, fields), extra={"decision": decision, "fields": fields})
 
 
-def _write_all(lines: list[tuple[str, int, dict[str, Any]]]) -> None:
+def _write_all(lines: list[tuple[str, int, Fields]]) -> None:
     for decision, level, fields in lines:
         _write(decision, level, fields)
 
