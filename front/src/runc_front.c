@@ -73,16 +73,18 @@ static void tell_daemon(struct call *c, struct buf *req, const char *what)
 	struct buf why = { 0 }, m = { 0 };
 	struct reply r;
 	enum api_result res;
+	int failed = 1;
 
 	buf_adds(req, "}\n");
-	if (req->failed)
+	if (req->failed) {
 		buf_adds(&why, "id: not a containerd name");
-	else if (!api_call(api_socket(), req, &r, &why, &res)) {
+	} else if (!api_call(api_socket(), req, &r, &why, &res)) {
+		failed = !r.ok;
 		if (!r.ok)
 			buf_adds(&why, r.error ? r.error : "");
 		reply_free(&r);
 	}
-	if (why.len) {
+	if (failed) {
 		buf_addf(&m, "%s: %s", what, why.p);
 		warn(c, m.p ? m.p : what);
 	}
