@@ -60,7 +60,7 @@ def canned(good: bool) -> dict[str, dict[str, Any]]:
         {"name": "weights 1:2 (ratio)", "target": 2.0, "unit": "ratio", "median": 1.9,
          "samples": [1.9]},
     ]  # fmt: skip
-    handler = {"null p50_us": 60.0, "gpushare p50_us": 120.0 if good else 300.0, "own p50_us": 60.0}
+    handler = {"null p50_us": 10.0, "gpushare p50_us": 50.0 if good else 300.0, "own p50_us": 40.0}
     return {
         "create_latency": create_doc(1.1 if good else 1.9, 0.12 if good else 0.4),
         "handler_latency": doc(
@@ -82,7 +82,11 @@ def canned(good: bool) -> dict[str, dict[str, Any]]:
         ),
         "container_start": doc(
             "container_start",
-            {"runc p50_ms": 50.0},
+            {"runc p50_ms": 50.0}
+            | {
+                f"{arm} added_p50_ms": 20.0 if good else 200.0
+                for arm in ("wrapper, no share", "wrapper, share", "docker, CDI hooks")
+            },
             samples_ms={"runc": [50.0, 51.0], "wrapper, share": [70.0, 72.0]},
             baselines={"runc": "runc", "wrapper, share": "runc"},
         ),
@@ -114,7 +118,7 @@ def test_goals_met_and_not_met() -> None:
     met = goal_rows(canned(True), {})
     missed = goal_rows(canned(False), {})
     judged = [g.what for g in report.GOALS if g.benchmark != "synchronize"]
-    assert len(judged) == 6
+    assert len(judged) == 9
     for what in judged:
         assert met[what][3] == "MET", met[what]
         assert missed[what][3] == "NOT MET", missed[what]
@@ -139,6 +143,12 @@ def test_synchronize_goals_from_rows_or_figures() -> None:
     got = goal_rows(docs, {})
     assert got["Synchronize, 10,000 containers"][2:4] == ["0.4 s", "MET"]
     assert got["Synchronize, 20,000 containers"][2:4] == ["0.9 s", "MET"]  # the figure first
+    cpu = "Synchronize, 20,000 containers: the plugin's CPU time"
+    assert got[cpu][3] == "NOT MEASURED (not in this run's figures)"
+    rows[1]["cpu_seconds"] = 0.7
+    assert goal_rows(docs, {})[cpu][2:4] == ["0.7 s", "NOT MET"]
+    docs["synchronize"]["figures"]["cpu_seconds_20000"] = 0.45
+    assert goal_rows(docs, {})[cpu][2:4] == ["0.45 s", "MET"]
     rss = got["Plugin RSS at 10,000 containers (peak, VmHWM, through the Synchronize)"]
     assert rss[2:4] == ["126 MB", "NOT MET"]  # the benchmark's MiB, judged in MB
     rows[0]["rss_peak_mb"] = 90.0  # the peak, where given, is what is judged
