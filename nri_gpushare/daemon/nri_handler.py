@@ -219,7 +219,11 @@ class GpuShareHandler(Plugin):
         elif self._unheld(cid) and may_ask(container, pod):
             # Its StartContainer was the event containerd dropped while this
             # plugin registered (queued behind Synchronize).
-            entry = self.service.unserved_watch.started(container_info(pod, container))
+            info = container_info(pod, container)
+            if await self.service.lifecycle.readopt(info):
+                await self._start(info)
+                return
+            entry = self.service.unserved_watch.started(info)
         if entry is not None:
             self.unserved.deny(entry)
 
@@ -243,11 +247,18 @@ class GpuShareHandler(Plugin):
         if self._unheld(cid):
             # Nothing to bind or limit: nothing decoded (most containers).  One
             # that asks was created without the plugin: unserved (post-start
-            # applies the node's policy once it has a process).
+            # applies the node's policy once it has a process), unless it was
+            # placed just before a Synchronize that did not list it yet.
             if cid not in service.unserved and may_ask(container, pod):
-                service.unserved_watch.started(container_info(pod, container))
+                info = container_info(pod, container)
+                if await service.lifecycle.readopt(info):
+                    await self._start(info)
+                else:
+                    service.unserved_watch.started(info)
             return
-        info = container_info(pod, container)
+        await self._start(container_info(pod, container))
+
+    async def _start(self, info: ContainerInfo) -> None:
         try:
             await self.service.lifecycle.start_container(info)
         except ShareRefused as exc:

@@ -212,6 +212,46 @@ class Lifecycle:
         )
         return False
 
+    async def readopt(self, c: ContainerInfo) -> bool:
+        """Give `c` back the share a Synchronize dropped because containerd did
+        not list it yet (placed just before the plugin reconnected), when it
+        carries exactly what its record says it was given and the room is
+        still free; True when it holds it again.  Otherwise it stays unserved."""
+        table = self.table
+        record = table.forgotten.pop(c.id, None)
+        if record is None or table.holds(c.id):
+            return False
+        alloc = records.recover(c, record, None, table.gpus)
+        if alloc is None:
+            return False
+        who = c.describe()
+        high = alloc.high_priority
+        if taken := [
+            str(s.index)
+            for s in alloc.shares
+            if table.ledger.shortfalls(s.index, s.memory_bytes, s.core_percent, high)
+        ]:
+            log.warning(
+                "%s: placed before the plugin reconnected, not in containerd's list then; "
+                "its share on GPU %s was taken meanwhile, so it runs without one",
+                who,
+                ",".join(taken),
+            )
+            return False
+        try:
+            await self._reserve_and_register(alloc, who)
+        except ShareRefused as e:
+            log.warning("%s: its recorded share cannot be given back: %s", who, e)
+            return False
+        table.journal.or_log(lambda: table.journal.append(records.added(alloc)))
+        log.info(
+            "%s: placed before the plugin reconnected, not in containerd's list then: "
+            "its recorded share is given back",
+            who,
+        )
+        table.decisions.placed(alloc)
+        return True
+
     async def start_container(self, c: ContainerInfo) -> None:
         """Bind the registration to the container's cgroup, which now exists,
         and set the driver's memory limits on it.
@@ -237,6 +277,7 @@ class Lifecycle:
         alloc = table.allocations.pop(container_id, None)
         table.unserved.pop(container_id, None)
         table.local.pop(container_id, None)
+        table.forgotten.pop(container_id, None)
         if alloc is not None:
             table.unbook(alloc)
             table.decisions.released(alloc, why)

@@ -14,7 +14,7 @@ from collections.abc import Generator, Sequence
 from nri_gpushare.share import records
 from nri_gpushare.share.kernel import KmodError, Registration
 from nri_gpushare.share.local_shares import LocalShares
-from nri_gpushare.share.model import ContainerInfo
+from nri_gpushare.share.model import Allocation, ContainerInfo
 from nri_gpushare.share.placement import Ledger
 from nri_gpushare.share.request import may_ask
 from nri_gpushare.share.request.kubelet import recorded_ids
@@ -24,6 +24,8 @@ from nri_gpushare.share.unserved import UnservedWatch
 
 log = logging.getLogger(__name__)
 
+FORGOTTEN_KEPT = 256
+"""Records dropped at a Synchronize kept for `Lifecycle.readopt` (the latest)."""
 RESIZE_WAIT = 1.0
 """Seconds a Synchronize waits for the resizes in flight (a resize takes
 milliseconds; containerd's Synchronize allows 5 s in all)."""
@@ -97,6 +99,11 @@ class Recovery:
             log.info("records of %d container(s) that are gone dropped", len(forgotten))
             for cid in forgotten:
                 table.decisions.released(saved[cid], "gone: no live container at synchronize")
+        keep_latest(
+            table.forgotten,
+            {cid: saved[cid] for cid in forgotten if not saved[cid].local},
+            {c.id for c in live},
+        )
         table.journal.or_log(table.journal.rewrite)
         self.unserved.find(live)
         recovered = dict(table.allocations)
@@ -170,3 +177,17 @@ class Recovery:
                 registration = module.get(cid)
                 if registration is None or not await table.link.keep(alloc, registration):
                     await table.link.register(alloc, f"container {cid}")
+
+
+def keep_latest(
+    kept: dict[str, Allocation], dropped: dict[str, Allocation], live: set[str]
+) -> None:
+    """Add `dropped` to `kept`, forget the IDs now `live` (a Synchronize
+    listed them: it decided), and keep the latest `FORGOTTEN_KEPT`."""
+    for cid in live & kept.keys():
+        del kept[cid]
+    for cid, record in dropped.items():
+        kept.pop(cid, None)
+        kept[cid] = record  # the latest last
+    while len(kept) > FORGOTTEN_KEPT:
+        del kept[next(iter(kept))]

@@ -66,6 +66,10 @@ class ShareTable:
         # the old and new share: container ID -> (generation, that booking).
         self.booked: dict[str, tuple[int, Allocation]] = {}
         self.generation = 0  # bumped when synchronize replaces the table
+        # Records a Synchronize dropped (no live container of that ID): a
+        # container placed just before it is listed only later; see
+        # `Lifecycle.readopt`.  Oldest first, at most recovery.FORGOTTEN_KEPT.
+        self.forgotten: dict[str, Allocation] = {}
 
     @property
     def store(self) -> records.AllocationStore:
