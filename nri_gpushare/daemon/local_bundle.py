@@ -6,7 +6,7 @@ for ``runc-create`` writes the share into config.json with the same `oci`
 functions (a new file renamed over the old one).
 
 Everything read here is the container's: config.json is opened without
-following a symlink, read bounded (`oci.MAX_CONFIG`) and parsed and written
+following a symlink, read bounded (`MAX_CONFIG`) and parsed and written
 off the event loop; the state is parsed as the hook parses it.  Any problem
 with either is a refusal with reason ``bundle`` (nothing left reserved), on
 which the front runs the Python program: it says why in its own words, or
@@ -34,6 +34,11 @@ from nri_gpushare.local.protocol import (
 Ask = Callable[[Request], Awaitable[Reply]]
 BUNDLE = "bundle"
 """The refusal reason on which the front runs the Python program instead."""
+MAX_CONFIG = 1 << 20
+"""Bytes of config.json the daemon reads (real ones are kilobytes).  The
+image and the user write it, and its parse holds the interpreter lock: 32 MiB
+of ``{}`` (`oci.MAX_CONFIG`) cost 0.6 s of stalled event loop and 800 MiB.
+A bigger one is left to the Python program, which pays for it itself."""
 
 
 def _cannot(message: str) -> Reply:
@@ -48,7 +53,7 @@ def _checked(request: Request) -> Request:
 
 
 def _read(bundle: str) -> tuple[dict[str, Any], oci.BundleInfo]:
-    config = oci.read_config(bundle, follow=False)
+    config = oci.read_config(bundle, follow=False, limit=MAX_CONFIG)
     return config, oci.bundle_info(config)
 
 

@@ -121,10 +121,11 @@ def load_config(data: bytes, what: str = "config.json") -> dict[str, Any]:
     return json_object(data, what, MAX_CONFIG)
 
 
-def read_config(bundle: str, *, follow: bool = True) -> dict[str, Any]:
+def read_config(bundle: str, *, follow: bool = True, limit: int = MAX_CONFIG) -> dict[str, Any]:
     """Read <bundle>/config.json (I/O).  A symlink is followed, as runc follows
     it, unless `follow` is false (the daemon's reads: a symlink is an error);
-    anything but a regular file is refused (a FIFO would block)."""
+    anything but a regular file is refused (a FIFO would block), and so is
+    one of more than `limit` bytes."""
     path = config_path(bundle)
     flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
     try:
@@ -135,14 +136,14 @@ def read_config(bundle: str, *, follow: bool = True) -> dict[str, Any]:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OciError(f"{path}: not a regular file")
-        if st.st_size > MAX_CONFIG:
-            raise OciError(f"{path}: more than {MAX_CONFIG} bytes")
+        if st.st_size > limit:
+            raise OciError(f"{path}: more than {limit} bytes")
         chunks, size = [], 0
-        while chunk := os.read(fd, 1 << 20):
+        while chunk := os.read(fd, min(limit + 1, 1 << 20)):
             chunks.append(chunk)
             size += len(chunk)
-            if size > MAX_CONFIG:
-                raise OciError(f"{path}: more than {MAX_CONFIG} bytes")
+            if size > limit:
+                raise OciError(f"{path}: more than {limit} bytes")
     except OSError as e:
         raise OciError(f"{path}: cannot read: {e.strerror or e}") from e
     finally:

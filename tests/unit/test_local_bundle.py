@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from nri_gpushare.daemon import local_bundle
 from nri_gpushare.daemon.local_api import LocalApiHandler
 from nri_gpushare.local import oci, protocol
 from nri_gpushare.local.protocol import ProtocolError, Reply, Request
@@ -198,3 +199,16 @@ def test_the_hook_op_on_the_wire():
     assert Reply(True, namespace="ns") == protocol.decode_reply(
         protocol.encode_reply(Reply(True, namespace="ns"))
     )
+
+
+async def test_a_config_json_too_big_to_parse_on_the_loop_is_left_to_the_python_wrapper(bundle):
+    # Valid, asking for a share, but past what the daemon parses (its parse
+    # holds the event loop): the Python wrapper reads it in its own process.
+    padding = ["x"] * ((local_bundle.MAX_CONFIG // 4) + 1)
+    (bundle / "config.json").write_text(json.dumps(dict(CONFIG, padding=padding)))
+    assert local_bundle.MAX_CONFIG < (bundle / "config.json").stat().st_size < oci.MAX_CONFIG
+    svc, h = await handler()
+    reply = await h(runc_create(bundle))
+    assert not reply.ok and reply.reason == "bundle", reply
+    assert f"more than {local_bundle.MAX_CONFIG} bytes" in reply.error
+    assert not svc.allocations
