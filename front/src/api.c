@@ -11,6 +11,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#define CONNECT_RETRY_MS 5
+
 const char *api_socket(void)
 {
 	const char *s = getenv("GPUSHARE_API_SOCKET");
@@ -69,8 +71,21 @@ enum api_result api_ask(const char *path, const struct buf *request, int timeout
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0)
 		return unreachable(why, path, errno);
-	if (connect(fd, (struct sockaddr *)&addr, sizeof(addr))) {
-		if (errno != EINPROGRESS && errno != EAGAIN) {
+	/*
+	 * A unix socket's connect fails with EAGAIN, connecting nothing, while
+	 * the daemon's backlog is full (its loop busy): tried again until the
+	 * deadline, as the daemon is there.
+	 */
+	while (connect(fd, (struct sockaddr *)&addr, sizeof(addr))) {
+		if (errno == EAGAIN) {
+			if (now_ms() >= deadline) {
+				rc = API_TIMEOUT;
+				goto out;
+			}
+			poll(NULL, 0, CONNECT_RETRY_MS);
+			continue;
+		}
+		if (errno != EINPROGRESS && errno != EINTR) {
 			rc = unreachable(why, path, errno);
 			goto out;
 		}
@@ -78,6 +93,7 @@ enum api_result api_ask(const char *path, const struct buf *request, int timeout
 			rc = API_TIMEOUT;
 			goto out;
 		}
+		break;
 	}
 	while (sent < request->len) {
 		n = send(fd, request->p + sent, request->len - sent, MSG_NOSIGNAL);

@@ -32,6 +32,19 @@ static int usable(const char *path, const struct stat *me, int nme)
 	return 1;
 }
 
+static int is_self(const char *path, const struct stat *me, int nme)
+{
+	struct stat st;
+	int i;
+
+	if (stat(path, &st))
+		return 0;
+	for (i = 0; i < nme; i++)
+		if (same(&st, &me[i]))
+			return 1;
+	return 0;
+}
+
 const char *find_runc(const char *self)
 {
 	static char found[PATH_MAX];
@@ -40,12 +53,13 @@ const char *find_runc(const char *self)
 	int nme = 0;
 	size_t i, n;
 
-	if (chosen && chosen[0])
-		return chosen;
 	if (self && strchr(self, '/') && !stat(self, &me[nme]))
 		nme++;
 	if (!stat("/proc/self/exe", &me[nme]))
 		nme++;
+	/* $GPUSHARE_RUNC naming this program would have it exec itself for ever */
+	if (chosen && chosen[0] && !is_self(chosen, me, nme))
+		return chosen;
 	for (; path && *path; path = *end ? end + 1 : end) {
 		end = strchrnul(path, ':');
 		n = (size_t)(end - path);

@@ -4,8 +4,8 @@
 #define GS_FRONT_RUNC_H
 
 /*
- * $GPUSHARE_RUNC, else the first executable `runc` on PATH that is not this
- * program (`self`, when it has a '/', or /proc/self/exe), else /usr/sbin/runc,
+ * $GPUSHARE_RUNC unless it names this program (it would exec itself for
+ * ever), else the first executable `runc` on PATH that is not this program (`self`, when it has a '/', or /proc/self/exe), else /usr/sbin/runc,
  * /usr/bin/runc; NULL when none.  A static buffer.
  */
 const char *find_runc(const char *self);

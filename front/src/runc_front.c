@@ -167,11 +167,24 @@ static int create(struct call *c, int n, char **args)
 	if (json_string(&req, c->root, strlen(c->root)))
 		goto python;
 	buf_adds(&req, "}\n");
-	if (req.failed || api_call(api_socket(), &req, &r, &why, &res))
+	if (req.failed)
 		goto python;
-	if (!r.ok && redo_in_python(r.reason))
+	if (api_call(api_socket(), &req, &r, &why, &res)) {
+		if (res != API_TIMEOUT)
+			goto python;
+		/*
+		 * Neither run nor asked again: the daemon may have booked a share
+		 * and written it into config.json; it releases the share it could
+		 * not answer with, and a second create would get the same share
+		 * only to lose it then.
+		 */
+		buf_addf(&why, "; container %s is not created (a late share is released): retry",
+			 cid);
+		error(c, why.p ? why.p : "the nri-gpushare daemon did not answer");
+		code = 1;
+	} else if (!r.ok && redo_in_python(r.reason)) {
 		goto python;
-	if (!r.ok) {
+	} else if (!r.ok) {
 		buf_free(&why);
 		if (!r.error || !r.error[0])
 			buf_addf(&why, "the nri-gpushare daemon refused container %s", cid);
