@@ -796,3 +796,35 @@ async def test_retry_now_ends_the_wait_before_reconnecting() -> None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def test_retry_now_during_a_failing_attempt_is_not_lost() -> None:
+    """A retry asked for while an attempt is under way (the plugin registering
+    as containerd comes back) cuts short the wait after that attempt fails."""
+    cd = Containerd()
+    cd.fail["connect"] = 1
+    reconciler: Reconciler
+
+    async def sleep(seconds: float) -> None:  # no wait ends by itself
+        await asyncio.Event().wait()
+
+    reconciler = Reconciler(
+        "/test/containerd.sock",
+        Owner(),
+        period=PERIOD,
+        backoff=BACKOFF,
+        clock=Clock(),
+        client_factory=cd.factory,
+        sleep=sleep,
+    )
+    cd.during["connect"] = lambda: (
+        reconciler.retry_now() if cd.calls.count("connect") == 1 else None
+    )
+    task = asyncio.create_task(reconciler.run())
+    try:
+        await until(lambda: reconciler.following.is_set(), "connected again without a wait")
+        assert cd.calls[:2] == ["connect", "connect"]
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -171,6 +171,9 @@ class Reconciler:
         self._delay = self.backoff[0]
         while True:
             self._synced = False
+            # A retry asked for from here on (this attempt may fail) ends the
+            # wait after it; one asked for before this attempt is answered by it.
+            self._retry.clear()
             error: Exception
             try:
                 await self._session()
@@ -202,7 +205,6 @@ class Reconciler:
         self._retry.set()
 
     async def _backoff(self) -> None:
-        self._retry.clear()
         waits = [
             asyncio.ensure_future(self._sleep(self._delay)),
             asyncio.ensure_future(self._retry.wait()),
