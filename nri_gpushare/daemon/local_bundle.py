@@ -52,16 +52,33 @@ def _checked(request: Request) -> Request:
     return request
 
 
-def _read(bundle: str) -> tuple[dict[str, Any], oci.BundleInfo]:
-    config = oci.read_config(bundle, follow=False, limit=MAX_CONFIG)
+def _open(bundle: str) -> int:
+    """The bundle directory, open: config.json is read and written in the one
+    directory, even if the path is made to name another meanwhile."""
+    try:
+        return os.open(bundle, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        raise oci.OciError(f"{bundle}: cannot open: {e.strerror or e}") from e
+
+
+def _read(bundle: str, dir_fd: int) -> tuple[dict[str, Any], oci.BundleInfo]:
+    config = oci.read_config(bundle, follow=False, limit=MAX_CONFIG, dir_fd=dir_fd)
     return config, oci.bundle_info(config)
 
 
-def _write(bundle: str, config: dict[str, Any], reply: Reply) -> None:
+def _read_closed(bundle: str) -> tuple[dict[str, Any], oci.BundleInfo]:
+    dir_fd = _open(bundle)
+    try:
+        return _read(bundle, dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _write(bundle: str, dir_fd: int, config: dict[str, Any], reply: Reply) -> None:
     # The plan as the Python wrapper gets it (through the wire: keys sorted),
     # so that config.json comes out the same byte for byte.
     plan = decode_reply(encode_reply(reply)).plan
-    oci.write_config(bundle, oci.apply_plan(config, plan or {}))
+    oci.write_config(bundle, oci.apply_plan(config, plan or {}), dir_fd)
 
 
 async def runc_create(r: Request, ask: Ask) -> Reply:
@@ -69,7 +86,18 @@ async def runc_create(r: Request, ask: Ask) -> Reply:
     names the namespace the share is booked under."""
     bundle = os.path.normpath(r.bundle)  # absolute (the protocol checked): abspath's result
     try:
-        config, info = await asyncio.to_thread(_read, bundle)
+        dir_fd = await asyncio.to_thread(_open, bundle)
+    except oci.OciError as e:
+        return _cannot(str(e))
+    try:
+        return await _runc_create(r, ask, bundle, dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+async def _runc_create(r: Request, ask: Ask, bundle: str, dir_fd: int) -> Reply:
+    try:
+        config, info = await asyncio.to_thread(_read, bundle, dir_fd)
         namespace = oci.namespace_of(bundle, r.id, r.root)
         create = _checked(
             Request(
@@ -90,7 +118,7 @@ async def runc_create(r: Request, ask: Ask) -> Reply:
         return reply
     if reply.plan is not None:
         try:
-            await asyncio.to_thread(_write, bundle, config, reply)
+            await asyncio.to_thread(_write, bundle, dir_fd, config, reply)
         except (oci.OciError, oci.PlanError, ProtocolError, OSError) as e:
             await ask(Request("release", namespace, r.id, via="runc"))
             why = e.strerror if isinstance(e, OSError) and e.strerror else e
@@ -114,7 +142,7 @@ async def hook(r: Request, ask: Ask) -> Reply:
         namespace = oci.namespace_of(state.bundle, state.id)
         if r.hook == "poststop":
             return await ask(_checked(Request("release", namespace, state.id)))
-        _config, info = await asyncio.to_thread(_read, state.bundle)
+        _config, info = await asyncio.to_thread(_read_closed, state.bundle)
         create = _checked(
             Request(
                 "create",

@@ -121,15 +121,18 @@ def load_config(data: bytes, what: str = "config.json") -> dict[str, Any]:
     return json_object(data, what, MAX_CONFIG)
 
 
-def read_config(bundle: str, *, follow: bool = True, limit: int = MAX_CONFIG) -> dict[str, Any]:
+def read_config(
+    bundle: str, *, follow: bool = True, limit: int = MAX_CONFIG, dir_fd: int | None = None
+) -> dict[str, Any]:
     """Read <bundle>/config.json (I/O).  A symlink is followed, as runc follows
     it, unless `follow` is false (the daemon's reads: a symlink is an error);
     anything but a regular file is refused (a FIFO would block), and so is
-    one of more than `limit` bytes."""
+    one of more than `limit` bytes.  `dir_fd`: the bundle directory, open."""
     path = config_path(bundle)
     flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
     try:
-        fd = os.open(path, flags if follow else flags | os.O_NOFOLLOW)
+        name = path if dir_fd is None else "config.json"
+        fd = os.open(name, flags if follow else flags | os.O_NOFOLLOW, dir_fd=dir_fd)
     except OSError as e:
         raise OciError(f"{path}: cannot open: {e.strerror or e}") from e
     try:
@@ -318,22 +321,24 @@ def dump_config(config: dict[str, Any]) -> bytes:
         raise OciError(f"config.json: cannot be written back: {e}") from None
 
 
-def write_config(bundle: str, config: dict[str, Any]) -> None:
+def write_config(bundle: str, config: dict[str, Any], dir_fd: int | None = None) -> None:
     """Replace <bundle>/config.json with `config` (I/O): a new file in the bundle
     directory, then rename over the old name, so a reader sees the old file or
     the new one, and a symlink at that name is replaced, never written through.
     The new file gets the old one's permission bits (and owner, where allowed).
-    Not fsync'd: a bundle does not outlive a reboot."""
-    path = config_path(bundle)
+    `dir_fd`: the bundle directory, open (the one read, even if its path now
+    names another).  Not fsync'd: a bundle does not outlive a reboot."""
+    at = bundle if dir_fd is None else ""
+    path = os.path.join(at, "config.json")
     data = dump_config(config)
     try:
-        st = os.stat(path)
+        st = os.stat(path, dir_fd=dir_fd)
         mode = stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else 0o644
     except FileNotFoundError:
         st, mode = None, 0o644
-    tmp = os.path.join(bundle, f".config.json.gpushare-{os.getpid()}-{os.urandom(4).hex()}")
+    tmp = os.path.join(at, f".config.json.gpushare-{os.getpid()}-{os.urandom(4).hex()}")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(tmp, flags, 0o600)
+    fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
     try:
         try:
             view = memoryview(data)
@@ -347,10 +352,10 @@ def write_config(bundle: str, config: dict[str, Any]) -> None:
                     pass
         finally:
             os.close(fd)
-        os.rename(tmp, path)
+        os.rename(tmp, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         try:
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dir_fd)
         except OSError:
             pass
         raise

@@ -212,3 +212,27 @@ async def test_a_config_json_too_big_to_parse_on_the_loop_is_left_to_the_python_
     assert not reply.ok and reply.reason == "bundle", reply
     assert f"more than {local_bundle.MAX_CONFIG} bytes" in reply.error
     assert not svc.allocations
+
+
+async def test_the_share_is_written_into_the_directory_read_not_where_the_path_now_leads(
+    bundle, tmp_path
+):
+    # Whoever can write the bundle's parent swaps the bundle for a symlink to
+    # another directory while the daemon asks: its config.json stays alone.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "config.json").write_text('{"kept": true}')
+    moved = bundle.with_name("moved")
+    svc, h = await handler()
+
+    async def ask(request: Request) -> Reply:
+        if request.op == "create":
+            bundle.rename(moved)
+            bundle.symlink_to(elsewhere)
+        return await h(request)
+
+    reply = await local_bundle.runc_create(runc_create(bundle), ask)
+    assert reply.ok and reply.plan is not None, reply.error
+    assert json.loads((elsewhere / "config.json").read_text()) == {"kept": True}
+    assert sorted(os.listdir(elsewhere)) == ["config.json"]
+    assert P + "assigned" in json.loads((moved / "config.json").read_text())["annotations"]
