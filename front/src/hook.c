@@ -64,8 +64,12 @@ static int python(int nargs, char **args, const char *state, size_t len)
 	int i;
 
 	fallback_hook(nargs, args, state, len);
-	for (i = 0; i < nargs && args[i][0] == '-'; i++)
-		;
+	for (i = 0; i < nargs; i++) {
+		if (!strcmp(args[i], "--socket") || !strcmp(args[i], "--timeout"))
+			i++;  /* its value, which may not start with '-' */
+		else if (args[i][0] != '-')
+			break;
+	}
 	return i < nargs && !strcmp(args[i], "poststop") ? 0 : 127;
 }
 

@@ -168,9 +168,13 @@ def test_the_front_without_its_python_fails_create_and_never_poststop(bundle, tm
     env = {"PATH": "/bin:/usr/bin", "GPUSHARE_PYBIN": str(tmp_path / "nothing")}
     with short_dir() as d:
         sock = os.path.join(d, "none.sock")
-        for action, code in (("create-runtime", 127), ("poststop", 0)):
+        for args, code in (
+            (["create-runtime", "--socket", sock], 127),
+            (["poststop", "--socket", sock], 0),
+            (["--socket", sock, "poststop"], 0),  # was 127: the socket taken for the hook
+        ):
             done = subprocess.run(
-                [str(PROGRAMS["front"]), "hook", action, "--socket", sock],
+                [str(PROGRAMS["front"]), "hook", *args],
                 input=state(bundle), capture_output=True, env=env, timeout=60,
             )  # fmt: skip
             assert done.returncode == code and b"gpushare: cannot run" in done.stderr
