@@ -13,6 +13,7 @@ from nri_gpushare.nri.api import fields as F
 from nri_gpushare.nri.api import lite, nri
 from nri_gpushare.nri.wire import pb
 from nri_gpushare.nri.wire.errors import DecodeError
+from nri_gpushare.share.request import COARSE_MARKERS, RAW_MARKERS
 from tests.unit.test_fuzz_common import fuzz
 from tests.unit.test_sync_scan import bench, both_ways, built, check_views, native_on
 
@@ -143,3 +144,17 @@ def test_mutated_requests_gather_the_same(
     except DecodeError:
         return
     both_ways([first, second])
+
+
+_PIECES = st.sampled_from(
+    [*COARSE_MARKERS, *RAW_MARKERS, b"GP", b"gpushare.io", b"ALIYUN_COM_GPU", b"G", b"/"]
+)
+
+
+@fuzz(400)
+@given(st.lists(st.one_of(st.binary(max_size=12), _PIECES), max_size=10))
+def test_markers_anywhere(pieces: list[bytes]) -> None:
+    """Marker texts, whole or cut, at any place of a field nothing decodes."""
+    text = b"".join(pieces)
+    check_views(_request([pb.len_field(F.Container.ARGS, text) + _container(False)], []))
+    check_views(_request([_container(False) + pb.len_field(F.Container.ARGS, text)], []))

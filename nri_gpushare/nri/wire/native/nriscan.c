@@ -117,16 +117,65 @@ static int walk(const uint8_t *buf, int64_t pos, int64_t end, const struct nrisc
 	return 0;
 }
 
-/* Whether buf[a .. b) holds one of the count markers from the k-th. */
-static int holds_any(const struct nriscan_plan *p, const int64_t *offset, int32_t k,
-		     int32_t count, const uint8_t *hay, size_t size)
+/* How common a byte is in the usual container's text: 0 rarest. */
+static int commonness(uint8_t c)
 {
-	for (int32_t i = k; i < k + count; i++) {
-		size_t mlen = (size_t)p->marker_len[i];
+	if (c >= 'A' && c <= 'Z')
+		return 0;
+	if (c == '_')
+		return 1;
+	if (c >= '0' && c <= '9')
+		return 3;
+	if (c >= 'a' && c <= 'z')
+		return 5;
+	if (c == '.' || c == '/' || c == '-' || c == ':' || c == '=')
+		return 4;
+	return 2;
+}
 
-		if (mlen == 0 || memmem(hay, size, p->markers + offset[i], mlen))
+/* Where in a marker to anchor its search: its rarest byte. */
+static size_t anchor_of(const uint8_t *m, size_t n)
+{
+	size_t best = 0;
+
+	for (size_t i = 1; i < n; i++)
+		if (commonness(m[i]) < commonness(m[best]))
+			best = i;
+	return best;
+}
+
+/* Whether hay holds the marker: memchr for its anchor byte (much faster
+ * than memmem for a short marker), then the whole marker around it. */
+static int holds(const uint8_t *hay, size_t size, const uint8_t *m, size_t n, size_t anchor)
+{
+	const uint8_t *p, *end;
+
+	if (n == 0)
+		return 1;
+	if (n > size)
+		return 0;
+	p = hay + anchor;
+	end = hay + (size - n) + anchor + 1;	/* past the anchor's last place */
+	while (p < end && (p = memchr(p, m[anchor], (size_t)(end - p)))) {
+		if (!memcmp(p - anchor, m, n))
 			return 1;
+		p++;
 	}
+	return 0;
+}
+
+struct marker {
+	const uint8_t *text;
+	size_t len, anchor;
+};
+
+/* Whether hay holds one of the count markers from the k-th. */
+static int holds_any(const struct marker *m, int32_t k, int32_t count, const uint8_t *hay,
+		     size_t size)
+{
+	for (int32_t i = k; i < k + count; i++)
+		if (holds(hay, size, m[i].text, m[i].len, m[i].anchor))
+			return 1;
 	return 0;
 }
 
@@ -143,13 +192,15 @@ static int msg_ok(const struct nriscan_msg *m)
 }
 
 static int scan_one(const uint8_t *buf, int64_t start, int64_t end,
-		    const struct nriscan_plan *p, const int64_t *offset, int64_t *row)
+		    const struct nriscan_plan *p, const struct marker *marker, int64_t *row)
 {
 	struct walk_out o = { .rec = row + 2, .sub_field = p->sub_field };
 	int64_t *sub_rec = row + 2 + 2 * p->top.nwant;
+	const uint8_t *hay = buf + start;
+	size_t size = (size_t)(end - start);
 
-	row[1] = holds_any(p, offset, 0, p->ncoarse, buf + start, (size_t)(end - start)) &&
-		 holds_any(p, offset, p->ncoarse, p->nraw, buf + start, (size_t)(end - start));
+	row[1] = holds_any(marker, 0, p->ncoarse, hay, size) &&
+		 holds_any(marker, p->ncoarse, p->nraw, hay, size);
 	if (walk(buf, start, end, &p->top, &o))
 		return NRISCAN_MALFORMED;
 	set_absent(&p->sub, sub_rec);
@@ -167,7 +218,7 @@ static int scan_one(const uint8_t *buf, int64_t start, int64_t end,
 int nriscan_scan(const uint8_t *buf, int64_t len, const int64_t *spans, int64_t n,
 		 const struct nriscan_plan *p, int64_t *out)
 {
-	int64_t offset[64];
+	struct marker marker[64];
 	int64_t width, total = 0;
 	int32_t nmarkers;
 
@@ -181,7 +232,9 @@ int nriscan_scan(const uint8_t *buf, int64_t len, const int64_t *spans, int64_t 
 	for (int32_t i = 0; i < nmarkers; i++) {
 		if (p->marker_len[i] < 0)
 			return -1;
-		offset[i] = total;
+		marker[i].text = p->markers + total;
+		marker[i].len = (size_t)p->marker_len[i];
+		marker[i].anchor = anchor_of(marker[i].text, marker[i].len);
 		total += p->marker_len[i];
 	}
 	if (len < 0 || n < 0 || (n && (!spans || !out)) || (len && !buf))
@@ -196,7 +249,7 @@ int nriscan_scan(const uint8_t *buf, int64_t len, const int64_t *spans, int64_t 
 			row[0] = NRISCAN_BAD_SPAN;
 			continue;
 		}
-		row[0] = scan_one(buf, start, end, p, offset, row);
+		row[0] = scan_one(buf, start, end, p, marker, row);
 	}
 	return 0;
 }

@@ -254,6 +254,19 @@ static void test_markers(void)
 	}
 }
 
+/* A marker counts at either end of a message, not cut by its end. */
+static void test_marker_edges(void)
+{
+	static const uint8_t buf[] = "GPU\x3a\x08gpushare.io/";	/* 7: "gpushare", then junk */
+	int64_t spans[] = { 0, 17, 0, 16, 3, 17 };
+	int64_t out[3 * WIDTH];
+
+	CHECK(nriscan_scan(buf, 17, spans, 3, &plan, out) == 0);
+	CHECK(out[0] == NRISCAN_MALFORMED && out[1] == 1);
+	CHECK(out[WIDTH + 1] == 0);
+	CHECK(out[2 * WIDTH] == NRISCAN_MALFORMED && out[2 * WIDTH + 1] == 1);
+}
+
 static void test_spans_and_plan(void)
 {
 	static const uint8_t buf[] = { 0x20, 0x01, 0x20, 0x02 };
@@ -354,6 +367,7 @@ int main(void)
 	test_malformed();
 	test_sub();
 	test_markers();
+	test_marker_edges();
 	test_spans_and_plan();
 	fuzz(14, 200000);
 	if (failures) {
