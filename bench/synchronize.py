@@ -16,10 +16,13 @@ was away), as after a restart.
 
 Printed per size: seconds from the first request sent to the last reply,
 the plugin's CPU time meanwhile (user + system: what a loaded machine does
-not inflate as much), requests (chunks), the plugin's RSS after the Synchronize and its peak
-(VmHWM), and whether it answered within the deadline.  The plugin's log must
-say it synchronized every pod and container, and its status must list every
-asking container as unserved: otherwise the run fails.
+not inflate as much) and this process's (the runtime's side), which reader
+read the containers (the native scanner, or Python where the plugin logged
+it is not loaded: see nri_gpushare/nri/wire/native), requests (chunks),
+the plugin's RSS after the Synchronize and its peak (VmHWM), and whether
+it answered within the deadline.  The plugin's log must say it synchronized
+every pod and container, and its status must list every asking container
+as unserved: otherwise the run fails.
 
     .venv/bin/python bench/synchronize.py [--sizes 1000/5000,2000/10000,4000/20000]
         [--asking 20] [--grouped] [--json PATH]
@@ -27,7 +30,8 @@ asking container as unserved: otherwise the run fails.
 --json PATH writes the benchmark convention's object (bench/report_common.py):
   figures: per size N (containers): seconds_N, cpu_seconds_N, rss_mb_N (after),
     rss_peak_mb_N (VmHWM), rss_idle_mb_N, chunks_N;
-  rows: [{"pods", "containers", "asking", "seconds", "cpu_seconds", "rss_mb",
+  rows: [{"pods", "containers", "asking", "seconds", "cpu_seconds",
+          "runtime_cpu_seconds", "reader" ("native" or "python"), "rss_mb",
           "rss_peak_mb", "rss_idle_mb", "chunks", "bytes", "ok" (answered within
           the deadline), "deadline"}];
   asking_every: the --asking setting; order: "shuffled" (pods and containers
@@ -316,6 +320,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+NOT_NATIVE = "native scanner"  # what the plugin logs when it reads in Python
 SYNCED = re.compile(r"synchronized: (\d+) pod\(s\), (\d+) container\(s\)")
 
 
@@ -342,7 +347,9 @@ async def measure(
         await asyncio.sleep(0.5)  # settle: what is idle
         idle, _ = rss_mb(plugin.proc.pid)
         cpu = cpu_seconds(plugin.proc.pid)
+        own = time.process_time()
         result = await conn.synchronize(the_node.pods, the_node.containers)
+        own = time.process_time() - own
         cpu = cpu_seconds(plugin.proc.pid) - cpu
         rss, peak = rss_mb(plugin.proc.pid)
         status = plugin.status()
@@ -370,6 +377,8 @@ async def measure(
         "asking": the_node.asking,
         "seconds": result.seconds,
         "cpu_seconds": cpu,
+        "runtime_cpu_seconds": own,
+        "reader": "python" if NOT_NATIVE in log else "native",
         "rss_mb": rss,
         "rss_peak_mb": peak,
         "rss_idle_mb": idle,
@@ -396,7 +405,8 @@ async def run(args: argparse.Namespace) -> int:
         rows.append(row)
         print(
             f"{row['pods']:6} pods / {row['containers']:6} containers: "
-            f"{row['seconds']:.3f} s (plugin CPU {row['cpu_seconds']:.2f} s) "
+            f"{row['seconds']:.3f} s (plugin CPU {row['cpu_seconds']:.2f} s, runtime CPU "
+            f"{row['runtime_cpu_seconds']:.2f} s, {row['reader']} reader) "
             f"in {row['chunks']} request(s) "
             f"({row['bytes'] / 2**20:.1f} MiB), "
             f"{'within' if row['ok'] else 'PAST'} the {row['deadline']:g} s deadline; "
