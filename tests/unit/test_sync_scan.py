@@ -100,6 +100,18 @@ def test_without_the_library_everything_is_read_in_python_said_once(
     assert gathered([synchronize_payload([], [bytes(nri.Container(id="c"))], False)])[0]
 
 
+def test_a_stale_build_is_not_used(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A library built from other sources than the loader's (its plan's
+    layout may differ) is left for the Python reader."""
+    monkeypatch.setattr(native, "ABI", native.ABI + 1)
+    _use(True)
+    caplog.set_level(logging.INFO, logger=native.__name__)
+    assert native.library() is None
+    assert "a stale build" in caplog.text
+
+
 def test_native_off_by_the_environment(caplog: pytest.LogCaptureFixture) -> None:
     _use(False)
     caplog.set_level(logging.INFO, logger=native.__name__)

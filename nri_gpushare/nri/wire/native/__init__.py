@@ -21,6 +21,8 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 PATH = Path(__file__).with_name("libnriscan.so")
+ABI = 1
+"""nriscan.h's NRISCAN_ABI: the structures below are that version's."""
 ENV = "NRI_GPUSHARE_NATIVE"
 """Set to "0", the Python reader is used even where the library loads."""
 
@@ -57,9 +59,19 @@ def library() -> ctypes.CDLL | None:
         return None
     try:
         lib = ctypes.CDLL(str(PATH))
-        scan = lib.nriscan_scan
+        scan, abi = lib.nriscan_scan, lib.nriscan_abi
     except (OSError, AttributeError) as exc:
         log.info("native scanner not loaded (%s): Synchronize is read in Python", exc)
+        return None
+    abi.restype, abi.argtypes = ctypes.c_int, []
+    if abi() != ABI:
+        log.info(
+            "native scanner not loaded (%s is ABI %d, not %d: a stale build):"
+            " Synchronize is read in Python",
+            PATH,
+            abi(),
+            ABI,
+        )
         return None
     scan.restype = ctypes.c_int
     scan.argtypes = [

@@ -215,6 +215,11 @@ static int scan_one(const uint8_t *buf, int64_t start, int64_t end,
 	return NRISCAN_OK;
 }
 
+int nriscan_abi(void)
+{
+	return NRISCAN_ABI;
+}
+
 int nriscan_scan(const uint8_t *buf, int64_t len, const int64_t *spans, int64_t n,
 		 const struct nriscan_plan *p, int64_t *out)
 {

@@ -12,6 +12,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Bumped whenever a structure or function here changes: the loader refuses
+ * a library built from other sources (a stale build) and reads in Python. */
+#define NRISCAN_ABI 1
+
 /* A message type: expected wire type by field number (-1 or past ntypes:
  * any valid one) and the fields whose last occurrence is reported. */
 struct nriscan_msg {
@@ -57,5 +61,8 @@ enum {
  */
 int nriscan_scan(const uint8_t *buf, int64_t len, const int64_t *spans, int64_t n,
 		 const struct nriscan_plan *plan, int64_t *out);
+
+/* NRISCAN_ABI, as this library was built. */
+int nriscan_abi(void);
 
 #endif /* NRISCAN_H */

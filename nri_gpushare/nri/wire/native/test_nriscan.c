@@ -361,6 +361,7 @@ static void fuzz(unsigned int seed, int rounds)
 int main(void)
 {
 	setup();
+	CHECK(nriscan_abi() == NRISCAN_ABI);
 	test_usual();
 	test_absent_and_last_wins();
 	test_varints();
