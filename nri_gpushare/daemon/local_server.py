@@ -4,7 +4,11 @@ The socket is created mode 0600 in the daemon's runtime directory (checked
 as the status socket's is), and every connection's peer credentials
 (SO_PEERCRED) are checked too: only uid 0 or the daemon's own uid is
 answered, so a socket made reachable by mistake (a bind mount into a
-container) still grants nothing.  One request per connection, read until
+container) grants nothing to a container that does not run as host root.
+Root in a container without a user namespace is uid 0 here and is served
+like the node's runtime (it could ask for any bundle's config.json to be
+read and given a share): never mount this socket into a container.  One
+request per connection, read until
 the client shuts its side or `MAX_MESSAGE` bytes, under a deadline; a
 client that stalls or sends garbage gets an error and costs nothing else.
 """
