@@ -20,6 +20,7 @@ from tests.unit.test_sync_scan import bench, both_ways, built, check_views, nati
 __all__ = ["built", "native_on"]  # the fixtures, autouse here too
 
 _S = F.SynchronizeRequest
+STOPPED = nri.ContainerState.CONTAINER_STOPPED.value
 
 
 def _container(asking: bool) -> bytes:
@@ -72,6 +73,8 @@ HOSTILE = [
     _container(False) + bytes([F.Container.PID << 3]) + b"\xff" * 9 + b"\x01",
     _container(False) + bytes([F.Container.PID << 3]) + b"\xff" * 10 + b"\x01",
     _container(False) + bytes([F.Container.STATE << 3]) + b"\xfb\xff\xff\xff\x0f",
+    _container(False) + pb.varint_field(F.Container.STATE, (1 << 32) + STOPPED),
+    _container(False) + pb.varint_field(F.Container.PID, (1 << 40) + 7),
     _container(False) + pb.varint_field(F.Container.NAME, 3),
     _container(False) + pb.tag(99, 3),
     _container(False) + pb.tag(99, 5) + b"abcd" + pb.tag(100, 1) + b"12345678",

@@ -27,7 +27,7 @@ from nri_gpushare.nri.api.views import (
     PodSandboxView,
     _LazyMessage,
 )
-from nri_gpushare.nri.wire import native, pb
+from nri_gpushare.nri.wire import native
 
 Markers = tuple[bytes, ...]
 
@@ -111,8 +111,8 @@ def scan_pods(
         return None
     heads: list[PodHead | None] = [None] * len(pods)
     for buf, which, rows, width in got:
-        for i, k in zip(which, range(0, len(rows), width), strict=True):
-            status, asks, ia, ib, na, nb, ua, ub, sa, sb = rows[k : k + width]
+        for i, row in zip(which, zip(*[iter(rows)] * width, strict=True), strict=True):
+            status, asks, ia, ib, na, nb, ua, ub, sa, sb = row
             if status:
                 continue  # the view says how it is malformed
             try:
@@ -137,8 +137,8 @@ def scan_containers(
         return None
     heads: list[ContainerHead | None] = [None] * len(containers)
     for buf, which, rows, width in got:
-        for i, k in zip(which, range(0, len(rows), width), strict=True):
-            status, asks, ia, ib, sa, sb, na, nb, state, _, pid, _, ca, cb = rows[k : k + width]
+        for i, row in zip(which, zip(*[iter(rows)] * width, strict=True), strict=True):
+            status, asks, ia, ib, sa, sb, na, nb, state, _, pid, _, ca, cb = row
             if status:
                 continue  # the view says how it is malformed
             try:
@@ -148,7 +148,7 @@ def scan_containers(
                     buf[na:nb].decode(),
                     buf[ca:cb].decode(),
                     pid & 0xFFFFFFFF,
-                    pb.signed(state, 32) != _STOPPED,
+                    state & 0xFFFFFFFF != _STOPPED,  # an int32: its low 32 bits
                     asks != 0,
                 )
             except UnicodeDecodeError:
