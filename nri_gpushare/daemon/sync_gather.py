@@ -108,7 +108,8 @@ class SyncState:
         try:
             pod = self.pods.get(c.pod_sandbox_id if head is None else head.pod_sandbox_id)
             if pod is None and not last:
-                self.waiting.append(c)
+                # A scanned container keeps its own bytes, not its request's.
+                self.waiting.append(c if head is None else ContainerView(c.raw))
                 self.waiting_heads.append(head)
             elif (pod is not None and pod.asking) or (may_ask(c) if head is None else head.asks):
                 self.live.append(container_info(pod, c))
