@@ -72,7 +72,8 @@ class SyncState:
 
     pods: dict[str, PodHead] = field(default_factory=dict)
     live: list[ContainerInfo] = field(default_factory=list)
-    #: containers whose pod was not sent yet (kept as views), and their heads
+    #: containers whose pod was not sent yet, as views (a scanned one over its
+    #: own bytes: no request buffer kept), and their heads (None: not scanned)
     waiting: list[ContainerView] = field(default_factory=list)
     waiting_heads: list[ContainerHead | None] = field(default_factory=list)
     pods_seen: int = 0
