@@ -5,7 +5,8 @@ For one size it splits the node into requests as bench/synchronize.py's
 runtime does (--per containers and a fifth as many pods each), then times,
 median of --repeat, CPU seconds: decoding the requests into views, the
 native scanner alone, the heads built from its rows, and SyncState's whole
-gathering, with the native scanner and with the Python reader.
+gathering (the garbage collector paused during each request, as the
+stub pauses it), with the native scanner and with the Python reader.
 
     .venv/bin/python bench/synchronize_gather.py [--size 4000/20000]
         [--per 500] [--repeat 5] [--profile]
@@ -34,6 +35,7 @@ from synchronize import node, sizes  # noqa: E402
 
 from nri_gpushare.daemon.sync_gather import SyncState  # noqa: E402
 from nri_gpushare.nri.api import lite, sync_scan  # noqa: E402
+from nri_gpushare.nri.stub.gc_pause import collection_paused  # noqa: E402
 from nri_gpushare.nri.wire import native  # noqa: E402
 from nri_gpushare.share.request import COARSE_MARKERS, RAW_MARKERS  # noqa: E402
 
@@ -80,8 +82,9 @@ def main() -> int:
     def gather() -> None:
         state = SyncState()
         for payload in requests:
-            request = lite.decode_synchronize_request(payload)
-            state.gather(request.pods, request.containers)
+            with collection_paused():  # as the stub reads each request
+                request = lite.decode_synchronize_request(payload)
+                state.gather(request.pods, request.containers)
         assert len(state.finish()) == containers
 
     use_native(True)
