@@ -11,7 +11,7 @@ CHECK_WORKERS ?= 2
 
 .PHONY: demo demo-kernel test check prereqs kmod lint bench report install-node check-static check-static-untimed \
 	check-ruff check-mypy check-layers check-kmod check-interposer check-unit \
-	check-shell check-checkpatch check-interposer-all check-front
+	check-shell check-checkpatch check-interposer-all check-front check-native
 
 prereqs:
 	bash scripts/install-prereqs.sh
@@ -35,7 +35,8 @@ test: prereqs
 
 # The fast tier: its parts run side by side (make -j), each one's output
 # printed whole when it ends.  No containerd, no qemu, no root needed.
-CHECK_PARTS := check-unit check-kmod check-mypy check-ruff check-layers check-interposer check-front
+CHECK_PARTS := check-unit check-kmod check-mypy check-ruff check-layers check-interposer check-front \
+	check-native
 check: prereqs
 	$(MAKE) --no-print-directory -j4 --output-sync=target $(CHECK_PARTS)
 
@@ -65,7 +66,11 @@ check-static: check-static-untimed check-interposer-all
 # The static checks and C tests that measure no time (scripts/test.sh runs
 # them beside other work; the interposer's C tests time its gate).
 check-static-untimed: check-ruff check-mypy check-layers check-kmod check-shell check-checkpatch \
-	check-front
+	check-front check-native
+
+# Synchronize's native scanner: its C unit tests and fuzz, plain and under ASan + UBSan.
+check-native:
+	$(MAKE) -C nri_gpushare/nri/wire/native check
 
 check-shell:
 	shellcheck scripts/*.sh .ci/run kmod/fetch-checkpatch.sh tests/guest/harness/init.sh \
@@ -83,6 +88,10 @@ check-interposer-all:
 check-unit:
 	$(PYTHON) -m pytest -q -p no:cacheprovider -n $(CHECK_WORKERS) --dist worksteal tests/unit \
 		tests/guest/test_harness.py -m 'not guest and not containerd'
+	# The Synchronize suites again on the pure-Python reader (the native one's fallback).
+	NRI_GPUSHARE_NATIVE=0 $(PYTHON) -m pytest -q -p no:cacheprovider -n $(CHECK_WORKERS) \
+		tests/unit/test_daemon.py tests/unit/test_unserved.py \
+		tests/unit/test_resize_attack_synchronize.py
 
 bench: prereqs
 	$(PYTHON) bench/create_latency.py

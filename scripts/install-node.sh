@@ -169,6 +169,8 @@ install_daemon() {
 	tar -C "$src" -cf - --exclude=./.git --exclude=./.venv --exclude=./.cache \
 		--exclude=./build --exclude='*.egg-info' --exclude=__pycache__ \
 		pyproject.toml README.md LICENSE nri_gpushare | tar -C "$build" -xf -
+	# Synchronize's native scanner, built in the copy (-B: never a .so the source tree held).
+	make -s -B -C "$build/nri_gpushare/nri/wire/native" libnriscan.so >/dev/null
 	"$VENV/bin/pip" install -q --upgrade "$build"
 	rm -rf "$build"
 	# The compiled gpushare-runc and CDI hooks (front/), in the venv next to

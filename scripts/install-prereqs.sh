@@ -123,6 +123,9 @@ if [ ! -f "$stamp" ]; then
 	touch "$stamp"
 fi
 
+# --- Synchronize's native scanner, next to its loader (package data) ---
+make -s -C "$top/nri_gpushare/nri/wire/native"
+
 # --- the compiled front (gpushare-runc and the CDI hooks), next to the ---
 # --- Python programs it hands odd cases to: .venv/bin/gpushare-front ---
 make -s -C "$top/front" PYBIN="$top/.venv/bin" venv
