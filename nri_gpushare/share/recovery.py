@@ -82,6 +82,8 @@ class Recovery:
                 continue
             if c.pod_uid and may_ask(c):  # only a pod of ours is warned about at its stop
                 table.pod_containers.setdefault(c.pod_uid, set()).add(c.name)
+            if c.id not in saved and (module is None or c.id not in module):
+                continue  # nothing recorded for it: `recover` would find nothing
             try:
                 alloc = records.recover(c, saved.get(c.id), (module or {}).get(c.id), table.gpus)
                 if alloc is None:

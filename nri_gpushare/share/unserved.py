@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nri_gpushare.share.model import ContainerInfo, ShareRefused
-from nri_gpushare.share.request import parse_request
+from nri_gpushare.share.request import may_ask, parse_request
 from nri_gpushare.share.table import ShareTable
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,8 @@ class UnservedWatch:
         for c in live:
             if not c.running or c.id in table.allocations or c.id in self.ended:
                 continue
+            if not may_ask(c):
+                continue  # asks for nothing (most containers): what `asked` would say
             if c.id in before:
                 if self.asked(c) is not None:
                     kept = before[c.id]

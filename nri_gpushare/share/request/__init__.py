@@ -221,6 +221,8 @@ def may_ask(c: ContainerInfo) -> bool:
     """`may_ask_raw` on a container already decoded: False only when no key
     of its pod's annotations, its annotations or labels starts with
     ``gpushare.io/`` and no request variable is in its environment."""
+    if not (c.pod_annotations or c.annotations or c.labels or c.env):
+        return False  # the usual Synchronize entry (`bare_info`): nothing kept
     for mapping in (c.pod_annotations, c.annotations, c.labels):
         for key in mapping:
             if key.startswith(KEY_PREFIX):
