@@ -34,7 +34,7 @@ def ask(request: Request, path: str = DEFAULT_SOCKET, timeout: float = DEFAULT_T
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(timeout)
-            sock.connect(path)
+            _connect(sock, path, deadline)
             sock.sendall(data)
             sock.shutdown(socket.SHUT_WR)
             chunks, size = [], 0
@@ -58,3 +58,18 @@ def ask(request: Request, path: str = DEFAULT_SOCKET, timeout: float = DEFAULT_T
     if not chunks:
         raise Unavailable(f"the nri-gpushare daemon ({path}) closed without answering")
     return decode_reply(b"".join(chunks))
+
+
+def _connect(sock: socket.socket, path: str, deadline: float) -> None:
+    """Connect, waiting out a full listen backlog (a busy daemon: EAGAIN, as a
+    unix socket with a timeout reports it) until `deadline`."""
+    pause = 0.002
+    while True:
+        try:
+            sock.connect(path)
+            return
+        except BlockingIOError:
+            if time.monotonic() + pause > deadline:
+                raise TimeoutError from None
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
