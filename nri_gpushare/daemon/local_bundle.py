@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from nri_gpushare.local import oci
+from nri_gpushare.local.hook import create_request
 from nri_gpushare.local.protocol import (
     ProtocolError,
     Reply,
@@ -143,20 +144,7 @@ async def hook(r: Request, ask: Ask) -> Reply:
         if r.hook == "poststop":
             return await ask(_checked(Request("release", namespace, state.id)))
         _config, info = await asyncio.to_thread(_read_closed, state.bundle)
-        create = _checked(
-            Request(
-                "create",
-                namespace,
-                state.id,
-                via="cdi",
-                bundle=state.bundle,
-                pid=state.pid,
-                cgroups_path=info.cgroups_path,
-                env=info.env,
-                annotations=info.annotations,
-                gpu_minors=info.gpu_minors or None,
-            )
-        )
+        create = _checked(create_request(state, info))
     except (oci.OciError, ProtocolError) as e:
         return _cannot(f"{r.hook} hook: {e}")
     return dataclasses.replace(await ask(create), namespace=namespace)

@@ -35,6 +35,7 @@ from typing import Literal
 from nri_gpushare.local.client import DEFAULT_SOCKET, DEFAULT_TIMEOUT, Unavailable, ask
 from nri_gpushare.local.oci import (
     MAX_STATE,
+    BundleInfo,
     OciError,
     State,
     bundle_info,
@@ -127,10 +128,10 @@ def read_state() -> State:
     return parse_state(data)
 
 
-def create_runtime(state: State, socket: str, timeout: float) -> int:
-    """The createRuntime hook; its exit status."""
-    info = bundle_info(read_config(state.bundle))
-    request = Request(
+def create_request(state: State, info: BundleInfo) -> Request:
+    """The createRuntime hook's `create`, from the OCI state and its bundle's
+    config.json (what this program sends, and the daemon's `hook` op builds)."""
+    return Request(
         "create",
         namespace_of(state.bundle, state.id),
         state.id,
@@ -142,6 +143,11 @@ def create_runtime(state: State, socket: str, timeout: float) -> int:
         annotations=info.annotations,
         gpu_minors=info.gpu_minors or None,
     )
+
+
+def create_runtime(state: State, socket: str, timeout: float) -> int:
+    """The createRuntime hook; its exit status."""
+    request = create_request(state, bundle_info(read_config(state.bundle)))
     try:
         reply = ask(request, socket, timeout)
     except Unavailable as e:

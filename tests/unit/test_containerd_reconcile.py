@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -765,6 +765,19 @@ async def test_an_observer_that_raises_stops_nothing(
     assert len(failed) == 2 and all(r.exc_info for r in failed)
 
 
+def waiting_reconciler(cd: Containerd, sleep: Callable[[float], Awaitable[None]]) -> Reconciler:
+    """A reconciler of `cd` whose waits are `sleep`."""
+    return Reconciler(
+        "/test/containerd.sock",
+        Owner(),
+        period=PERIOD,
+        backoff=BACKOFF,
+        clock=Clock(),
+        client_factory=cd.factory,
+        sleep=sleep,
+    )
+
+
 async def test_retry_now_ends_the_wait_before_reconnecting() -> None:
     cd = Containerd()
     cd.fail["connect"] = 1
@@ -774,15 +787,7 @@ async def test_retry_now_ends_the_wait_before_reconnecting() -> None:
         waits.append(seconds)
         await asyncio.Event().wait()
 
-    reconciler = Reconciler(
-        "/test/containerd.sock",
-        Owner(),
-        period=PERIOD,
-        backoff=BACKOFF,
-        clock=Clock(),
-        client_factory=cd.factory,
-        sleep=sleep,
-    )
+    reconciler = waiting_reconciler(cd, sleep)
     task = asyncio.create_task(reconciler.run())
     try:
         await until(lambda: waits == [BACKOFF[0]], "waiting to reconnect")
@@ -803,20 +808,11 @@ async def test_retry_now_during_a_failing_attempt_is_not_lost() -> None:
     as containerd comes back) cuts short the wait after that attempt fails."""
     cd = Containerd()
     cd.fail["connect"] = 1
-    reconciler: Reconciler
 
     async def sleep(seconds: float) -> None:  # no wait ends by itself
         await asyncio.Event().wait()
 
-    reconciler = Reconciler(
-        "/test/containerd.sock",
-        Owner(),
-        period=PERIOD,
-        backoff=BACKOFF,
-        clock=Clock(),
-        client_factory=cd.factory,
-        sleep=sleep,
-    )
+    reconciler = waiting_reconciler(cd, sleep)
     cd.during["connect"] = lambda: (
         reconciler.retry_now() if cd.calls.count("connect") == 1 else None
     )
