@@ -122,6 +122,11 @@ def test_install_puts_everything_in_place(node: Root) -> None:
         link = node.host(f"/usr/local/bin/{command}")
         assert os.readlink(link) == f"/opt/nri-gpushare/venv/bin/{program}"
     assert os.access(node.host("/opt/nri-gpushare/venv/bin/gpushare-front"), os.X_OK)
+    # Synchronize's native scanner came with the package, built here, and loads
+    node.ok([
+        "/opt/nri-gpushare/venv/bin/python", "-c",
+        "from nri_gpushare.nri.wire import native; assert native.library() is not None",
+    ])  # fmt: skip
     assert node.ok(["nri-gpushare", "load-module", "--help"])
     config = node.host("/etc/nri-gpushare/gpushare.yaml").read_text()
     assert re.search(r"^inventory: \[\]", config, re.M), "the installed inventory is empty"

@@ -94,9 +94,19 @@ def node() -> Iterator[Root]:
 
 
 def test_install_builds_the_module_for_612(node: Root) -> None:
-    for command in ("nri-gpushare", "gpushare-runc", "gpushare-smi"):
+    for command, target in (
+        ("nri-gpushare", "nri-gpushare"),
+        ("gpushare-runc", "gpushare-front"),  # compiled; the Python one is its fallback
+        ("gpushare-smi", "gpushare-smi"),
+    ):
         link = node.host(f"/usr/local/bin/{command}")
-        assert os.readlink(link) == f"/opt/nri-gpushare/venv/bin/{command}"
+        assert os.readlink(link) == f"/opt/nri-gpushare/venv/bin/{target}"
+    assert os.access(node.host("/opt/nri-gpushare/venv/bin/gpushare-front"), os.X_OK)
+    # Synchronize's native scanner came with the package, built here, and loads
+    node.ok([
+        "/opt/nri-gpushare/venv/bin/python", "-c",
+        "from nri_gpushare.nri.wire import native; assert native.library() is not None",
+    ])  # fmt: skip
     python = node.ok(["/opt/nri-gpushare/venv/bin/python", "-c", "import sys; print(sys.version)"])
     assert python.startswith("3.13."), python
     status = node.ok(["dkms", "status", "gpushare"])
