@@ -124,7 +124,8 @@ def test_install_puts_everything_in_place(node: Root) -> None:
     assert os.access(node.host("/opt/nri-gpushare/venv/bin/gpushare-front"), os.X_OK)
     # Synchronize's native scanner came with the package, built here, and loads
     node.ok([
-        "/opt/nri-gpushare/venv/bin/python", "-c",
+        "/opt/nri-gpushare/venv/bin/python", "-I", "-c",  # -I: the venv's, not /src's
+        "import logging; logging.basicConfig(level=logging.INFO); "
         "from nri_gpushare.nri.wire import native; assert native.library() is not None",
     ])  # fmt: skip
     assert node.ok(["nri-gpushare", "load-module", "--help"])

@@ -104,7 +104,8 @@ def test_install_builds_the_module_for_612(node: Root) -> None:
     assert os.access(node.host("/opt/nri-gpushare/venv/bin/gpushare-front"), os.X_OK)
     # Synchronize's native scanner came with the package, built here, and loads
     node.ok([
-        "/opt/nri-gpushare/venv/bin/python", "-c",
+        "/opt/nri-gpushare/venv/bin/python", "-I", "-c",  # -I: the venv's, not /src's
+        "import logging; logging.basicConfig(level=logging.INFO); "
         "from nri_gpushare.nri.wire import native; assert native.library() is not None",
     ])  # fmt: skip
     python = node.ok(["/opt/nri-gpushare/venv/bin/python", "-c", "import sys; print(sys.version)"])
