@@ -88,10 +88,6 @@ class Node:
     stop: asyncio.Event
     task: asyncio.Task[None]
 
-    @property
-    def registry(self) -> Path:
-        return self.top / "registry"
-
 
 @pytest.fixture
 def top() -> Iterator[Path]:
@@ -143,7 +139,7 @@ async def until(predicate: Callable[[], object], timeout: float = 10.0) -> None:
 async def test_get_info_sockets_and_directories(node: Node) -> None:
     plugin = node.plugin
     assert plugin.socket == str(node.top / "plugins" / DRIVER / "dra.sock")
-    assert plugin.registration_socket == str(node.registry / f"{DRIVER}-reg.sock")
+    assert plugin.registration_socket == str(node.top / "registry" / f"{DRIVER}-reg.sock")
     channel = Channel(path=plugin.registration_socket)
     try:
         info = await reg.RegistrationStub(channel).get_info(reg.InfoRequest(), timeout=5)
@@ -221,6 +217,9 @@ async def test_a_stuck_prepare_is_a_timeout_error(top: Path) -> None:
         assert "took more than 0.3 s" in answer["slow"].error and "ns/slow" in answer["slow"].error
         assert answer["fast"].error == "" and answer["fast"].devices
         await until(lambda: n.preparer.running == 0)  # the stuck call was cancelled
+        gone = await n.kubelet.unprepare(DRIVER, [("ns", "slow", "slow")])
+        assert "unpreparing claim ns/slow (slow) took more than 0.3 s" in gone["slow"].error
+        await until(lambda: n.preparer.running == 0)
         n.preparer.hang.clear()
         again = await n.kubelet.prepare(DRIVER, [("ns", "slow", "slow")])
         assert again["slow"].error == ""
@@ -328,6 +327,26 @@ async def test_health_stream_initial_list_and_changes(node: Node, version: str) 
     assert plugin.health_ended == "ok"
     assert not os.path.exists(node.plugin.socket)
     assert not os.path.exists(node.plugin.registration_socket)
+
+
+async def test_a_failing_health_read_keeps_the_stream(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    plugin = await node.kubelet.watch_health(DRIVER)
+    await node.kubelet.wait_for(lambda: plugin.health is not None)
+    calls = [0]
+
+    def broken() -> list[DeviceHealth]:
+        calls[0] += 1
+        raise RuntimeError("NVML is gone")
+
+    node.preparer.health = broken  # type: ignore[method-assign]
+    await until(lambda: calls[0] >= 5)
+    del node.preparer.health  # the class's again, with a change
+    node.preparer.healths[0] = DeviceHealth("node-a", "gpu-0", False)
+    await node.kubelet.wait_for(lambda: plugin.health_updates >= 2)
+    assert plugin.health_ended is None
+    assert caplog.text.count("reading the devices' health failed") == 1
 
 
 def test_regenerating_changes_nothing(tmp_path: Path) -> None:

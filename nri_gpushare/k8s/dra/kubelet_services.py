@@ -209,6 +209,7 @@ class HealthFeed:
         self._poll = poll
         self._refresh = refresh
         self._stopped = asyncio.Event()
+        self._failing = False
         self.streams = 0
 
     def stop(self) -> None:
@@ -216,10 +217,14 @@ class HealthFeed:
 
     def _look(self) -> list[DeviceHealth] | None:
         try:
-            return list(self._preparer.health())
-        except Exception:  # a bug: keep the last list
-            log.exception("reading the devices' health failed")
+            devices = list(self._preparer.health())
+        except Exception:  # a bug: keep the last list, say so once
+            if not self._failing:
+                log.exception("reading the devices' health failed")
+            self._failing = True
             return None
+        self._failing = False
+        return devices
 
     async def updates(self) -> AsyncIterator[list[DeviceHealth]]:
         self.streams += 1
