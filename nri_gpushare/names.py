@@ -29,6 +29,10 @@ KUBELET_PREFIX: Final = f"{DOMAIN}/kubelet."
 KUBELET_ANNOTATIONS: Final = {name: KUBELET_PREFIX + name for name in RESOURCES}
 """short name -> the container annotation the device plugin's Allocate sets."""
 
+DRA_CLAIM_ENV: Final = "GPUSHARE_DRA_CLAIM"
+"""The variable a prepared DRA claim's CDI device sets in a container: the
+claim's UID (see `nri_gpushare.k8s.dra`)."""
+
 PROC_ROOT: Final = "/proc/gpushare"
 """Where gpushare.ko's procfs tree lives."""
 DEFAULT_DEVICE_PLUGIN_DIR: Final = "/var/lib/kubelet/device-plugins"

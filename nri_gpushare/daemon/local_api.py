@@ -23,6 +23,9 @@ with nothing booked.
 bundle and the state are read here instead (`local_bundle`), then asked as
 ``create``, ``start`` and ``release`` are.
 
+``claim-prepare``, ``claim-unprepare`` and ``claims`` are the DRA driver's
+(`local_claims`; root only, as resize).
+
 ``resize`` is the node operator's `nri-gpushare resize` (the socket answers
 root only, see `local_server`): the share service's `resizer` does it.
 
@@ -38,7 +41,7 @@ import logging
 from collections.abc import Mapping
 from typing import Protocol
 
-from nri_gpushare.daemon import local_bundle
+from nri_gpushare.daemon import local_bundle, local_claims
 from nri_gpushare.host.containerd.client import ContainerdError, ContainerNotFound
 from nri_gpushare.local.protocol import Reply, Request
 from nri_gpushare.share.model import (
@@ -116,6 +119,8 @@ class LocalApiHandler:
             return await local_bundle.hook(request, self)
         if request.op == "resize":
             return await self._resize(request)
+        if request.op in ("claim-prepare", "claim-unprepare", "claims"):
+            return local_claims.claim_op(self.service, request)
         if request.op == "release":
             released = await self.service.local_shares.release_local(
                 request.namespace, request.id, f"released ({request.via or 'hook'} asked)"

@@ -42,7 +42,7 @@ from nri_gpushare.host.devices import (
 from nri_gpushare.host.driver_limits import NvmlMemoryLimits
 from nri_gpushare.host.kmod_worker import OffLoopKernelModule
 from nri_gpushare.host.meminfo import ModuleMemInfo
-from nri_gpushare.host.statefile import StateDirError, StateFile
+from nri_gpushare.host.statefile import ClaimFile, StateDirError, StateFile
 from nri_gpushare.host.worker import BlockingWorker
 from nri_gpushare.nri.stub import Stub
 from nri_gpushare.nri.stub.runtime import RuntimeConnectionLost
@@ -184,6 +184,7 @@ async def build_service(
         limits=limits,
         usage=usage,
         gputime=gputime,
+        claim_store=ClaimFile(store),
     )
     await service.start()
     kmod_state = service.status()["kmod"]

@@ -124,15 +124,17 @@ class StateFile:
         assert self._dir_fd is not None
         return self._dir_fd
 
-    def load(self) -> str | None:
-        """The records' text; None when there are none or they cannot be trusted."""
+    def load(self, name: str = FILE_NAME) -> str | None:
+        """The records' text (`name`: another file of the directory); None
+        when there are none or they cannot be trusted."""
+        path = self.directory / name
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
-            fd = os.open(FILE_NAME, flags, dir_fd=self._dir())
+            fd = os.open(name, flags, dir_fd=self._dir())
         except FileNotFoundError:
             return None
         except OSError as e:
-            log.error("state file %s cannot be read (%s): ignored", self.path, e)
+            log.error("state file %s cannot be read (%s): ignored", path, e)
             return None
         try:
             # Checked before os.fdopen, which raises for a directory.
@@ -143,14 +145,14 @@ class StateFile:
             elif st.st_size > MAX_BYTES:
                 why = f"{st.st_size} bytes, more than records can be"
             if why:
-                log.error("state file %s is %s: not trusted, ignored", self.path, why)
+                log.error("state file %s is %s: not trusted, ignored", path, why)
                 return None
             f = os.fdopen(fd, "rb")
             fd = -1  # f closes it
             with f:
                 data = f.read(MAX_BYTES + 1)
         except OSError as e:
-            log.error("state file %s cannot be read (%s): ignored", self.path, e)
+            log.error("state file %s cannot be read (%s): ignored", path, e)
             return None
         finally:
             if fd >= 0:
@@ -158,13 +160,15 @@ class StateFile:
         try:
             return data.decode()
         except UnicodeDecodeError:
-            log.error("state file %s is not UTF-8: ignored", self.path)
+            log.error("state file %s is not UTF-8: ignored", path)
             return None
 
-    def replace(self, text: str) -> None:
-        """Replace the records atomically; raises OSError."""
-        replace_file(self._dir(), FILE_NAME, text.encode(), 0o600)
-        self._close_journal()  # it wrote to the file just replaced
+    def replace(self, text: str, name: str = FILE_NAME) -> None:
+        """Replace the records (`name`: another file of the directory)
+        atomically; raises OSError."""
+        replace_file(self._dir(), name, text.encode(), 0o600)
+        if name == FILE_NAME:
+            self._close_journal()  # it wrote to the file just replaced
 
     def append(self, text: str) -> None:
         """Add whole lines at the end of the records (one write); raises OSError."""
@@ -179,3 +183,21 @@ class StateFile:
         if self._journal_fd is not None:
             os.close(self._journal_fd)
             self._journal_fd = None
+
+
+CLAIMS_FILE = "claims.json"
+
+
+class ClaimFile:
+    """The prepared DRA claims (a `ClaimStore`): one more file in the
+    directory `state` holds, replaced whole at each change."""
+
+    def __init__(self, state: StateFile, name: str = CLAIMS_FILE) -> None:
+        self.state = state
+        self.name = name
+
+    def load(self) -> str | None:
+        return self.state.load(self.name)
+
+    def replace(self, text: str) -> None:
+        self.state.replace(text, self.name)

@@ -36,6 +36,13 @@ only its poststop hook releases it.
   "resized": {"container_id", "name", "pod", "priority", "changed": bool,
   "gpus": [{"index", "uuid", "memory", "core"}]}}``.
 
+Three ops for the DRA driver (`nri_gpushare.k8s.dra`; root only, as
+``resize``): ``claim-prepare`` ``{"claim": CLAIM}`` books a prepared claim
+(`claim_wire`), reply ``{"ok": true, "claim": {..., "gpus": [{"index",
+"uuid", "memory", "core"}], "holder"}}``; ``claim-unprepare`` ``{"id": UID}``
+forgets it, reply ``{"ok": true, "released": bool}``; ``claims``: reply
+``{"ok": true, "claims": [...]}``.
+
 Two ops for the compiled front (``front/``: gpushare-runc and the CDI
 hooks), which parses no JSON: the daemon reads and edits the bundle itself
 (`nri_gpushare.daemon.local_bundle`).
@@ -72,10 +79,22 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from nri_gpushare.local.claim_wire import check_claim
+
 VERSION = 1
 MAX_MESSAGE = 4 << 20
 """Bytes one request or reply may take (a container's whole environment fits)."""
-Op = Literal["create", "start", "release", "resize", "runc-create", "hook"]
+Op = Literal[
+    "create",
+    "start",
+    "release",
+    "resize",
+    "runc-create",
+    "hook",
+    "claim-prepare",
+    "claim-unprepare",
+    "claims",
+]
 Via = Literal["cdi", "runc", ""]
 """Who asks: the CDI hook, gpushare-runc, or "" (not sent: a start or a release)."""
 OPS: tuple[Op, ...] = get_args(Op)
@@ -116,6 +135,7 @@ class Request:
     root: str = ""  # runc-create: runc's --root
     hook: Hook | None = None  # hook: which one
     state: str = ""  # hook: the OCI state, as text
+    claim: dict[str, Any] | None = None  # claim-prepare: `claim_wire.check_claim`'s
 
 
 @dataclass(frozen=True)
@@ -127,6 +147,8 @@ class Reply:
     released: bool | None = None
     resized: dict[str, Any] | None = None
     namespace: str | None = None  # runc-create: where the share is booked
+    claim: dict[str, Any] | None = None  # claim-prepare: the claim as booked
+    claims: list[Any] | None = None  # claims: every prepared claim
 
     @classmethod
     def refused(cls, error: str, reason: str) -> Reply:
@@ -162,6 +184,10 @@ def encode_request(r: Request) -> bytes:
         obj.update(bundle=r.bundle, root=r.root)
     elif r.op == "hook":
         obj = {"v": VERSION, "op": r.op, "hook": r.hook, "state": r.state}
+    elif r.op == "claim-prepare":
+        obj = {"v": VERSION, "op": r.op, "claim": r.claim}
+    elif r.op == "claims":
+        obj = {"v": VERSION, "op": r.op}
     _request(obj)  # the daemon's checks, here: a clear error before sending
     return _line(obj)
 
@@ -170,7 +196,9 @@ def encode_reply(r: Reply) -> bytes:
     obj: dict[str, Any] = {"ok": r.ok}
     if not r.ok:
         obj.update(error=r.error, reason=r.reason)
-    if r.plan is not None or (r.ok and r.released is None and r.resized is None):
+    if r.plan is not None or (
+        r.ok and r.released is None and r.resized is None and r.claim is None and r.claims is None
+    ):
         obj["plan"] = r.plan
     if r.released is not None:
         obj["released"] = r.released
@@ -178,6 +206,10 @@ def encode_reply(r: Reply) -> bytes:
         obj["resized"] = r.resized
     if r.namespace is not None:
         obj["namespace"] = r.namespace
+    if r.claim is not None:
+        obj["claim"] = r.claim
+    if r.claims is not None:
+        obj["claims"] = r.claims
     return _line(obj)
 
 
@@ -253,12 +285,20 @@ def _request(obj: dict[str, Any]) -> Request:
         raise ProtocolError(f"op {op!r:.40}: not one of {', '.join(OPS)}")
     if op == "hook":
         return _hook(obj)
+    if op == "claims":
+        return Request(op, "", "")
+    if op == "claim-prepare":
+        try:
+            claim = check_claim(obj.get("claim"))
+        except ValueError as e:
+            raise ProtocolError(str(e)) from None
+        return Request(op, "", claim["uid"], claim=claim)
     namespace = _name(obj, "namespace", required=False)
     cid = _reference(obj) if op == "resize" else _name(obj, "id")
     pid = obj.get("pid", 0)
     if type(pid) is not int or not 0 <= pid < 1 << 31:
         raise ProtocolError("pid: not a process ID")
-    if op == "release":
+    if op in ("release", "claim-unprepare"):
         return Request(op, namespace, cid)
     if op == "resize":
         memory, core, priority = (_text(obj, key) for key in ("memory", "core", "priority"))
@@ -332,4 +372,17 @@ def decode_reply(data: bytes) -> Reply:
     namespace = obj.get("namespace")
     if namespace is not None and not isinstance(namespace, str):
         raise ProtocolError("namespace: not a string")
-    return Reply(True, plan=plan, released=released, resized=resized, namespace=namespace)
+    claim, claims = obj.get("claim"), obj.get("claims")
+    if (claim is not None and not isinstance(claim, dict)) or (
+        claims is not None and not isinstance(claims, list)
+    ):
+        raise ProtocolError("claim, claims: not an object, a list")
+    return Reply(
+        True,
+        plan=plan,
+        released=released,
+        resized=resized,
+        namespace=namespace,
+        claim=claim,
+        claims=claims,
+    )

@@ -15,13 +15,15 @@ refusal frees it.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Mapping
 
-from nri_gpushare.names import ASSIGNED, KEY_PREFIX
+from nri_gpushare.names import ASSIGNED, DRA_CLAIM_ENV, KEY_PREFIX
 from nri_gpushare.share import records
+from nri_gpushare.share.claims import claim_request
+from nri_gpushare.share.given_gpus import cdi_needs_module as _cdi_needs_module
+from nri_gpushare.share.given_gpus import on_given_gpus as _on_given_gpus
 from nri_gpushare.share.interposer import LibraryCheck, missing_message, wants_interposer
 from nri_gpushare.share.model import Allocation, ContainerInfo, InjectionPlan, Origin, ShareRefused
 from nri_gpushare.share.plan import DeviceLookup, injection_plan
@@ -85,6 +87,8 @@ class Lifecycle:
         if not may_ask(c):  # nothing of ours: nothing to parse, log or remember
             return None
         self._seen_in_pod(c)
+        if (uid := c.env.get(DRA_CLAIM_ENV)) is not None:
+            return await self._create_claimed(c, uid, origin, namespace)
         if not_allowed := ignored(c, table.policy.sources_for(c)):
             log.warning(
                 "%s: ignoring %s: this node does not take share requests from there "
@@ -100,6 +104,27 @@ class Lifecycle:
             return _STRIP_ASSIGNED if forged else None
         if gpus is not None:
             req = _on_given_gpus(req, gpus, who)
+        return await self._place(c, req, origin, namespace)
+
+    async def _create_claimed(
+        self, c: ContainerInfo, uid: str, origin: Origin, namespace: str
+    ) -> InjectionPlan:
+        """`c` carries a prepared DRA claim's variable: it takes the claim's
+        booking (`claims.take`) and is given exactly the claim's share."""
+        claims = self.table.claims
+        claim = claims.take(c, uid, bool(origin))
+        try:
+            return await self._place(c, claim_request(claim, self.table.policy), "", "", uid)
+        except BaseException:
+            claims.give_back(uid, c.id)
+            raise
+
+    async def _place(
+        self, c: ContainerInfo, req: ShareRequest, origin: Origin, namespace: str, claim: str = ""
+    ) -> InjectionPlan:
+        """Place, register and record `req` for `c`; its plan."""
+        table = self.table
+        who = c.describe()
         if origin == "cdi" and req.isolation != "none" and table.link.mode == "off":
             raise ShareRefused(_cdi_needs_module(who, "kmod: off"), "kmod")
         shares = table.ledger.place(req, who)  # reserves nothing yet
@@ -114,6 +139,7 @@ class Lifecycle:
             origin,
             namespace,
             req.kubelet,
+            claim=claim,
         )
         registered = await self._reserve_and_register(alloc, who)
         if origin == "cdi" and req.isolation != "none" and not registered:
@@ -280,6 +306,8 @@ class Lifecycle:
         table.forgotten.pop(container_id, None)
         if alloc is not None:
             table.unbook(alloc)
+            if alloc.claim:
+                table.claims.give_back(alloc.claim, container_id)
             table.decisions.released(alloc, why)
             table.journal.or_log(lambda: table.journal.append(records.removed(container_id)))
         await table.link.release(container_id)
@@ -338,36 +366,3 @@ class Lifecycle:
                     s.index,
                     total / GiB,
                 )
-
-
-def _on_given_gpus(req: ShareRequest, gpus: tuple[int, ...], who: str) -> ShareRequest:
-    """`req` placed on exactly `gpus` (the CDI devices the container was given)."""
-    named = ", ".join(str(i) for i in gpus)
-    if req.devices is not None and sorted(req.devices) != sorted(gpus):
-        raise ShareRefused(
-            f"gpushare: cannot create {who}: its CDI devices give it GPU(s) {named}, but "
-            f"{req.keys.get('devices', 'gpu-devices')} asks for GPU(s) "
-            f"{', '.join(str(i) for i in req.devices)}; ask for the same GPUs in both",
-            "conflict",
-            req.keys.get("devices"),
-        )
-    if req.count != len(gpus):
-        raise ShareRefused(
-            f"gpushare: cannot create {who}: its CDI devices give it {len(gpus)} GPU(s) "
-            f"({named}) but it asks for a share of {req.count}; ask for "
-            f"gpushare.io/gpu-count={len(gpus)} or request {req.count} device(s) "
-            f"(one CDI device: a GPU's index or UUID, or all)",
-            "conflict",
-            req.keys.get("count"),
-        )
-    return dataclasses.replace(req, devices=gpus)
-
-
-def _cdi_needs_module(who: str, problem: str) -> str:
-    return (
-        f"gpushare: cannot create {who}: a share with isolation full|memory through a CDI "
-        f"device is enforced by the gpushare kernel module (the CDI hook cannot put the "
-        f"quota in the container's environment), and {problem}; load gpushare.ko, or "
-        f"start the container with the gpushare-runc runtime, or ask for "
-        f"gpushare.io/isolation=none"
-    )

@@ -259,6 +259,9 @@ class Allocation:
     #: The gpushare.io/assigned annotation the container was created with, once
     #: `nri-gpushare resize` has changed its shares ("": its shares as created).
     assigned: str = ""
+    #: The UID of the prepared DRA claim whose share this is ("": none; see
+    #: `nri_gpushare.share.claims`).
+    claim: str = ""
 
     @property
     def local(self) -> bool:

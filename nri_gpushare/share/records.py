@@ -12,9 +12,8 @@ no share, whatever was recorded (a check that can only take a share away).
 
 The records are a journal of JSON lines, keys sorted: a header, then one
 line per change, applied in order; a snapshot is a header and one ``add`` per
-allocation.  Appending a line is all a create or release costs (replacing a
-file is ten times dearer); the daemon rewrites the snapshot at Synchronize and
-every `COMPACT_AFTER` changes.  A line that does not parse (the torn end of a
+allocation, rewritten at Synchronize and every `COMPACT_AFTER` changes (an
+appended line is all a create or release costs).  A line that does not parse (the torn end of a
 write cut short) is logged and skipped::
 
     {"version":1}
@@ -23,21 +22,18 @@ write cut short) is logged and skipped::
      "priority":"normal"}}
     {"del":"..."}
 
-``interposer`` (whether libgpushare.so was injected) is left out when false,
-and read as false when absent (records of earlier versions).  A container
-asked for outside NRI (`Allocation.local`) also has ``origin`` ("cdi" or
-"runc") and its containerd ``namespace``; NRI's have neither.  A pod that
-asked with ``resources.limits`` has ``kubelet``, the device IDs the kubelet
-gave it per resource (``{"gpu-memory": "0-7", "gpu-count": "1"}``), left out
-when empty and read as empty when absent (records of earlier versions) or
-garbled (logged; the share itself is kept, and recovery takes the IDs from
-the container's annotations).  The kernel module does not keep them: where
-its registration wins over a record, the record's IDs stay.
+``interposer`` (whether libgpushare.so was injected) is left out when false.
+A container asked for outside NRI (`Allocation.local`) also has ``origin``
+("cdi" or "runc") and its containerd ``namespace``.  A pod that asked with
+``resources.limits`` has ``kubelet``, the device IDs the kubelet gave it per
+resource (``{"gpu-memory": "0-7"}``), read as empty when garbled (logged;
+recovery takes them from the container's annotations); where the module's
+registration wins over a record, the record's IDs stay.  A container holding
+a DRA claim's share has ``claim``, its UID.  Absent keys read as empty.
 
 A resize (`nri-gpushare resize`) appends the allocation's new ``add`` line
 (the replay keeps the last), with ``assigned``: the ``gpushare.io/assigned``
-annotation the container was created with, which recovery compares with
-what the container carries instead of the resized shares.
+annotation the container was created with, which recovery compares instead.
 
 This module is pure: text in, text out; the store does the I/O.
 """
@@ -160,6 +156,8 @@ def added(a: Allocation) -> str:
         entry["kubelet"] = dict(a.kubelet)
     if a.assigned:
         entry["assigned"] = a.assigned
+    if a.claim:
+        entry["claim"] = a.claim
     return _line({"add": entry})
 
 
@@ -234,8 +232,9 @@ def _allocation(entry: Any, by_uuid: Mapping[str, Gpu]) -> Allocation:
         raise ValueError("bad origin")
     namespace = text("namespace") if origin else ""
     assigned = text("assigned") if "assigned" in entry else ""
-    if len(assigned) > MAX_ASSIGNED:
-        raise ValueError("assigned is too long")
+    claim = text("claim") if "claim" in entry else ""
+    if len(assigned) > MAX_ASSIGNED or len(claim) > 128:
+        raise ValueError("assigned or claim is too long")
     return Allocation(
         cid,
         text("name"),
@@ -248,6 +247,7 @@ def _allocation(entry: Any, by_uuid: Mapping[str, Gpu]) -> Allocation:
         namespace,
         _kubelet_ids(entry.get("kubelet", {}), cid),
         assigned,
+        claim,
     )
 
 

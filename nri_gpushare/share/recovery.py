@@ -97,6 +97,7 @@ class Recovery:
                 log.exception("%s: cannot recover its share; treated as having none", c.describe())
                 continue
             table.allocations[c.id] = alloc
+        table.claims.rebuild()
         if forgotten := sorted(set(saved) - set(table.allocations)):
             log.info("records of %d container(s) that are gone dropped", len(forgotten))
             for cid in forgotten:

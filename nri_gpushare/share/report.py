@@ -233,6 +233,7 @@ def status_document(
                 "interposer": a.interposer,
                 "origin": a.where,
                 "kubelet": dict(a.kubelet),
+                "claim": a.claim,
                 "resized": bool(a.assigned),
                 "guards": on,
                 "unguarded": why,

@@ -89,10 +89,20 @@ def _per_gpu(values: tuple[int, ...], n: int) -> tuple[int, ...]:
 
 
 def check_kubelet(old: Allocation, new: Allocation) -> None:
-    """A share from the pod's resources.limits keeps what the kubelet and the
-    scheduler accounted: its memory and compute (its priority they do not
-    count).  Raises ShareRefused ("forbidden")."""
-    if not old.kubelet or old.shares == new.shares:
+    """A share from the pod's resources.limits or from a DRA claim keeps what
+    the kubelet and the scheduler accounted: its memory and compute (its
+    priority they do not count).  Raises ShareRefused ("forbidden")."""
+    if old.shares == new.shares:
+        return
+    if old.claim:
+        raise ShareRefused(
+            f"gpushare: cannot resize {who(old)}: its share is DRA claim {old.claim}'s, which "
+            f"the scheduler allocated from this node's ResourceSlice; a share changed here "
+            f"would no longer be what it counts.  Give the pod a claim of the new size; its "
+            f"priority can be changed here",
+            "forbidden",
+        )
+    if not old.kubelet:
         return
     limits = ", ".join(sorted(RESOURCES[short] for short in old.kubelet))
     raise ShareRefused(

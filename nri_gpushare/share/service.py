@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nri_gpushare.share import records
+from nri_gpushare.share.claims import ClaimStore
 from nri_gpushare.share.decisions import DecisionLog
 from nri_gpushare.share.interposer import LibraryCheck
 from nri_gpushare.share.kernel import KernelModule
@@ -69,6 +70,7 @@ class ShareService(ShareTable):
         usage: MemoryUsage | None = None,
         gputime: GpuTimeSource | None = None,
         decisions: DecisionLog | None = None,
+        claim_store: ClaimStore | None = None,
     ) -> None:
         """`library_check`: whether the interposer's file is on the node (None:
         taken as present); `limits`: the driver's memory limits (None: off);
@@ -76,7 +78,7 @@ class ShareService(ShareTable):
         `gputime`: GPU time charged by the module, sampled by `sample_compute`
         (None: unknown); `decisions`: where placed, refused and released are
         logged and counted."""
-        super().__init__(gpus, policy, kmod, store, limits, decisions)
+        super().__init__(gpus, policy, kmod, store, limits, decisions, claim_store)
         self.library_check = library_check
         self.usage = usage
         self.gputime = gputime
@@ -88,8 +90,10 @@ class ShareService(ShareTable):
         self.recovery = Recovery(self, self.unserved_watch, self.local_shares)
 
     async def start(self) -> None:
-        """Look for the kernel module (declares the GPUs when it is loaded)."""
+        """Look for the kernel module (declares the GPUs when it is loaded) and
+        book the DRA claims prepared before a restart."""
         await self.link.start()
+        self.claims.load()
 
     # -- what the node shows ------------------------------------------------------------
 
@@ -112,6 +116,7 @@ class ShareService(ShareTable):
             check = self.library_check
             document["interposer"]["problem"] = check(interposer.library) if check else ""
         document["unserved"] = [u.json() for u in self.unserved.values()]
+        document["claims"] = self.claims.status()
         return document
 
     async def read_usage(self) -> dict[tuple[int, str], MemoryUse]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from nri_gpushare.share import records
+from nri_gpushare.share.claims import Claims, ClaimStore
 from nri_gpushare.share.decisions import DecisionLog
 from nri_gpushare.share.kernel import KernelModule
 from nri_gpushare.share.kmod_link import KernelLink
@@ -45,6 +46,7 @@ class ShareTable:
         store: records.AllocationStore | None,
         limits: MemoryLimits | None,
         decisions: DecisionLog | None,
+        claim_store: ClaimStore | None = None,
     ) -> None:
         self.gpus = sorted(gpus, key=lambda g: g.index)
         self.by_index = {g.index: g for g in self.gpus}
@@ -70,6 +72,8 @@ class ShareTable:
         # container placed just before it is listed only later; see
         # `Lifecycle.readopt`.  Oldest first, at most recovery.FORGOTTEN_KEPT.
         self.forgotten: dict[str, Allocation] = {}
+        # Prepared DRA claims, booked in the ledger while no container holds them.
+        self.claims = Claims(self.gpus, lambda: self.ledger, lambda: self.allocations, claim_store)
 
     @property
     def store(self) -> records.AllocationStore:

@@ -99,7 +99,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from nri_gpushare.names import CORE, KEY_PREFIX, KUBELET_PREFIX, RESOURCES
+from nri_gpushare.names import CORE, DRA_CLAIM_ENV, KEY_PREFIX, KUBELET_PREFIX, RESOURCES
 from nri_gpushare.share.model import (
     ContainerInfo,
     Gpu,
@@ -174,11 +174,12 @@ class ShareRequest:
         return text
 
 
-MARKERS = (KEY_PREFIX, "ALIYUN_COM_GPU_", "CGPU_DISABLE", "EGPU")
+MARKERS = (KEY_PREFIX, "ALIYUN_COM_GPU_", "CGPU_DISABLE", "EGPU", DRA_CLAIM_ENV)
 """Text found in every source that can ask for a share or be refused: a
-``gpushare.io/`` key (requests, ``kubelet.*``, ``assigned``) or the name of a
-request variable (`REQUEST_ENV`).  A container and pod holding none of them
-ask for nothing: `parse_request` returns None without raising."""
+``gpushare.io/`` key (requests, ``kubelet.*``, ``assigned``), the name of a
+request variable (`REQUEST_ENV`) or a prepared DRA claim's variable.  A
+container and pod holding none of them ask for nothing: `parse_request`
+returns None without raising."""
 RAW_MARKERS = tuple(m.encode() for m in MARKERS)
 assert all(name.startswith(MARKERS) for name in REQUEST_ENV)
 COARSE_MARKERS = (KEY_PREFIX.encode(), b"GPU")
@@ -228,7 +229,7 @@ def may_ask(c: ContainerInfo) -> bool:
             if key.startswith(KEY_PREFIX):
                 return True
     env = c.env
-    return bool(env) and not _REQUEST_ENV.isdisjoint(env)
+    return bool(env) and (not _REQUEST_ENV.isdisjoint(env) or DRA_CLAIM_ENV in env)
 
 
 def parse_request(c: ContainerInfo, gpus: Sequence[Gpu], policy: NodePolicy) -> ShareRequest | None:
