@@ -1,8 +1,10 @@
-"""deploy/: every manifest is valid against the Kubernetes schemas
-(kubernetes-validate, strict: unknown fields are errors) and the pieces agree
-with each other and with the code: the ConfigMap is a config the daemon
-takes, the RBAC grants what events.py uses, the paths the DaemonSet and its
-scripts name are the ones the image, the node installer and the config use."""
+"""deploy/ and deploy/dra/: every manifest is valid against the Kubernetes
+schemas (kubernetes-validate, strict: unknown fields are errors) and the
+pieces agree with each other and with the code: the ConfigMap is a config the
+daemon takes, the RBAC grants what events.py (and the DRA variant's what
+dra/kubeapi.py) uses, the paths the DaemonSets and their scripts name are the
+ones the image, the node installer, the config and the DRA plugin use, and
+the DRA example's claim fits the request policies the driver publishes."""
 
 from __future__ import annotations
 
@@ -21,14 +23,21 @@ import yaml
 
 from nri_gpushare.config import Config, parse_config
 from nri_gpushare.k8s import endpoint, events
+from nri_gpushare.k8s.dra import DRIVER, kubeapi
+from nri_gpushare.k8s.dra.slices import SliceGpu, node_slice
 from nri_gpushare.names import MEMORY
 from tests.prereqs import missing
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
+DRA = DEPLOY / "dra"
 MANIFESTS = sorted(p for p in DEPLOY.glob("*.yaml") if p.name != "kustomization.yaml")
-VERSIONS = ("1.29", kubernetes_validate.latest_version())
-"""The oldest Kubernetes we claim, and the newest the installed schemas know."""
+DRA_MANIFESTS = sorted(p for p in DRA.glob("*.yaml") if p.name != "kustomization.yaml")
+NEWEST = ".".join(kubernetes_validate.latest_version().split(".")[:2])
+DRA_VERSIONS = tuple(dict.fromkeys(("1.34", "1.37", NEWEST)))
+"""DRA's resource.k8s.io/v1 is GA from 1.34, and the newest schemas installed."""
+VERSIONS = tuple(dict.fromkeys(("1.29",) + DRA_VERSIONS))
+"""The oldest Kubernetes we claim, DRA's and the newest the installed schemas know."""
 NAMESPACE = "gpushare-system"
 SRC = "/opt/nri-gpushare/src"
 
@@ -84,8 +93,12 @@ def validate(doc: dict[str, Any], version: str) -> None:
 # -- the schemas -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("version", VERSIONS)
-@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    ("path", "version"),
+    [(p, v) for p in MANIFESTS for v in VERSIONS]
+    + [(p, v) for p in DRA_MANIFESTS for v in DRA_VERSIONS],
+    ids=lambda v: str(v.relative_to(DEPLOY)) if isinstance(v, Path) else v,
+)
 def test_every_manifest_is_valid(path: Path, version: str) -> None:
     docs = documents(path)
     assert docs, f"{path} has no documents"
@@ -117,7 +130,9 @@ def test_a_broken_manifest_is_refused(what: str, doc: dict[str, Any]) -> None:
         validate(doc, VERSIONS[-1])
 
 
-@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", MANIFESTS + DRA_MANIFESTS, ids=lambda p: str(p.relative_to(DEPLOY))
+)
 def test_every_kind_is_checked_strictly(path: Path) -> None:
     """Each document's kind has a schema that is really applied: a field its
     kind does not have fails (no kind passes by having no schema)."""
@@ -607,3 +622,135 @@ def test_the_build_context_keeps_what_the_node_installer_builds() -> None:
     for junk in (".git/config", ".venv/bin/python", "kmod/gpushare.ko", "kmod/gs_core.o"):
         assert dockerignored(junk, patterns), junk
     assert not dockerignored("kmod/gs_core.c", ["**/*.o"]) and dockerignored("a/b.o", ["**/*.o"])
+
+
+# -- the DRA variant (deploy/dra) ------------------------------------------------
+
+
+def dra_find(kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [
+        d
+        for p in DRA_MANIFESTS
+        for d in documents(p)
+        if d["kind"] == kind and name in (None, d["metadata"]["name"])
+    ]
+    assert len(found) == 1, f"{kind} {name}: {len(found)} found"
+    return found[0]
+
+
+def dra_pod() -> dict[str, Any]:
+    spec: dict[str, Any] = dra_find("DaemonSet", "nri-gpushare")["spec"]["template"]["spec"]
+    return spec
+
+
+def test_dra_kustomization_is_deploys_with_the_dra_pieces() -> None:
+    kustomization = yaml.safe_load((DRA / "kustomization.yaml").read_text())
+    assert set(kustomization["resources"]) == {p.name for p in DRA_MANIFESTS} - {"example.yaml"}
+    assert "namespace" not in kustomization  # it would namespace the DeviceClass
+    base = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    assert kustomization["images"] == base["images"]
+    for copied in ("namespace.yaml", "configmap.yaml"):
+        assert (DRA / copied).read_text() == (DEPLOY / copied).read_text(), copied
+    for path in DRA_MANIFESTS:
+        for doc in documents(path):
+            if doc["kind"] in ("Namespace", "ClusterRole", "ClusterRoleBinding", "DeviceClass"):
+                assert "namespace" not in doc["metadata"]
+            elif path.name != "example.yaml":  # the user's namespace
+                assert doc["metadata"]["namespace"] == NAMESPACE, f"{path.name}: {doc['kind']}"
+
+
+def test_dra_rbac_covers_the_driver_and_the_events() -> None:
+    role = dra_find("ClusterRole", "nri-gpushare")
+    granted = {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    used = {(g, r, v) for g, r, verbs in events.RBAC_RULES + kubeapi.RBAC_RULES for v in verbs}
+    assert used <= granted
+    # Besides: the watches and gets a driver may add, and its Node; nothing else.
+    more = {
+        ("resource.k8s.io", resource, verb)
+        for resource in ("resourceslices", "resourceclaims")
+        for verb in ("get", "list", "watch")
+    }
+    assert granted == used | more | {("", "nodes", "get")}
+    binding = dra_find("ClusterRoleBinding", "nri-gpushare")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    account = dra_find("ServiceAccount")
+    assert account == find("ServiceAccount")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "nri-gpushare", "namespace": NAMESPACE}
+    ]
+    assert dra_pod()["serviceAccountName"] == account["metadata"]["name"]
+
+
+def test_dra_daemonset_is_deploys_with_dra_driver_for_device_plugin() -> None:
+    base, dra = copy.deepcopy(daemonset_pod()), copy.deepcopy(dra_pod())
+    base["containers"] = [c for c in base["containers"] if c["name"] != "device-plugin"]
+    driver = container(dra, "dra-driver")
+    dra["containers"] = [c for c in dra["containers"] if c["name"] != "dra-driver"]
+    added = {"kubelet-plugins", "kubelet-registry", "cdi", "daemon-run"}
+    dra["volumes"] = [v for v in dra["volumes"] if v["name"] not in added]
+    assert dra == base
+    whole_base, whole_dra = find("DaemonSet"), dra_find("DaemonSet")
+    assert whole_dra["metadata"] == whole_base["metadata"]  # one replaces the other in place
+    assert whole_dra["spec"]["selector"] == whole_base["spec"]["selector"]
+    # dra-driver: the image's nri-gpushare, for its node, with the kubelet's paths.
+    venv = shell_settings(REPO / "scripts" / "install-node.sh")["VENV"]
+    assert driver["command"] == [
+        f"{venv}/bin/nri-gpushare",
+        "dra-driver",
+        "--node-name",
+        "$(NODE_NAME)",
+    ]
+    env = {e["name"]: e for e in driver["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    volumes = {v["name"]: v for v in dra_pod()["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in driver["volumeMounts"]}
+    from nri_gpushare.k8s.dra import kubelet
+
+    config = node_config()
+    wanted = {
+        str(Path(kubelet.PLUGIN_DIR).parent),
+        kubelet.REGISTRY_DIR,
+        "/var/run/cdi",
+        str(Path(config.status_socket).parent),
+    }
+    for path in wanted:
+        assert volumes[mounts[path]]["hostPath"]["path"] == path, path
+    assert mounts[events.SERVICE_ACCOUNT_DIR] == "api-token"
+    probe = driver["livenessProbe"]["exec"]["command"]
+    assert probe == ["test", "-S", f"{kubelet.REGISTRY_DIR}/{DRIVER}-reg.sock"]
+    assert "privileged" not in driver["securityContext"]
+    assert driver["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert driver["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+def test_the_device_class_selects_this_driver() -> None:
+    device_class = dra_find("DeviceClass")
+    assert device_class["metadata"]["name"] == DRIVER
+    assert device_class["spec"]["selectors"] == [
+        {"cel": {"expression": f'device.driver == "{DRIVER}"'}}
+    ]
+
+
+def test_the_example_claim_fits_the_published_request_policies() -> None:
+    from tests.k8s.dra_scheduler import allocate
+
+    template = dra_find("ResourceClaimTemplate", "gpu-2gi-30")
+    [request] = template["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["deviceClassName"] == dra_find("DeviceClass")["metadata"]["name"]
+    gpu = SliceGpu(0, "GPU-0", "H100", 80 << 30, "580.65.06")
+    published = node_slice("node-a", [gpu], memory_reserve_bytes=0, max_inst=4, generation=1)
+    claim = {"metadata": {"namespace": "n", "name": "c"}, "spec": template["spec"]["spec"]}
+    assert allocate(claim, [published], [], ("pod", "uid")) == ""
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    # Nothing rounded: the claim gets what it asks for.
+    assert result["consumedCapacity"] == request["exactly"]["capacity"]["requests"] | {"slots": "1"}
+    assert result["consumedCapacity"] == {"memory": "2Gi", "compute": "30", "slots": "1"}
+    pod = dra_find("Pod")["spec"]
+    assert pod["resourceClaims"] == [{"name": "gpu", "resourceClaimTemplateName": "gpu-2gi-30"}]
+    assert [c["resources"]["claims"] for c in pod["containers"]] == [[{"name": "gpu"}]]
