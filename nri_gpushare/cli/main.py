@@ -224,6 +224,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "nri_gpushare.ops.containerd_enable",
     "nri_gpushare.ops.kmod_upgrade",
     "nri_gpushare.cli.device_plugin",
+    "nri_gpushare.cli.dra_driver",
     "nri_gpushare.cli.resize",
 )
 
