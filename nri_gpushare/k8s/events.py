@@ -25,13 +25,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import http.client
 import ipaddress
 import json
 import os
 import re
 import socket
-import ssl
 import stat
 import sys
 import time
@@ -40,7 +38,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
+
+from nri_gpushare.k8s import apicall
 
 COMPONENT: Final = "nri-gpushare"
 """source.component and reportingComponent of every event."""
@@ -217,54 +217,30 @@ def event_body(
 
 def _post(settings: Settings, path: str, body: bytes, timeout: float) -> None:
     """The blocking request; every failure is an EventError saying what to check."""
-    url = urlsplit(settings.server)
-    if url.scheme != "https" or not url.hostname or url.path not in ("", "/"):
-        raise EventError(f"API server {settings.server!r} is not https://host:port")
-    try:
-        port = url.port or 443
-    except ValueError as exc:
-        raise EventError(f"API server {settings.server!r} has a bad port") from exc
-    token = _read_small(Path(settings.token_file), "the service account token").strip()
-    if not token or any(c.isspace() or not c.isprintable() for c in token):
-        raise EventError(f"{settings.token_file}: not a service account token")
+
+    def token() -> str:
+        text = _read_small(Path(settings.token_file), "the service account token").strip()
+        if not text or any(c.isspace() or not c.isprintable() for c in text):
+            raise EventError(f"{settings.token_file}: not a service account token")
+        return text
+
     where = f"the API server {settings.server}"
     try:
-        context = ssl.create_default_context(cafile=settings.ca_file)
-    except (OSError, ssl.SSLError) as exc:
-        raise EventError(f"cannot load the cluster CA {settings.ca_file}: {exc}") from None
-    conn = http.client.HTTPSConnection(url.hostname, port, timeout=timeout, context=context)
-    try:
-        conn.request(
+        status, answer = apicall.call(
+            settings.server,
+            settings.ca_file,
             "POST",
             path,
+            token=token,
             body=body,
-            headers={
-                "Authorization": f"Bearer {token}",
-                "Content-Type": "application/json",
-                "Accept": "application/json",
-                "User-Agent": COMPONENT,
-            },
+            timeout=timeout,
+            max_response=MAX_RESPONSE,
         )
-        response = conn.getresponse()
-        status = response.status
-        answer = response.read(MAX_RESPONSE)
-    except TimeoutError:
-        raise EventError(f"no answer from {where} within {timeout:g} s") from None
-    except ssl.SSLError as exc:
-        raise EventError(
-            f"TLS with {where} failed ({exc.reason or exc}): is {settings.ca_file} "
-            "the cluster's CA?"
-        ) from exc
-    except (OSError, http.client.HTTPException) as exc:
-        raise EventError(
-            f"cannot reach {where}: {exc}; is the address right and the API server "
-            "reachable from this node?"
-        ) from None
-    finally:
-        conn.close()
+    except apicall.CallError as exc:
+        raise EventError(str(exc)) from None
     if 200 <= status < 300:
         return
-    detail = _status_message(answer)
+    detail = apicall.status_message(answer)
     if status == 401:
         raise EventError(
             f"{where} rejected the token {settings.token_file} (401 {detail}): expired, or "
@@ -277,17 +253,6 @@ def _post(settings: Settings, path: str, body: bytes, timeout: float) -> None:
             "'events' in every namespace (RBAC: kubectl apply -f deploy/rbac.yaml)"
         )
     raise EventError(f"{where} answered {status}: {detail}")
-
-
-def _status_message(answer: bytes) -> str:
-    """The message of a metav1.Status answer, cut short."""
-    try:
-        data = json.loads(answer)
-        text = str(data.get("message", "")) if isinstance(data, dict) else ""
-    except ValueError:
-        text = answer.decode("utf-8", "replace")
-    text = " ".join(text.split())
-    return text[:300] or "no message"
 
 
 async def post_pod_event(

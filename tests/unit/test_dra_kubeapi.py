@@ -128,7 +128,7 @@ def test_get_claim(server: ApiServer) -> None:
 def test_the_token_is_read_on_every_call(server: ApiServer) -> None:
     settings = server.settings(token="old-token")
     api = KubeApi(settings)
-    with pytest.raises(KubeApiError, match="401") as caught:
+    with pytest.raises(KubeApiError, match="401.*expired, or the pod") as caught:
         api.list_slices(NODE)
     assert caught.value.status == 401
     Path(settings.token_file).write_text(server.token)  # the kubelet rotated it
@@ -148,6 +148,15 @@ def test_every_call_is_in_rbac_rules(server: ApiServer) -> None:
     granted = {(r, v) for _, r, verbs in RBAC_RULES for v in verbs}
     used = server.verbs()
     assert used == granted, "RBAC_RULES is exactly what the module uses"
+
+
+@pytest.mark.parametrize("node", ["a,spec.driver=x", "A", "", "a=b", "a" * 254])
+def test_a_node_name_that_would_change_the_selector_is_refused(
+    server: ApiServer, node: str
+) -> None:
+    with pytest.raises(KubeApiError, match="is not a node or driver name"):
+        KubeApi(server.settings()).list_slices(node)
+    assert server.requests == []
 
 
 def test_an_answer_too_large_is_refused(server: ApiServer, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -176,7 +185,7 @@ def test_a_bad_server_address_is_refused(tmp_path: Path, server_url: str) -> Non
     token = tmp_path / "token"
     token.write_text("t")
     api = KubeApi(Settings(server_url, str(token), "/nonexistent", NODE))
-    with pytest.raises(KubeApiError, match="is not https://host:port"):
+    with pytest.raises(KubeApiError, match="is not https://host:port|has a bad port"):
         api.list_slices(NODE)
 
 

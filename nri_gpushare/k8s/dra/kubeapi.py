@@ -8,16 +8,15 @@ on every call, so a rotated token is used as soon as the kubelet writes it.
 
 from __future__ import annotations
 
-import http.client
 import json
-import ssl
 from pathlib import Path
 from typing import Any, Final
-from urllib.parse import quote, urlencode, urlsplit
+from urllib.parse import quote, urlencode
 
+from nri_gpushare.k8s import apicall
 from nri_gpushare.k8s.dra import DRIVER, ClaimError
-from nri_gpushare.k8s.dra.slices import slice_changed
-from nri_gpushare.k8s.events import COMPONENT, Settings
+from nri_gpushare.k8s.dra.slices import dns_subdomain, slice_changed
+from nri_gpushare.k8s.events import Settings
 
 GROUP: Final = "resource.k8s.io"
 PREFIX: Final = f"/apis/{GROUP}/v1"
@@ -49,15 +48,6 @@ class NotFound(KubeApiError):
     """404."""
 
 
-def _status_message(answer: bytes) -> str:
-    try:
-        data = json.loads(answer)
-        text = str(data.get("message", "")) if isinstance(data, dict) else ""
-    except ValueError:
-        text = answer.decode("utf-8", "replace")
-    return " ".join(text.split())[:300] or "no message"
-
-
 class KubeApi:
     """resource.k8s.io/v1 calls with `settings`' credentials."""
 
@@ -80,51 +70,29 @@ class KubeApi:
     def request(self, method: str, path: str, body: object = None) -> Any:
         """One call; the decoded JSON answer, or a KubeApiError saying why not."""
         settings = self.settings
-        url = urlsplit(settings.server)
         where = f"the API server {settings.server}"
         try:
-            port = url.port or 443
-        except ValueError:
-            port = -1
-        if url.scheme != "https" or not url.hostname or port < 0 or url.path not in ("", "/"):
-            raise KubeApiError(f"API server {settings.server!r} is not https://host:port")
-        headers = {
-            "Authorization": f"Bearer {self._token()}",
-            "Accept": "application/json",
-            "User-Agent": COMPONENT,
-        }
-        data = None
-        if body is not None:
-            data = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
-        try:
-            context = ssl.create_default_context(cafile=settings.ca_file)
-        except (OSError, ssl.SSLError) as exc:
-            raise KubeApiError(f"cannot load the cluster CA {settings.ca_file}: {exc}") from None
-        conn = http.client.HTTPSConnection(
-            url.hostname, port, timeout=self.timeout, context=context
-        )
-        try:
-            conn.request(method, path, body=data, headers=headers)
-            response = conn.getresponse()
-            status = response.status
-            answer = response.read(MAX_RESPONSE + 1)
-        except TimeoutError:
-            raise KubeApiError(f"no answer from {where} within {self.timeout:g} s") from None
-        except ssl.SSLError as exc:
-            raise KubeApiError(
-                f"TLS with {where} failed ({exc.reason or exc}): is {settings.ca_file} "
-                "the cluster's CA?"
-            ) from None
-        except (OSError, http.client.HTTPException) as exc:
-            raise KubeApiError(f"cannot reach {where}: {exc}") from None
-        finally:
-            conn.close()
+            status, answer = apicall.call(
+                settings.server,
+                settings.ca_file,
+                method,
+                path,
+                token=self._token,
+                body=None if body is None else json.dumps(body).encode(),
+                timeout=self.timeout,
+                max_response=MAX_RESPONSE,
+            )
+        except apicall.CallError as exc:
+            raise KubeApiError(str(exc)) from None
         what = f"{method} {path.split('?')[0]}"
         if len(answer) > MAX_RESPONSE:
             raise KubeApiError(f"{where}: the answer to {what} is over {MAX_RESPONSE} bytes")
         if not 200 <= status < 300:
-            message = f"{where} answered {what} with {status}: {_status_message(answer)}"
+            message = f"{where} answered {what} with {status}: {apicall.status_message(answer)}"
+            if status == 401:
+                message += (
+                    f" (the token {settings.token_file} expired, or the pod it belongs to is gone)"
+                )
             if status == 403:
                 message += " (RBAC: kubectl apply -k deploy/dra)"
             kind = {404: NotFound, 409: Conflict}.get(status, KubeApiError)
@@ -153,6 +121,9 @@ class KubeApi:
 
     def list_slices(self, node: str, driver: str = DRIVER) -> list[dict[str, Any]]:
         """The slices of `node` and `driver` (field selectors)."""
+        for name in (node, driver):
+            if not dns_subdomain(name):
+                raise KubeApiError(f"{name[:80]!r} is not a node or driver name")
         selector = f"spec.nodeName={node},spec.driver={driver}"
         answer = self.request(
             "GET", f"{PREFIX}/resourceslices?{urlencode({'fieldSelector': selector})}"

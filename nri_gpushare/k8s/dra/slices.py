@@ -119,6 +119,11 @@ class SliceGpu:
     containers_held: int = 0
 
 
+def dns_subdomain(name: str) -> bool:
+    """Whether `name` is a DNS subdomain as Kubernetes names nodes and drivers."""
+    return len(name) <= MAX_NAME and _SUBDOMAIN.fullmatch(name) is not None
+
+
 def slice_name(node: str) -> str:
     """``<node>-gpushare.io``; for a long node name its head and a hash, so
     the name stays a DNS subdomain of at most 253 characters."""
@@ -192,7 +197,7 @@ def node_slice(
     generation: int,
 ) -> dict[str, Any]:
     """The node's one ResourceSlice (a JSON-ready dict)."""
-    if len(node) > MAX_NAME or not _SUBDOMAIN.fullmatch(node):
+    if not dns_subdomain(node):
         raise ValueError(f"node name {node[:80]!r} is not a Kubernetes node name")
     devices = [_device(g, memory_reserve_bytes, max_inst) for g in sorted(gpus, key=_index)]
     return {
