@@ -107,6 +107,25 @@ def test_a_malformed_slice_is_refused_by_the_strict_server(server: ApiServer) ->
     assert caught.value.status == 422
 
 
+def test_the_test_server_names_lists_and_refuses_as_the_real_one(server: ApiServer) -> None:
+    api = KubeApi(server.settings())
+    obj = wanted()
+    obj["metadata"] = {"generateName": "node-a-gpushare.io-"}
+    made = api.create_slice(obj)
+    name = made["metadata"]["name"]
+    assert name.startswith("node-a-gpushare.io-") and len(name) > len("node-a-gpushare.io-")
+    assert made["metadata"]["creationTimestamp"].endswith("Z")
+    assert api.request("GET", f"{kubeapi_module.PREFIX}/resourceslices/{name}") == made
+    with pytest.raises(KubeApiError, match="400.*field label not supported") as caught:
+        api.request("GET", f"{kubeapi_module.PREFIX}/resourceslices?fieldSelector=spec.x%3Dy")
+    assert caught.value.status == 400
+    with pytest.raises(Conflict, match="already exists"):
+        api.create_slice(made | {"metadata": {"name": name}})
+    api.delete_slice(name)
+    api.delete_slice(name)  # gone already: fine
+    assert server.slices == {} and server.writes[("DELETE", "resourceslices")] == 1
+
+
 def test_get_claim(server: ApiServer) -> None:
     api = KubeApi(server.settings())
     claim = {

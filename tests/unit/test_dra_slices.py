@@ -193,10 +193,12 @@ def test_the_name_is_a_dns_subdomain_for_any_node_name(length: int) -> None:
         assert slice_name(node[:-1] + "b") != name
 
 
-def test_a_bad_node_name_is_refused() -> None:
+def test_a_bad_node_name_or_a_repeated_gpu_is_refused() -> None:
     for node in ("", "Node", "a_b", "-a", "a" * 254):
         with pytest.raises(ValueError, match="node name"):
             build(node=node)
+    with pytest.raises(ValueError, match="repeat"):
+        build([GPUS[0], GPUS[0]])
 
 
 @pytest.mark.parametrize(

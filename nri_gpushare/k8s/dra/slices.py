@@ -199,7 +199,10 @@ def node_slice(
     """The node's one ResourceSlice (a JSON-ready dict)."""
     if not dns_subdomain(node):
         raise ValueError(f"node name {node[:80]!r} is not a Kubernetes node name")
-    devices = [_device(g, memory_reserve_bytes, max_inst) for g in sorted(gpus, key=_index)]
+    ordered = sorted(gpus, key=_index)
+    if len({g.index for g in ordered}) != len(ordered):
+        raise ValueError(f"GPU indexes {[g.index for g in ordered]} repeat")
+    devices = [_device(g, memory_reserve_bytes, max_inst) for g in ordered]
     return {
         "apiVersion": API_VERSION,
         "kind": "ResourceSlice",
