@@ -108,7 +108,7 @@ untimed='!sched* !resize'
 # The containerd 2.x lane's files: the CRI suite's core (see tests/README.md).
 core2=()
 for f in nri_plugin share_e2e trust hostile_values session_recovery reconcile \
-	synchronize_large hand_started testbed_docker containerd_client; do
+	synchronize_large hand_started testbed_docker containerd_client dra_cri; do
 	core2+=("tests/integration/test_$f.py")
 done
 

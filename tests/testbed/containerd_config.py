@@ -103,6 +103,10 @@ def _cri_v2(bed: Bed) -> dict[str, dict[str, object]]:
             "sandbox_image": bed.sandbox_image,
             "stream_server_address": "127.0.0.1",
             "stream_server_port": "0",
+            # Off by default in 1.7 (the kubelet's CDI devices, e.g. a DRA
+            # claim's, are then ignored): the bed's own dir, never /etc/cdi.
+            "enable_cdi": True,
+            "cdi_spec_dirs": [str(bed.base / "cdi")],
         },
         **_runtime(bed, cri),
         f"{cri}.cni": {"bin_dir": bed.base / "cni" / "bin", "conf_dir": bed.base / "cni" / "conf"},

@@ -148,9 +148,11 @@ class CriClient:
         annotations: Mapping[str, str] | None = None,
         labels: Mapping[str, str] | None = None,
         cgroup_parent: str = "",
+        uid: str = "",
     ) -> str:
-        """RunPodSandbox on the host network; returns the pod sandbox id."""
-        uid = str(uuid.uuid4())
+        """RunPodSandbox on the host network; returns the pod sandbox id
+        (`uid`: the pod's, as the API server gave it; default a new one)."""
+        uid = uid or str(uuid.uuid4())
         config = cri.PodSandboxConfig(
             metadata=cri.PodSandboxMetadata(name=name, uid=uid, namespace=namespace),
             labels=dict(labels or {}),
@@ -206,8 +208,11 @@ class CriClient:
         labels: Mapping[str, str] | None = None,
         annotations: Mapping[str, str] | None = None,
         pod_config: cri.PodSandboxConfig | None = None,
+        cdi_devices: Sequence[str] = (),
     ) -> str:
-        """CreateContainer in pod_id; returns the container id."""
+        """CreateContainer in pod_id; returns the container id.  `cdi_devices`:
+        fully qualified CDI device names, as the kubelet passes a prepared
+        DRA claim's."""
         pod_config = pod_config or self.pods[pod_id]
         config = cri.ContainerConfig(
             metadata=cri.ContainerMetadata(name=name),
@@ -223,6 +228,7 @@ class CriClient:
                 ),
             ),
         )
+        config.cdi_devices = [cri.CdiDevice(name=n) for n in cdi_devices]
         if pod_config.log_directory:
             config.log_path = f"{name}.log"
         resp = await self.runtime.create_container(
