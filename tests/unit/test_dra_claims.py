@@ -132,7 +132,7 @@ def test_a_claim_of_other_drivers_only_asks_nothing_here() -> None:
             lambda c: c["status"]["allocation"]["devices"]["results"][0].update(
                 consumedCapacity={"memory": "2Gi", "compute": "101"}
             ),
-            "compute 101 is not 1..100 percent",
+            "compute 101 is not 0..100 percent",
         ),
         (
             lambda c: c["status"]["allocation"]["devices"]["results"][0].update(

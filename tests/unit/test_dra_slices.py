@@ -115,8 +115,8 @@ def test_one_device_per_healthy_gpu_with_what_non_dra_shares_leave() -> None:
             "compute": {
                 "value": "100",
                 "requestPolicy": {
-                    "default": "100",
-                    "validRange": {"min": "5", "max": "100", "step": "5"},
+                    "default": "0",
+                    "validRange": {"min": "0", "max": "100", "step": "5"},
                 },
             },
             "slots": {"value": "16", "requestPolicy": {"default": "1", "validValues": ["1"]}},
@@ -137,7 +137,7 @@ def test_one_device_per_healthy_gpu_with_what_non_dra_shares_leave() -> None:
         ({"memory_held": 79 * GiB - 2 * MiB + 1}, False),
         ({"memory_held": 200 * GiB}, False),  # never below 0
         ({"core_held": 90}, True),
-        ({"core_held": 91}, False),
+        ({"core_held": 100}, True),  # memory-only claims (compute 0) still fit
         ({"containers_held": 15}, True),
         ({"containers_held": 16}, False),
     ],
@@ -148,6 +148,8 @@ def test_a_gpu_that_cannot_take_one_more_claim_is_left_out(
     gpu = SliceGpu(0, "GPU-a", "m", 80 * GiB, **held)
     devices = build([gpu])["spec"]["devices"]
     assert bool(devices) == published
+    for device in devices:
+        assert not policy_problems(device["capacity"]["compute"])
     for version in VERSIONS:
         kubernetes_validate.validate(build([gpu]), version, strict=True)
 

@@ -116,8 +116,8 @@ def _consumed(result: Mapping[str, Any], where: str, device: str) -> tuple[int, 
     memory, core = values[CAPACITY_MEMORY], values[CAPACITY_COMPUTE]
     if memory < 1:
         raise ClaimError(f"{where}: consumedCapacity memory is 0 bytes")
-    if not 1 <= core <= 100:
-        raise ClaimError(f"{where}: consumedCapacity compute {core} is not 1..100 percent")
+    if not 0 <= core <= 100:
+        raise ClaimError(f"{where}: consumedCapacity compute {core} is not 0..100 percent")
     return memory, core
 
 

@@ -82,7 +82,7 @@ class DraDriver:
         who = f"claim {claim.namespace}/{claim.name}"
         try:
             obj = await asyncio.to_thread(self.api.get_claim, claim.namespace, claim.name)
-        except KubeApiError as e:
+        except (KubeApiError, ClaimError) as e:
             raise ClaimError(f"gpushare.io: cannot read {who}: {e}") from None
         uid = (obj.get("metadata") or {}).get("uid")
         if uid != claim.uid:

@@ -149,7 +149,7 @@ def _device(gpu: SliceGpu, memory_reserve_bytes: int, max_inst: int) -> dict[str
     memory = max(0, gpu.memory_bytes - memory_reserve_bytes - gpu.memory_held) // MiB * MiB
     compute = max(0, 100 - gpu.core_held) // COMPUTE_STEP * COMPUTE_STEP
     slots = max(0, max_inst - gpu.containers_held)
-    if not gpu.healthy or memory < 2 * MiB or compute < 2 * COMPUTE_STEP or slots < 1:
+    if not gpu.healthy or memory < 2 * MiB or slots < 1:
         return None
     attributes: dict[str, dict[str, Any]] = {
         "uuid": {"string": gpu.uuid[:MAX_STRING_ATTRIBUTE]},
@@ -160,7 +160,6 @@ def _device(gpu: SliceGpu, memory_reserve_bytes: int, max_inst: int) -> dict[str
     if version:
         attributes["driverVersion"] = {"version": version}
     mib = format_quantity(MiB, binary=True)
-    step = str(COMPUTE_STEP)
     return {
         "name": _device_name(gpu.index),
         "attributes": attributes,
@@ -173,18 +172,23 @@ def _device(gpu: SliceGpu, memory_reserve_bytes: int, max_inst: int) -> dict[str
                     "validRange": {"min": mib, "step": mib},
                 },
             },
-            CAPACITY_COMPUTE: {
-                "value": str(compute),
-                "requestPolicy": {
-                    "default": str(compute),
-                    "validRange": {"min": step, "max": str(compute), "step": step},
-                },
-            },
+            CAPACITY_COMPUTE: {"value": str(compute), "requestPolicy": _compute_policy(compute)},
             CAPACITY_SLOTS: {
                 "value": str(slots),
                 "requestPolicy": {"default": "1", "validValues": ["1"]},
             },
         },
+    }
+
+
+def _compute_policy(compute: int) -> dict[str, Any]:
+    """Requests in steps of 5 up to what is free; 0 (the default: a claim
+    that names no compute) is no compute limit, as a share without gpu-core."""
+    if compute < COMPUTE_STEP:  # a range needs min + step <= the capacity
+        return {"default": "0", "validValues": ["0"]}
+    return {
+        "default": "0",
+        "validRange": {"min": "0", "max": str(compute), "step": str(COMPUTE_STEP)},
     }
 
 
