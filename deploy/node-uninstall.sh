@@ -15,13 +15,17 @@ HOST=${HOST_ROOT:-/host} # where the node's /opt/nri-gpushare is mounted
 say() { echo "node-uninstall: $*"; }
 on_node() { nsenter --target 1 --mount --uts --ipc --net --pid -- "$@"; }
 
-# The DaemonSet's device plugin still running here would go on advertising
-# (and, its venv gone, crash-loop) and its pod would install everything again.
+# The DaemonSet's device plugin or DRA driver still running here would go on
+# advertising (and, its venv gone, crash-loop) and its pod would install
+# everything again.
 PLUGIN_SOCKET=${PLUGIN_SOCKET:-/var/lib/kubelet/device-plugins/gpushare-gpu-memory.sock}
-if on_node test -S "$PLUGIN_SOCKET"; then
-	echo "node-uninstall: the device plugin's socket $PLUGIN_SOCKET is there: the DaemonSet still runs on this node; stop it first (kubectl label node <node> gpushare.io/enabled-; docs/kubernetes.md \"Uninstall\"), then run this Job again (a socket left by a killed plugin: remove it on the node). Nothing was removed" >&2
-	exit 1
-fi
+DRA_SOCKET=${DRA_SOCKET:-/var/lib/kubelet/plugins_registry/gpushare.io-reg.sock}
+for socket in "$PLUGIN_SOCKET" "$DRA_SOCKET"; do
+	if on_node test -S "$socket"; then
+		echo "node-uninstall: the device plugin's or DRA driver's socket $socket is there: the DaemonSet still runs on this node; stop it first (kubectl label node <node> gpushare.io/enabled-; docs/kubernetes.md \"Uninstall\"), then run this Job again (a socket left by a killed plugin: remove it on the node). Nothing was removed" >&2
+		exit 1
+	fi
+done
 
 if ! on_node test -f "$SRC/scripts/install-node.sh"; then
 	# Not installed by the DaemonSet (or already removed): use the image's tree.

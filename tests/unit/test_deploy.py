@@ -377,6 +377,7 @@ echo "$*" >>"$FAKE_LOG"
 case $1 in
 test) case $3 in
 	*/device-plugins/*) [ -n "$FAKE_PLUGIN" ] ;;
+	*/plugins_registry/*) [ -n "$FAKE_DRA" ] ;;
 	*) [ -n "$FAKE_SOCKETS" ] ;;
 	esac ;;
 sh)
@@ -426,6 +427,7 @@ def run_on_fake_node(
         "FAKE_CHANGED": "",
         "FAKE_REFUSE": "",
         "FAKE_PLUGIN": "",
+        "FAKE_DRA": "",
     } | fake
     unshare = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", inner]
     done = subprocess.run(unshare, env=env, capture_output=True, text=True, timeout=60)
@@ -435,6 +437,7 @@ def run_on_fake_node(
 
 
 PLUGIN_SOCKET = "/var/lib/kubelet/device-plugins/gpushare-gpu-memory.sock"
+DRA_SOCKET = "/var/lib/kubelet/plugins_registry/gpushare.io-reg.sock"
 ENABLE = (
     "/opt/nri-gpushare/venv/bin/nri-gpushare enable --config /etc/containerd/config.toml"
     " --plugin-config /etc/nri-gpushare/gpushare.yaml"
@@ -535,8 +538,9 @@ def test_uninstall_removes_the_tree_only_after_the_installer_agreed(tmp_path: Pa
     done, node, _ = run_on_fake_node(tmp_path, "node-uninstall.sh", FAKE_SOCKETS="1")
     assert done.returncode == 0, done.stderr
     uninstall = "sh /opt/nri-gpushare/src/scripts/install-node.sh --uninstall"
-    assert node[:4] == [
+    assert node[:5] == [
         f"test -S {PLUGIN_SOCKET}",
+        f"test -S {DRA_SOCKET}",
         "test -f /opt/nri-gpushare/src/scripts/install-node.sh",
         uninstall,
         "rm -rf /opt/nri-gpushare/src /run/nri-gpushare/kubernetes",
@@ -548,13 +552,14 @@ def test_uninstall_removes_the_tree_only_after_the_installer_agreed(tmp_path: Pa
     assert "nothing was removed" in done.stderr and "drain" in done.stderr
     assert node == [
         f"test -S {PLUGIN_SOCKET}",
+        f"test -S {DRA_SOCKET}",
         "test -f /opt/nri-gpushare/src/scripts/install-node.sh",
         uninstall,
     ]
     done, node, _ = run_on_fake_node(
         tmp_path / "purge", "node-uninstall.sh", FAKE_SOCKETS="1", PURGE="1"
     )
-    assert node[2] == uninstall + " --purge"
+    assert node[3] == uninstall + " --purge"
 
 
 def test_uninstall_refuses_while_the_daemonset_runs_on_the_node(tmp_path: Path) -> None:
@@ -570,6 +575,14 @@ def test_uninstall_refuses_while_the_daemonset_runs_on_the_node(tmp_path: Path) 
     assert "gpushare.io/enabled-" in done.stderr and "Nothing was removed" in done.stderr
     assert node == [f"test -S {PLUGIN_SOCKET}"]
     assert list(host.iterdir()) == []
+    from nri_gpushare.k8s.dra import kubelet
+
+    assert DRA_SOCKET == f"{kubelet.REGISTRY_DIR}/{DRIVER}-reg.sock"
+    done, node, host = run_on_fake_node(
+        tmp_path / "dra", "node-uninstall.sh", FAKE_SOCKETS="1", FAKE_DRA="1"
+    )
+    assert done.returncode == 1 and "Nothing was removed" in done.stderr
+    assert node == [f"test -S {PLUGIN_SOCKET}", f"test -S {DRA_SOCKET}"]
 
 
 def dockerignored(path: str, patterns: list[str]) -> bool:
@@ -689,44 +702,41 @@ def test_dra_rbac_covers_the_driver_and_the_events() -> None:
 
 def test_dra_daemonset_is_deploys_with_dra_driver_for_device_plugin() -> None:
     base, dra = copy.deepcopy(daemonset_pod()), copy.deepcopy(dra_pod())
-    base["containers"] = [c for c in base["containers"] if c["name"] != "device-plugin"]
+    plugin = container(base, "device-plugin")
     driver = container(dra, "dra-driver")
+    base["containers"] = [c for c in base["containers"] if c["name"] != "device-plugin"]
     dra["containers"] = [c for c in dra["containers"] if c["name"] != "dra-driver"]
-    added = {"kubelet-plugins", "kubelet-registry", "cdi", "daemon-run"}
-    dra["volumes"] = [v for v in dra["volumes"] if v["name"] not in added]
     assert dra == base
     whole_base, whole_dra = find("DaemonSet"), dra_find("DaemonSet")
     assert whole_dra["metadata"] == whole_base["metadata"]  # one replaces the other in place
     assert whole_dra["spec"]["selector"] == whole_base["spec"]["selector"]
-    # dra-driver: the image's nri-gpushare, for its node, with the kubelet's paths.
+    # dra-driver runs as the device plugin does: the node's nri-gpushare in the
+    # node's mount namespace, with the daemon's config; the credentials the
+    # "credentials" container keeps on the node (not the pod's token paths).
     venv = shell_settings(REPO / "scripts" / "install-node.sh")["VENV"]
-    assert driver["command"] == [
+    enter = ["nsenter", "--target=1", "--mount", "--"]
+    assert plugin["command"][: len(enter)] == enter
+    assert driver["command"] == enter + [
+        "env",
+        "-u",
+        "KUBERNETES_SERVICE_HOST",
         f"{venv}/bin/nri-gpushare",
         "dra-driver",
+        "--config",
+        plugin["command"][-1],
         "--node-name",
         "$(NODE_NAME)",
     ]
     env = {e["name"]: e for e in driver["env"]}
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
-    volumes = {v["name"]: v for v in dra_pod()["volumes"]}
-    mounts = {m["mountPath"]: m["name"] for m in driver["volumeMounts"]}
+    assert "volumeMounts" not in driver
+    credentials = container(dra_pod(), "credentials")
+    assert events.HOST_DIR in credentials["command"]
     from nri_gpushare.k8s.dra import kubelet
 
-    config = node_config()
-    wanted = {
-        str(Path(kubelet.PLUGIN_DIR).parent),
-        kubelet.REGISTRY_DIR,
-        "/var/run/cdi",
-        str(Path(config.status_socket).parent),
-    }
-    for path in wanted:
-        assert volumes[mounts[path]]["hostPath"]["path"] == path, path
-    assert mounts[events.SERVICE_ACCOUNT_DIR] == "api-token"
     probe = driver["livenessProbe"]["exec"]["command"]
-    assert probe == ["test", "-S", f"{kubelet.REGISTRY_DIR}/{DRIVER}-reg.sock"]
-    assert "privileged" not in driver["securityContext"]
-    assert driver["securityContext"]["capabilities"] == {"drop": ["ALL"]}
-    assert driver["securityContext"]["allowPrivilegeEscalation"] is False
+    assert probe == enter + ["test", "-S", f"{kubelet.REGISTRY_DIR}/{DRIVER}-reg.sock"]
+    assert driver["securityContext"] == plugin["securityContext"]
 
 
 def test_the_device_class_selects_this_driver() -> None:
