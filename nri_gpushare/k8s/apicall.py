@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.client
 import json
 import ssl
+import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -62,10 +63,26 @@ def call(
     except (OSError, ssl.SSLError) as exc:
         raise CallError(f"cannot load the cluster CA {ca_file}: {exc}") from None
     conn = http.client.HTTPSConnection(url.hostname, port, timeout=timeout, context=context)
+    deadline = time.monotonic() + timeout
     try:
         conn.request(method, path, body=body, headers=headers)
+        sock = conn.sock  # getresponse lets go of it when the answer ends the connection
         response = conn.getresponse()
-        return response.status, response.read(max_response + 1)
+        # `timeout` bounds the whole answer, not each read: a server that
+        # trickles it holds this thread no longer.
+        chunks: list[bytes] = []
+        size = 0
+        while size <= max_response:
+            left = deadline - time.monotonic()
+            if left <= 0 or sock is None:
+                raise TimeoutError
+            sock.settimeout(left)
+            chunk = response.read1(max_response + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return response.status, b"".join(chunks)
     except TimeoutError:
         raise CallError(f"no answer from {where} within {timeout:g} s") from None
     except ssl.SSLError as exc:

@@ -26,122 +26,40 @@ from __future__ import annotations
 
 import json
 import logging
-import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from nri_gpushare.names import DRA_CLAIM_ENV
-from nri_gpushare.share.model import (
-    Allocation,
-    ContainerInfo,
-    Gpu,
-    GpuShare,
-    NodePolicy,
-    ShareRefused,
+from nri_gpushare.share.claim_model import (
+    MAX_CLAIMS,
+    WHOLE,
+    Claim,
+    ClaimAsk,
+    ClaimStore,
+    MemoryClaimStore,
+    ShareAsk,
+    check_ask,
+    claim_request,
+    decode_entry,
+    describe_shares,
+    encode,
 )
+from nri_gpushare.share.model import Allocation, ContainerInfo, Gpu, GpuShare, ShareRefused
 from nri_gpushare.share.placement import Ledger
-from nri_gpushare.share.request import ShareRequest
-from nri_gpushare.units import MiB, format_bytes, quote
+from nri_gpushare.units import MiB, quote
+
+__all__ = [
+    "WHOLE",
+    "Claim",
+    "ClaimAsk",
+    "ClaimStore",
+    "Claims",
+    "MemoryClaimStore",
+    "ShareAsk",
+    "claim_request",
+]
 
 log = logging.getLogger(__name__)
-
-BOOKING_PREFIX = "claim:"
-"""The ledger's name for a claim's booking (never a container ID: has a colon)."""
-WHOLE = -1
-"""A share's memory when the scheduler allocated the whole GPU (no consumable
-capacity): everything the GPU can give."""
-MAX_CLAIMS = 4096
-MAX_PODS = 256
-MAX_SHARES = 64
-_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,127}")
-_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
-
-
-class ClaimStore(Protocol):
-    def load(self) -> str | None: ...
-
-    def replace(self, text: str) -> None: ...
-
-
-class MemoryClaimStore:
-    """Claims kept in memory only (tests, a daemon without a state directory)."""
-
-    def __init__(self, text: str | None = None) -> None:
-        self.text = text
-
-    def load(self) -> str | None:
-        return self.text
-
-    def replace(self, text: str) -> None:
-        self.text = text
-
-
-@dataclass(frozen=True)
-class ShareAsk:
-    """One GPU of a claim as the driver read it from the allocation."""
-
-    uuid: str
-    memory_bytes: int  # WHOLE: the whole GPU
-    core_percent: int
-
-
-@dataclass(frozen=True)
-class ClaimAsk:
-    """A claim to prepare: what the scheduler allocated on this node."""
-
-    uid: str
-    namespace: str
-    name: str
-    pods: tuple[str, ...]
-    shares: tuple[ShareAsk, ...]
-
-
-@dataclass
-class Claim:
-    uid: str
-    namespace: str
-    name: str
-    pods: frozenset[str]
-    shares: tuple[GpuShare, ...]
-    holder: str = ""  # the container holding its share; "": booked as the claim
-    booking: Allocation = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self.booking = Allocation(
-            BOOKING_PREFIX + self.uid, self.name, f"{self.namespace}/{self.name}", self.shares
-        )
-
-    def describe(self) -> str:
-        return f"claim {quote(self.namespace)}/{quote(self.name)} ({self.uid})"
-
-    def json(self) -> dict[str, Any]:
-        return {
-            "uid": self.uid,
-            "namespace": self.namespace,
-            "name": self.name,
-            "pods": sorted(self.pods),
-            "gpus": [
-                {"index": s.index, "uuid": s.uuid, "memory": s.memory_bytes, "core": s.core_percent}
-                for s in self.shares
-            ],
-            "holder": self.holder,
-        }
-
-
-def check_ask(ask: ClaimAsk) -> None:
-    """ShareRefused ("invalid") unless every field is one a claim can have."""
-    problems = []
-    if not _UID.fullmatch(ask.uid):
-        problems.append(f"uid {quote(ask.uid)} is not a Kubernetes UID")
-    if not _NAME.fullmatch(ask.namespace) or not _NAME.fullmatch(ask.name):
-        problems.append(f"{quote(ask.namespace)}/{quote(ask.name)} is not a namespace/name")
-    if len(ask.pods) > MAX_PODS or not all(_UID.fullmatch(p) for p in ask.pods):
-        problems.append(f"the reserved pods must be at most {MAX_PODS} pod UIDs")
-    if not 0 < len(ask.shares) <= MAX_SHARES:
-        problems.append(f"it must give 1 to {MAX_SHARES} GPUs")
-    if problems:
-        raise ShareRefused(f"gpushare: cannot prepare the claim: {'; '.join(problems)}")
 
 
 class Claims:
@@ -179,16 +97,19 @@ class Claims:
             if held.shares != shares or (held.namespace, held.name) != (ask.namespace, ask.name):
                 raise ShareRefused(
                     f"gpushare: {held.describe()} is prepared already with "
-                    f"{_describe(held.shares)}, not {_describe(shares)}: unprepare it first",
+                    f"{describe_shares(held.shares)}, not {describe_shares(shares)}: "
+                    f"unprepare it first",
                     "conflict",
                 )
-            if set(ask.pods) - held.pods:
-                held.pods = held.pods | set(ask.pods)  # reserved for more pods since
+            if frozenset(ask.pods) != held.pods:
+                held.pods = frozenset(ask.pods)  # the claim's reservedFor now
                 self._save_or_log()
             return held
         if len(self.book) >= MAX_CLAIMS:
             raise ShareRefused(f"gpushare: this node holds {MAX_CLAIMS} claims", "capacity")
         claim = Claim(ask.uid, ask.namespace, ask.name, frozenset(ask.pods), shares)
+        if holder := self._holder(claim):
+            return self._keep(claim, holder)
         for s in shares:
             if short := self.ledger.shortfalls(s.index, s.memory_bytes, s.core_percent, False):
                 raise ShareRefused(
@@ -209,7 +130,30 @@ class Claims:
                 f"the node's state directory needs attention",
                 "state",
             ) from None
-        log.info("%s: prepared: %s", claim.describe(), _describe(shares))
+        log.info("%s: prepared: %s", claim.describe(), describe_shares(shares))
+        return claim
+
+    def _holder(self, claim: Claim) -> str:
+        """The container that still holds `claim`'s share (unprepared while it
+        ran, prepared again before its release), "" when none."""
+        return next((c for c, a in self._allocations().items() if a.claim == claim.uid), "")
+
+    def _keep(self, claim: Claim, holder: str) -> Claim:
+        """`claim` prepared again while container `holder` still holds its
+        share: that container is its holder (nothing more is booked), or a
+        refusal when the share it holds is another."""
+        held = self._allocations()[holder].shares
+        if held != claim.shares:
+            raise ShareRefused(
+                f"gpushare: cannot prepare {claim.describe()}: container {holder} still "
+                f"holds its earlier share ({describe_shares(held)}), not "
+                f"{describe_shares(claim.shares)}; it is prepared once that container is gone",
+                "conflict",
+            )
+        claim.holder = holder
+        self.book[claim.uid] = claim
+        self._save_or_log()
+        log.info("%s: prepared again; container %s holds its share", claim.describe(), holder)
         return claim
 
     def unprepare(self, uid: str) -> bool:
@@ -269,17 +213,24 @@ class Claims:
         else:
             why = ""
         if why or claim is None:
-            reason = "conflict" if claim is not None and claim.holder else "forbidden"
             raise ShareRefused(
                 f"gpushare: cannot create {who}: it carries {DRA_CLAIM_ENV}={quote(uid)}, "
                 f"but {why}",
-                reason,
+                "claim",
                 DRA_CLAIM_ENV,
             )
         if not claim.holder:
             self.ledger.remove(claim.booking)
         claim.holder = c.id
         return claim
+
+    def claimed_by(self, c: ContainerInfo) -> str:
+        """The UID of the prepared claim live container `c` carries and may
+        hold (its pod is one the claim is reserved for), "" when none: how
+        recovery knows a share the module alone remembered is a claim's."""
+        uid = c.env.get(DRA_CLAIM_ENV, "")
+        claim = self.book.get(uid)
+        return uid if claim is not None and c.pod_uid and c.pod_uid in claim.pods else ""
 
     def give_back(self, uid: str, container_id: str) -> None:
         """Container `container_id` no longer holds claim `uid`'s share: book
@@ -325,25 +276,11 @@ class Claims:
             log.info("%d prepared claim(s) recovered", len(self.book))
 
     def _decode(self, entry: Any) -> Claim:
-        ask = ClaimAsk(
-            _text(entry, "uid"),
-            _text(entry, "namespace"),
-            _text(entry, "name"),
-            tuple(_texts(entry["pods"])),
-            tuple(
-                ShareAsk(_text(g, "uuid"), _int(g, "memory"), _int(g, "core"))
-                for g in entry["gpus"]
-            ),
-        )
-        check_ask(ask)
-        shares = self._shares(ask)
-        return Claim(ask.uid, ask.namespace, ask.name, frozenset(ask.pods), shares)
+        ask = decode_entry(entry)
+        return Claim(ask.uid, ask.namespace, ask.name, frozenset(ask.pods), self._shares(ask))
 
     def _save(self) -> None:
-        entries = [
-            {k: v for k, v in claim.json().items() if k != "holder"} for claim in self.book.values()
-        ]
-        self.store.replace(json.dumps({"version": 1, "claims": entries}, sort_keys=True) + "\n")
+        self.store.replace(encode(self.book.values()))
 
     def _save_or_log(self) -> None:
         try:
@@ -353,46 +290,3 @@ class Claims:
 
     def status(self) -> list[dict[str, Any]]:
         return [c.json() for c in sorted(self.book.values(), key=lambda c: c.uid)]
-
-
-def claim_request(claim: Claim, policy: NodePolicy) -> ShareRequest:
-    """What a container holding `claim` is given: the claim's share on the
-    claim's GPUs, isolation full, normal priority."""
-    keys = dict.fromkeys(("memory", "core", "devices", "count"), DRA_CLAIM_ENV)
-    return ShareRequest(
-        memory_bytes=tuple(s.memory_bytes for s in claim.shares),
-        core_percent=tuple(s.core_percent for s in claim.shares),
-        devices=tuple(s.index for s in claim.shares),
-        priority="normal",
-        placement=policy.default_placement,
-        isolation="full",
-        keys=keys,
-    )
-
-
-def _describe(shares: Iterable[GpuShare]) -> str:
-    return ", ".join(
-        f"GPU {s.index} {format_bytes(s.memory_bytes)}"
-        + (f" {s.core_percent}%" if s.core_percent else "")
-        for s in shares
-    )
-
-
-def _text(entry: Mapping[str, Any], key: str) -> str:
-    value = entry[key]
-    if not isinstance(value, str):
-        raise TypeError(f"{key} is not a string")
-    return value
-
-
-def _texts(values: Any) -> list[str]:
-    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-        raise TypeError("not a list of strings")
-    return values
-
-
-def _int(entry: Mapping[str, Any], key: str) -> int:
-    value = entry[key]
-    if type(value) is not int:
-        raise TypeError(f"{key} is not a number")
-    return value

@@ -62,6 +62,7 @@ REFUSAL_REASONS = (
     "fragmentation",  # admitted by the kubelet on the node's free total; no GPU has its part
     "invalid_request",  # a bad value, or sources that disagree
     "source_denied",  # the node does not take requests from there (config `sources`)
+    "claim",  # a DRA claim's variable the container may not use (not prepared, held, not its pod)
     "interposer_missing",  # isolation full|memory needs libgpushare.so, the node lacks it
     "kmod",  # the kernel module refused, is missing, or did not bind
     "state",  # the allocation could not be recorded
@@ -77,6 +78,7 @@ _REASON_CLASS = {
     "invalid": "invalid_request",
     "conflict": "invalid_request",
     "forbidden": "source_denied",
+    "claim": "claim",
     "interposer": "interposer_missing",
     "kmod": "kmod",
     "state": "state",

@@ -251,6 +251,8 @@ class Lifecycle:
         if alloc is None:
             return False
         who = c.describe()
+        if alloc.claim:
+            return await self._readopt_claimed(c, alloc, who)
         high = alloc.high_priority
         if taken := [
             str(s.index)
@@ -276,6 +278,27 @@ class Lifecycle:
             who,
         )
         table.decisions.placed(alloc)
+        return True
+
+    async def _readopt_claimed(self, c: ContainerInfo, alloc: Allocation, who: str) -> bool:
+        """`readopt` of a claim's share: the claim's booking is handed back to
+        the container (`claims.take`), as at its create."""
+        claims = self.table.claims
+        try:
+            claim = claims.take(c, alloc.claim, False)
+            if claim.shares != alloc.shares:
+                raise ShareRefused(f"{claim.describe()} is prepared with another share", "claim")
+            await self._reserve_and_register(alloc, who)
+        except ShareRefused as e:
+            claims.give_back(alloc.claim, c.id)
+            log.warning("%s: its recorded share (DRA claim) cannot be given back: %s", who, e)
+            return False
+        except BaseException:
+            claims.give_back(alloc.claim, c.id)
+            raise
+        self.table.journal.or_log(lambda: self.table.journal.append(records.added(alloc)))
+        log.info("%s: placed before the plugin reconnected: its DRA claim's share is back", who)
+        self.table.decisions.placed(alloc)
         return True
 
     async def start_container(self, c: ContainerInfo) -> None:

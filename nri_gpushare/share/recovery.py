@@ -88,6 +88,8 @@ class Recovery:
                 alloc = records.recover(c, saved.get(c.id), (module or {}).get(c.id), table.gpus)
                 if alloc is None:
                     continue
+                if not alloc.claim and (uid := table.claims.claimed_by(c)):
+                    alloc = dataclasses.replace(alloc, claim=uid)  # the module keeps no claim
                 if not alloc.kubelet and kubelet_allowed(c, table.policy.sources_for(c)):
                     # The module keeps no device IDs: the container still carries them.
                     alloc = dataclasses.replace(alloc, kubelet=recorded_ids(c))

@@ -183,3 +183,12 @@ def test_the_slice_is_republished_when_health_or_shares_change() -> None:
     bad.add(0)
     asyncio.run(publisher.tick())
     assert len(api.published) == 3 and devices() == {"gpu-1": "12Gi"}
+
+
+def test_a_spec_that_cannot_be_written_leaves_nothing_booked(tmp_path: Path) -> None:
+    blocked = tmp_path / "cdi"
+    blocked.write_text("a file where the CDI directory should be")
+    d = driver(blocked, claim())
+    with pytest.raises(ClaimError, match="cannot write the claim's CDI spec"):
+        asyncio.run(d.prepare(ClaimRef("ns", "c", UID)))
+    assert [r.op for r in d.daemon.asked] == ["claim-prepare", "claim-unprepare"]  # type: ignore[attr-defined]

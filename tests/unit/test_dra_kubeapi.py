@@ -221,3 +221,51 @@ async def test_calls_run_in_threads_side_by_side(server: ApiServer) -> None:
     api = KubeApi(server.settings())
     await asyncio.gather(*(asyncio.to_thread(api.list_slices, NODE) for _ in range(8)))
     assert len(server.requests) == 8 and threading.active_count() >= 1
+
+
+def test_an_answer_trickled_byte_by_byte_is_cut_at_the_timeout(
+    cert: tuple[Path, Path],
+) -> None:
+    """Each read gets an answer in time; the whole answer does not (the
+    hostile review's finding 6: the thread was held as long as it trickled)."""
+    import ssl
+
+    from nri_gpushare.k8s import apicall
+
+    cert_key = cert
+    sent = [0]
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(*cert_key)
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def trickle() -> None:
+        conn, _ = listener.accept()
+        with context.wrap_socket(conn, server_side=True) as tls:
+            tls.recv(65536)
+            tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+            while not stop.wait(0.05):
+                try:
+                    tls.sendall(b"x")
+                    sent[0] += 1
+                except OSError:
+                    return
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    server = f"https://127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        with pytest.raises(apicall.CallError, match="within 1 s"):
+            apicall.call(
+                server,
+                str(cert_key[0]),
+                "GET",
+                "/x",
+                token=lambda: "t",
+                timeout=1.0,
+                max_response=1 << 20,
+            )
+    finally:
+        stop.set()
+        listener.close()
+    assert sent[0] < 100000  # given up long before the answer's end

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from nri_gpushare.local.claim_wire import check_claim
 from nri_gpushare.local.protocol import ProtocolError, decode_request
+from nri_gpushare.share.claim_model import decode_entry
 from nri_gpushare.share.claims import Claims, MemoryClaimStore
 from nri_gpushare.share.model import NodePolicy
 from nri_gpushare.share.placement import Ledger
@@ -66,7 +67,15 @@ def test_loading_any_claims_record_never_raises_or_overbooks(
         claims = Claims(GPUS, lambda ledger=ledger: ledger, dict, MemoryClaimStore(candidate))
         claims.load()
         for uid, claim in claims.book.items():
-            written = [e for e in entries if e.get("uid") == uid]
+            written = [
+                e
+                for e in entries
+                if e.get("uid") == uid
+                and isinstance(e.get("gpus"), list)
+                and all(
+                    isinstance(g, dict) and {"uuid", "memory", "core"} <= set(g) for g in e["gpus"]
+                )
+            ]
             assert written
             for s in claim.shares:
                 # exactly as written (the whole GPU for -1), on a GPU of this node
@@ -91,3 +100,13 @@ def test_a_claim_request_decodes_or_is_a_protocol_error(value: Any, noise: str) 
         if request.op == "claim-prepare":
             assert request.claim == check_claim(value)
             assert request.id == value["uid"]
+
+
+@fuzz(300)
+@given(entry=claim_entries() | json_values)
+def test_a_claim_record_entry_decodes_checked_or_raises(entry: Any) -> None:
+    try:
+        ask = decode_entry(entry)
+    except Exception:
+        return
+    assert ask.uid == entry["uid"] and len(ask.shares) == len(entry["gpus"]) > 0

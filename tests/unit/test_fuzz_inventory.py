@@ -84,6 +84,7 @@ PARSERS: dict[str, tuple[str, ...]] = {
     "nri_gpushare.host.statefile": ("StateFile.load",),
     "nri_gpushare.share.records": ("decode",),
     "nri_gpushare.share.claims": ("Claims.load",),
+    "nri_gpushare.share.claim_model": ("decode_entry",),
     "nri_gpushare.ops.kmod_upgrade_state": ("ModuleState.parse", "load_saved"),
     # The node's config and inventory.
     "nri_gpushare.config": ("parse_config", "load_config", "parse_quantity"),
@@ -145,8 +146,8 @@ EXEMPT: dict[str, str] = {
     "nri_gpushare.ops.load_module.load_module": "a CLI command, not a parser",
     "nri_gpushare.share.records.AllocationStore.load": "protocol of StateFile.load",
     "nri_gpushare.share.records.MemoryStore.load": "in-memory store (tests, no state_dir)",
-    "nri_gpushare.share.claims.ClaimStore.load": "protocol of ClaimFile.load",
-    "nri_gpushare.share.claims.MemoryClaimStore.load": "in-memory store (tests, no state_dir)",
+    "nri_gpushare.share.claim_model.ClaimStore.load": "protocol of ClaimFile.load",
+    "nri_gpushare.share.claim_model.MemoryClaimStore.load": "in-memory store (tests, no state_dir)",
     "nri_gpushare.host.statefile.ClaimFile.load": "StateFile.load of another file name",
     "nri_gpushare.share.request.settings.Context.parse_gpus": "reached through parse_request",
     "nri_gpushare.share.request.values.GpuList.parse": "reached through parse_request",

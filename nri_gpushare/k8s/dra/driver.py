@@ -112,7 +112,16 @@ class DraDriver:
         }
         log.debug("claim %s: booking %s in the daemon", claim.uid, body["gpus"])
         await self.daemon.ask(Request("claim-prepare", "", claim.uid, claim=body))
-        cdi = await asyncio.to_thread(claim_cdi.write_spec, self.cdi_dir, claim.uid)
+        try:
+            cdi = await asyncio.to_thread(claim_cdi.write_spec, self.cdi_dir, claim.uid)
+        except ClaimError:
+            # Not prepared after all: nothing stays booked for a claim the
+            # kubelet was told failed (it prepares it again).
+            try:
+                await self.daemon.ask(Request("claim-unprepare", "", claim.uid))
+            except ClaimError as e:
+                log.warning("claim %s: its booking stays until unprepared: %s", claim.uid, e)
+            raise
         return [PreparedDevice(s.requests, self.node, s.device, (cdi,), s.share_id) for s in shares]
 
     async def unprepare(self, claim: ClaimRef) -> None:
