@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 from typing import Any
 
@@ -28,25 +27,13 @@ def _say(message: str) -> None:
 
 
 def device_plugin(args: argparse.Namespace) -> int:
-    from nri_gpushare.config import Config, ConfigError, load_config
-    from nri_gpushare.host.devices import load_inventory
+    from nri_gpushare.cli.node_setup import node_setup
     from nri_gpushare.k8s.plugin import serve
-    from nri_gpushare.share.decisions import configure_logging
 
-    try:
-        config = load_config(args.config) if args.config else Config()
-    except ConfigError as exc:
-        _say(str(exc))
-        return 2
-    configure_logging(config.log_level, config.log_format)
-    for chatty in ("hpack", "h2", "grpclib"):  # every HTTP/2 frame otherwise
-        logging.getLogger(chatty).setLevel(max(logging.INFO, logging.getLogger().level))
-    # The GPUs as the daemon finds them, so that both count the same devices.
-    gpus = load_inventory(config.inventory) if config.use_nvml else list(config.inventory)
-    if not gpus:
-        _say("no GPUs: NVML found none and the config has no `inventory:`")
+    setup = node_setup(args.config, _say)
+    if setup is None:
         return 2
     try:
-        return asyncio.run(serve(config, gpus))
+        return asyncio.run(serve(*setup))
     except KeyboardInterrupt:
         return 130

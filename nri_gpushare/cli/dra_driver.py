@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import sys
 from typing import Any
@@ -46,20 +45,14 @@ def _say(message: str) -> None:
 
 
 def dra_driver(args: argparse.Namespace) -> int:
-    from nri_gpushare.config import Config, ConfigError, load_config
-    from nri_gpushare.host.devices import load_inventory
+    from nri_gpushare.cli.node_setup import node_setup
     from nri_gpushare.k8s.dra.serve import Places, serve
     from nri_gpushare.k8s.events import EventError, Settings
-    from nri_gpushare.share.decisions import configure_logging
 
-    try:
-        config = load_config(args.config) if args.config else Config()
-    except ConfigError as exc:
-        _say(str(exc))
+    setup = node_setup(args.config, _say)
+    if setup is None:
         return 2
-    configure_logging(config.log_level, config.log_format)
-    for chatty in ("hpack", "h2", "grpclib"):
-        logging.getLogger(chatty).setLevel(max(logging.INFO, logging.getLogger().level))
+    config, gpus = setup
     env = dict(os.environ)
     if args.node_name:
         env["NODE_NAME"] = args.node_name
@@ -67,10 +60,6 @@ def dra_driver(args: argparse.Namespace) -> int:
         settings = Settings.from_environment(env, args.credentials_dir)
     except (EventError, OSError) as exc:
         _say(f"no API server credentials: {exc}")
-        return 2
-    gpus = load_inventory(config.inventory) if config.use_nvml else list(config.inventory)
-    if not gpus:
-        _say("no GPUs: NVML found none and the config has no `inventory:`")
         return 2
     places = Places(args.plugin_dir, args.registry_dir, args.cdi_dir)
     try:

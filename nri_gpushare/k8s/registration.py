@@ -20,6 +20,7 @@ from grpclib.server import Server
 from nri_gpushare.host.sockets import bind_socket
 from nri_gpushare.k8s import API_VERSION, KUBELET_SOCKET, endpoint
 from nri_gpushare.k8s.generated import v1beta1 as pb
+from nri_gpushare.k8s.served import close_server, identity, unlink
 from nri_gpushare.k8s.service import OPTIONS, DevicePluginService
 from nri_gpushare.k8s.state import PluginState
 from nri_gpushare.names import RESOURCES
@@ -32,17 +33,6 @@ REGISTER_TIMEOUT = 5.0
 REGISTER_DELAYS = (1.0, 2.0, 5.0, 10.0, 30.0)
 """Seconds before each further Register attempt after a failure (then the last)."""
 SOCKET_MODE = 0o600
-STOP_GRACE = 2.0
-"""Seconds streams get to end cleanly before a server is closed."""
-
-
-def _identity(path: str) -> tuple[int, int, int] | None:
-    """What tells one file at `path` from a later one; None when there is none."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 class _Endpoint:
@@ -52,31 +42,14 @@ class _Endpoint:
         self.service = service
         self.server = server
         self.path = path
-        self.identity = _identity(path)
+        self.identity = identity(path)
 
     def serving(self) -> bool:
-        return self.identity is not None and _identity(self.path) == self.identity
+        return self.identity is not None and identity(self.path) == self.identity
 
     async def close(self) -> None:
         self.service.stop()
-        deadline = time.monotonic() + STOP_GRACE
-        while self.service.streams and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.05)  # the ended streams' trailers go out
-        self.server.close()
-        try:
-            await asyncio.wait_for(self.server.wait_closed(), STOP_GRACE)
-        except TimeoutError:
-            log.warning("%s: requests still running after %.0f s", self.path, STOP_GRACE)
-        if _identity(self.path) == self.identity:
-            _unlink(self.path)
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+        await close_server(self.server, self.path, self.identity, lambda: self.service.streams)
 
 
 class DevicePlugin:
@@ -145,7 +118,7 @@ class DevicePlugin:
             current = self._endpoints.get(short)
             path = self.socket_path(short)
             if current is not None and not current.serving():
-                if _identity(path) is not None:
+                if identity(path) is not None:
                     # Not the kubelet (it only removes): a newer device plugin.
                     log.warning(
                         "%s is another process's now (a second device plugin): it serves "
@@ -160,14 +133,14 @@ class DevicePlugin:
                     continue
                 log.info("%s was removed (the kubelet restarted?): serving again", path)
             if short in self._yielded:
-                if _identity(path) is not None:
+                if identity(path) is not None:
                     continue
                 self._yielded.discard(short)
                 log.info("%s is gone: serving %s again", path, RESOURCES[short])
             if current is None or not current.serving():
                 if await self._serve(short):
                     self._registered.discard(short)
-        kubelet = _identity(self.kubelet_socket)
+        kubelet = identity(self.kubelet_socket)
         if kubelet != self._kubelet:
             if kubelet is not None:
                 log.info("kubelet socket %s is new: registering", self.kubelet_socket)
@@ -191,7 +164,7 @@ class DevicePlugin:
         service = DevicePluginService(short, self._state)
         server = Server([service])
         try:
-            _unlink(path)  # a stale socket of an earlier run
+            unlink(path)  # a stale socket of an earlier run
             sock = bind_socket(path, SOCKET_MODE)
             await server.start(sock=sock)
         except OSError as e:

@@ -27,22 +27,11 @@ _NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
 
 class ClaimStore(Protocol):
+    """Where the claims live between runs (`MemoryClaimStore`: in memory only)."""
+
     def load(self) -> str | None: ...
 
     def replace(self, text: str) -> None: ...
-
-
-class MemoryClaimStore:
-    """Claims kept in memory only (tests, a daemon without a state directory)."""
-
-    def __init__(self, text: str | None = None) -> None:
-        self.text = text
-
-    def load(self) -> str | None:
-        return self.text
-
-    def replace(self, text: str) -> None:
-        self.text = text
 
 
 @dataclass(frozen=True)

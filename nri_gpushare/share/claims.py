@@ -36,7 +36,6 @@ from nri_gpushare.share.claim_model import (
     Claim,
     ClaimAsk,
     ClaimStore,
-    MemoryClaimStore,
     ShareAsk,
     check_ask,
     claim_request,
@@ -46,6 +45,7 @@ from nri_gpushare.share.claim_model import (
 )
 from nri_gpushare.share.model import Allocation, ContainerInfo, Gpu, GpuShare, ShareRefused
 from nri_gpushare.share.placement import Ledger
+from nri_gpushare.share.records import MemoryStore as MemoryClaimStore
 from nri_gpushare.units import MiB, quote
 
 __all__ = [

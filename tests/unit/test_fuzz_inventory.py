@@ -147,7 +147,6 @@ EXEMPT: dict[str, str] = {
     "nri_gpushare.share.records.AllocationStore.load": "protocol of StateFile.load",
     "nri_gpushare.share.records.MemoryStore.load": "in-memory store (tests, no state_dir)",
     "nri_gpushare.share.claim_model.ClaimStore.load": "protocol of ClaimFile.load",
-    "nri_gpushare.share.claim_model.MemoryClaimStore.load": "in-memory store (tests, no state_dir)",
     "nri_gpushare.host.statefile.ClaimFile.load": "StateFile.load of another file name",
     "nri_gpushare.share.request.settings.Context.parse_gpus": "reached through parse_request",
     "nri_gpushare.share.request.values.GpuList.parse": "reached through parse_request",

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +35,7 @@ from nri_gpushare.k8s.dra.kubelet_services import (
     HealthV1alpha1,
     Registration,
 )
+from nri_gpushare.k8s.served import close_server, identity, unlink
 
 log = logging.getLogger(__name__)
 
@@ -46,24 +46,6 @@ POLL = 1.0
 """Seconds between checks of the sockets."""
 SOCKET_MODE = 0o600
 DIR_MODE = 0o750
-STOP_GRACE = 2.0
-"""Seconds health streams and requests get to end before a server is closed."""
-
-Identity = tuple[int, int, int]
-
-
-def _identity(path: str) -> Identity | None:
-    """What tells one file at `path` from a later one; None when there is none."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns)
-
-
-def _unlink(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
 
 
 class _Served:
@@ -73,29 +55,21 @@ class _Served:
         self.server = server
         self.path = path
         self.feed = feed
-        self.identity = _identity(path)
+        self.identity = identity(path)
 
     def state(self) -> str:
         """Whether the file is "ours", "gone" or "taken" (another process's)."""
-        now = _identity(self.path)
+        now = identity(self.path)
         if now is None:
             return "gone"
         return "ours" if now == self.identity else "taken"
 
     async def close(self) -> None:
-        if self.feed is not None:
-            self.feed.stop()
-            deadline = time.monotonic() + STOP_GRACE
-            while self.feed.streams and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
-            await asyncio.sleep(0.05)  # the ended streams' trailers go out
-        self.server.close()
-        try:
-            await asyncio.wait_for(self.server.wait_closed(), STOP_GRACE)
-        except TimeoutError:
-            log.warning("%s: requests still running after %.0f s", self.path, STOP_GRACE)
-        if _identity(self.path) == self.identity:
-            _unlink(self.path)
+        feed = self.feed
+        if feed is not None:
+            feed.stop()
+        streams = (lambda: feed.streams) if feed is not None else None
+        await close_server(self.server, self.path, self.identity, streams)
 
 
 class KubeletPlugin:
@@ -196,7 +170,7 @@ class KubeletPlugin:
         if path in self._served:
             return
         if path in self._yielded:
-            if _identity(path) is not None:
+            if identity(path) is not None:
                 return
             self._yielded.discard(path)
             log.info("%s is gone: serving it again", path)
@@ -209,7 +183,7 @@ class KubeletPlugin:
             if not os.path.isdir(directory):
                 os.makedirs(directory, DIR_MODE, exist_ok=True)
                 os.chmod(directory, DIR_MODE)
-            _unlink(path)  # a stale socket of an earlier run
+            unlink(path)  # a stale socket of an earlier run
             sock = bind_socket(path, SOCKET_MODE)
             await server.start(sock=sock)
         except OSError as e:
