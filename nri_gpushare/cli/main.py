@@ -183,6 +183,22 @@ def _print_status(status: dict[str, Any]) -> None:
             f"UNSERVED {entry['container_id'][:13]} {quote(entry['pod'] or entry['name'])}: "
             f"asked for {entry['asked']}, runs without a share ({entry['action']})"
         )
+    for claim in status.get("claims", []):
+        print(_claim_line(claim))
+
+
+def _claim_line(claim: dict[str, Any]) -> str:
+    """A prepared DRA claim: its share and who holds it."""
+    from nri_gpushare.units import format_bytes, quote
+
+    shares = ", ".join(
+        f"GPU {g['index']} {format_bytes(g['memory'])}" + (f" {g['core']}%" if g["core"] else "")
+        for g in claim["gpus"]
+    )
+    holder = claim["holder"]
+    held = f"held by container {holder[:13]}" if holder else "booked, no container holds it yet"
+    name = quote(f"{claim['namespace']}/{claim['name']}")
+    return f"DRA CLAIM {name} ({claim['uid']}): {shares}; {held}"
 
 
 def _status(args: argparse.Namespace) -> int:

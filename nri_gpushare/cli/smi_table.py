@@ -232,8 +232,22 @@ def render(doc: Mapping[str, Any], local_time: str | None = None) -> str:
             WIDTH,
             subsequent_indent="  ",
         )
+    for claim in doc.get("claims", []):
+        lines += textwrap.wrap(clean_text(_claim_line(claim)), WIDTH, subsequent_indent="  ")
     lines += notes.lines()
     return "\n".join(lines)
+
+
+def _claim_line(claim: dict[str, Any]) -> str:
+    """A prepared DRA claim (the daemon's status: every field checked there)."""
+    shares = ", ".join(
+        f"GPU {g.get('index')} {_size(g.get('memory'))}"
+        + (f" {g['core']}%" if g.get("core") else "")
+        for g in claim.get("gpus", [])
+    )
+    holder = str(claim.get("holder") or "")
+    held = f"held by {holder[:12]}" if holder else "no container yet"
+    return f"DRA claim {claim.get('namespace')}/{claim.get('name')}: {shares}; {held}"
 
 
 def _pct(value: float) -> str:

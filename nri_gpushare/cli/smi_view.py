@@ -103,6 +103,7 @@ def view(
         "gpus": gpus,
         "containers": containers,
         "unserved": list(status.get("unserved", [])),
+        "claims": list(status.get("claims", [])),
     }
 
 

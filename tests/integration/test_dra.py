@@ -16,6 +16,8 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -105,6 +107,17 @@ async def test_prepare_books_exactly_what_was_allocated(node: DraNode) -> None:
     ]
     spec = json.loads((node.driver.cdi_dir / f"gpushare.io-claim_{uid}.json").read_text())
     assert spec["devices"] == [{"name": uid, "containerEdits": {"env": [f"{CLAIM_ENV}={uid}"]}}]
+    # The operator sees it: nri-gpushare status and gpushare-smi.
+    for program in (["nri_gpushare.cli.main", "status"], ["nri_gpushare.cli.smi"]):
+        shown = subprocess.run(
+            [sys.executable, "-m", *program, "--status-socket", node.daemon.status_socket],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert shown.returncode == 0, shown.stderr
+        assert "claim team/a" in shown.stdout.replace("CLAIM", "claim"), shown.stdout
+        assert "2048Mi 30%" in shown.stdout.replace("2Gi 30%", "2048Mi 30%"), shown.stdout
     # The kubelet retries: the same answer, one booking.
     assert (await node.prepare("a"))[uid] == answer[uid]
     assert len(node.claims()) == 1
