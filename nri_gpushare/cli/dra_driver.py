@@ -17,6 +17,7 @@ from typing import Any
 
 
 def register(subparsers: Any) -> None:
+    from nri_gpushare.k8s.dra.driver import COLLECT_EVERY
     from nri_gpushare.k8s.dra.kubelet import PLUGIN_DIR, REGISTRY_DIR
     from nri_gpushare.k8s.dra.serve import CDI_DIR
     from nri_gpushare.k8s.events import HOST_DIR
@@ -36,6 +37,14 @@ def register(subparsers: Any) -> None:
         "--credentials-dir",
         default=HOST_DIR,
         help=f"the API server's address and token outside a pod (default {HOST_DIR})",
+    )
+    parser.add_argument(
+        "--collect-every",
+        type=float,
+        default=COLLECT_EVERY,
+        metavar="SECONDS",
+        help="how often prepared claims whose ResourceClaim is gone are unprepared "
+        f"(default {COLLECT_EVERY:g})",
     )
     parser.set_defaults(func=dra_driver)
 
@@ -61,7 +70,10 @@ def dra_driver(args: argparse.Namespace) -> int:
     except (EventError, OSError) as exc:
         _say(f"no API server credentials: {exc}")
         return 2
-    places = Places(args.plugin_dir, args.registry_dir, args.cdi_dir)
+    if not args.collect_every > 0:
+        _say(f"--collect-every {args.collect_every:g}: give a number of seconds above 0")
+        return 2
+    places = Places(args.plugin_dir, args.registry_dir, args.cdi_dir, args.collect_every)
     try:
         return asyncio.run(serve(config, gpus, settings.node, settings, places))
     except KeyboardInterrupt:

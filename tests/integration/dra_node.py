@@ -52,7 +52,8 @@ class DriverProcess:
                 [sys.executable, "-m", "nri_gpushare.cli.main", "dra-driver"]
                 + ["--config", str(self.config), "--node-name", self.node]
                 + ["--plugin-dir", str(self.plugin_dir), "--registry-dir", str(self.registry_dir)]
-                + ["--cdi-dir", str(self.cdi_dir), "--credentials-dir", str(self.credentials)],
+                + ["--cdi-dir", str(self.cdi_dir), "--credentials-dir", str(self.credentials)]
+                + ["--collect-every", "0.5"],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=ROOT,

@@ -209,3 +209,16 @@ async def test_the_health_stream_reports_each_gpu(node: DraNode) -> None:
     plugin = await node.kubelet.watch_health(DRIVER)
     await node.kubelet.wait_for(lambda: plugin.health is not None and len(plugin.health) == 2)
     assert all(h.health == 1 for h in plugin.health)
+
+
+async def test_a_claim_deleted_without_an_unprepare_is_collected(node: DraNode) -> None:
+    node.claim("a")
+    node.claim("kept", memory="1Gi", compute=None)
+    for name in ("a", "kept"):
+        assert node.schedule(name) == ""
+    await node.prepare("a", "kept")
+    uid = node.ref("a")[2]
+    del node.api.claims[("team", "a")]  # gone, and the kubelet never unprepares it
+    await until(lambda: uid not in node.claims(), "the booking of the deleted claim is freed")
+    assert not (node.driver.cdi_dir / f"gpushare.io-claim_{uid}.json").exists()
+    assert [c["name"] for c in node.claims().values()] == ["kept"]

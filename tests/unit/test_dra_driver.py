@@ -16,6 +16,7 @@ import pytest
 
 from nri_gpushare.k8s.dra import CDI_KIND, CLAIM_ENV, ClaimError, ClaimRef, claim_cdi
 from nri_gpushare.k8s.dra.driver import DraDriver, SlicePublisher, held_elsewhere
+from nri_gpushare.k8s.dra.kubeapi import KubeApiError
 from nri_gpushare.local.protocol import Reply, Request
 from nri_gpushare.share.model import Gpu
 
@@ -54,6 +55,11 @@ class FakeApi:
 
     def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
         return self.obj
+
+    def claim_uid(self, namespace: str, name: str) -> str:
+        if name == "broken":
+            raise KubeApiError("the API server said 500")
+        return {"c": UID, "renamed": "another-uid"}.get(name, "")
 
     def publish(self, node: str, wanted: dict[str, Any]) -> dict[str, Any]:
         self.published.append(wanted)
@@ -192,3 +198,20 @@ def test_a_spec_that_cannot_be_written_leaves_nothing_booked(tmp_path: Path) -> 
     with pytest.raises(ClaimError, match="cannot write the claim's CDI spec"):
         asyncio.run(d.prepare(ClaimRef("ns", "c", UID)))
     assert [r.op for r in d.daemon.asked] == ["claim-prepare", "claim-unprepare"]  # type: ignore[attr-defined]
+
+
+def test_claims_whose_resourceclaim_is_gone_are_collected(tmp_path: Path) -> None:
+    def entry(name: str, uid: str, holder: str = "") -> dict[str, Any]:
+        return {"uid": uid, "namespace": "ns", "name": name, "holder": holder}
+
+    claims = [
+        entry("c", UID),  # still there: kept
+        entry("gone", "u-gone"),  # 404: collected
+        entry("renamed", "u-old"),  # made again with another UID: collected
+        entry("held", "u-held", holder="c1"),  # a container holds it: kept
+        entry("broken", "u-broken"),  # the API server cannot say: kept
+    ]
+    d = driver(tmp_path, claim(), FakeDaemon(Reply(True, claims=claims)))
+    asyncio.run(d.collect())
+    unprepared = [r.id for r in d.daemon.asked if r.op == "claim-unprepare"]  # type: ignore[attr-defined]
+    assert unprepared == ["u-gone", "u-old"]

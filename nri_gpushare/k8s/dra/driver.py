@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 
 PUBLISH_POLL = 2.0
 """Seconds between checks of what the slice should say."""
+COLLECT_EVERY = 300.0
+"""Seconds between looks for claims whose ResourceClaim is gone (`collect`)."""
 
 
 class Daemon:
@@ -152,6 +154,42 @@ class DraDriver:
                 log.info("removed the CDI spec of claim %s, which the daemon does not hold", uid)
             except ClaimError as e:
                 log.warning("%s", e)
+
+    async def collect(self) -> None:
+        """Unprepare the claims the daemon books with no container holding them
+        whose ResourceClaim is gone (deleted, or made again with another UID)
+        without the kubelet's unprepare: no pod can use them any more, and
+        their room is the scheduler's again.  Never raises."""
+        try:
+            reply = await self.daemon.ask(Request("claims", "", ""))
+        except ClaimError as e:
+            log.warning("cannot list the daemon's claims (%s): none collected", e)
+            return
+        for claim in reply.claims or []:
+            if not isinstance(claim, dict) or claim.get("holder"):
+                continue
+            ref = ClaimRef(str(claim.get("namespace")), str(claim.get("name")), str(claim["uid"]))
+            try:
+                uid = await asyncio.to_thread(self.api.claim_uid, ref.namespace, ref.name)
+                if uid == ref.uid:
+                    continue
+                await self.unprepare(ref)
+            except (KubeApiError, ClaimError) as e:
+                log.warning("claim %s/%s: not collected now: %s", ref.namespace, ref.name, e)
+                continue
+            log.info(
+                "claim %s/%s (%s): its ResourceClaim is gone; unprepared (no container held it)",
+                ref.namespace,
+                ref.name,
+                ref.uid,
+            )
+
+    async def collect_loop(self, stop: asyncio.Event, every: float = COLLECT_EVERY) -> None:
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), every)
+            except TimeoutError:
+                await self.collect()
 
 
 def held_elsewhere(status: Mapping[str, Any]) -> dict[int, tuple[int, int, int]]:

@@ -117,6 +117,20 @@ class KubeApi:
             raise ClaimError(f"claim {namespace}/{name}: the API server's answer is no object")
         return claim
 
+    def claim_uid(self, namespace: str, name: str) -> str:
+        """The UID of claim namespace/name, "" when there is none (404);
+        KubeApiError when the API server cannot say."""
+        path = f"{PREFIX}/namespaces/{quote(namespace, safe='')}/resourceclaims/"
+        try:
+            claim = self.request("GET", path + quote(name, safe=""))
+        except NotFound:
+            return ""
+        meta = claim.get("metadata") if isinstance(claim, dict) else None
+        uid = meta.get("uid") if isinstance(meta, dict) else None
+        if not isinstance(uid, str) or not uid:
+            raise KubeApiError(f"claim {namespace}/{name}: the API server's answer has no UID")
+        return uid
+
     # -- ResourceSlices --------------------------------------------------------
 
     def list_slices(self, node: str, driver: str = DRIVER) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nri_gpushare.config import Config
-from nri_gpushare.k8s.dra.driver import Daemon, DraDriver, SlicePublisher
+from nri_gpushare.k8s.dra.driver import COLLECT_EVERY, Daemon, DraDriver, SlicePublisher
 from nri_gpushare.k8s.dra.kubeapi import KubeApi
 from nri_gpushare.k8s.dra.kubelet import PLUGIN_DIR, REGISTRY_DIR, KubeletPlugin
 from nri_gpushare.k8s.events import Settings
@@ -26,11 +26,13 @@ CDI_DIR = "/var/run/cdi"
 
 @dataclass(frozen=True)
 class Places:
-    """Where the driver serves and writes."""
+    """Where the driver serves and writes, and how often it looks for claims
+    whose ResourceClaim is gone (`DraDriver.collect`)."""
 
     plugin_dir: str = PLUGIN_DIR
     registry_dir: str = REGISTRY_DIR
     cdi_dir: str = CDI_DIR
+    collect_every: float = COLLECT_EVERY
 
 
 class _Health:
@@ -111,7 +113,9 @@ async def serve(
     )
     try:
         await driver.forget_stale_specs()
-        await asyncio.gather(publisher.run(stop), plugin.run(stop))
+        await asyncio.gather(
+            publisher.run(stop), plugin.run(stop), driver.collect_loop(stop, places.collect_every)
+        )
     finally:
         await plugin.close()
         for signum in (signal.SIGTERM, signal.SIGINT):
