@@ -410,9 +410,18 @@ async def test_f_a_synchronize_answered_late_is_dropped(tmp_path: Any) -> None:
                 time.sleep(0.15)  # on purpose: the loop cannot run
             return await super().synchronize(pods, containers)
 
+    # A long registration window: only the request timeout (0.1 s) is waited
+    # out, so a loaded machine's slow Synchronize cannot hit the session's
+    # watchdog (registration + request timeout) first.
+    late = nri.ConfigureRequest(
+        runtime_name="containerd",
+        runtime_version="1.7.24",
+        registration_timeout=5000,
+        request_timeout=100,
+    )
     async with running(tmp_path, Blocking()) as (runtime, stub):
         conn = await runtime.next_plugin()
-        await call(conn, "Configure", FAST)
+        await call(conn, "Configure", late)
         await call(conn, "Synchronize", nri.SynchronizeRequest())  # the reply still goes out
         await dropped(conn)
         assert "Synchronize answered after" in stub.last_error
