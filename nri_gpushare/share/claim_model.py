@@ -23,6 +23,13 @@ MAX_CLAIMS = 4096
 MAX_PODS = 256
 MAX_SHARES = 64
 _UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,127}")
+
+
+def is_uid(text: str) -> bool:
+    """Whether `text` is a Kubernetes UID (and so safe in a file name)."""
+    return _UID.fullmatch(text) is not None
+
+
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
 

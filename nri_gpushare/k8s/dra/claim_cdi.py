@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import tempfile
 from pathlib import Path
 
 from nri_gpushare.k8s.dra import CDI_KIND, CLAIM_ENV, ClaimError
+from nri_gpushare.share.claim_model import is_uid
 
 CDI_VERSION = "0.5.0"
 """Device names beginning with a digit (a UID) need 0.5.0."""
 PREFIX = "gpushare.io-claim_"
-_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,127}")
 
 
 def cdi_id(uid: str) -> str:
@@ -47,7 +46,7 @@ def spec(uid: str) -> dict[str, object]:
 def write_spec(directory: str, uid: str) -> str:
     """Write claim `uid`'s spec (atomically, mode 0644; the directory made
     0755 when missing); its CDI device name.  ClaimError when it cannot."""
-    if not _UID.fullmatch(uid):
+    if not is_uid(uid):
         raise ClaimError(f"claim UID {uid[:80]!r} is not a Kubernetes UID")
     path = spec_path(directory, uid)
     data = json.dumps(spec(uid), indent=2, sort_keys=True).encode() + b"\n"
@@ -74,7 +73,7 @@ def write_spec(directory: str, uid: str) -> str:
 
 def remove_spec(directory: str, uid: str) -> None:
     """Remove claim `uid`'s spec (none there: nothing to do); ClaimError when it cannot."""
-    if not _UID.fullmatch(uid):
+    if not is_uid(uid):
         return  # never written
     path = spec_path(directory, uid)
     try:

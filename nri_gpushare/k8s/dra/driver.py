@@ -134,7 +134,10 @@ class DraDriver:
         bad = self.unhealthy()
         return [
             DeviceHealth(
-                self.node, device_name(i), i not in bad, "NVML reports it failed" * (i in bad)
+                self.node,
+                device_name(i),
+                i not in bad,
+                "NVML reports it failed" if i in bad else "",
             )
             for i in sorted(self.gpus)
         ]
@@ -190,6 +193,10 @@ class DraDriver:
                 await asyncio.wait_for(stop.wait(), every)
             except TimeoutError:
                 await self.collect()
+
+
+def _failed(bad: bool) -> str:
+    return "NVML reports it failed" if bad else ""
 
 
 def held_elsewhere(status: Mapping[str, Any]) -> dict[int, tuple[int, int, int]]:
