@@ -202,7 +202,9 @@ def test_one_gpu_lifecycle_never_admits_what_cannot_be_placed(
         elif op == "refresh":
             state.update(node.status(), frozenset())
     state.update(node.status(), frozenset())
-    for pod in [p for p in kubelet.pods if p.cid is None]:
+    # New pods first: an exited container's slot is not kept for its restart
+    # (docs/kubernetes.md), so a restart after them may find the slots taken.
+    for pod in sorted((p for p in kubelet.pods if p.cid is None), key=lambda p: p.stopped):
         kubelet.create(pod)
 
 
